@@ -1,0 +1,53 @@
+# kvgate: the commands a developer runs. `make demo` shows what kvgate does; `make test` is what CI
+# runs (.ci/run): install what is missing, build, run every test (unit, integration, conformance,
+# and the ASan+UBSan build of unit + integration).
+JOBS ?= $(shell nproc)
+CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
+
+.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench format tidy clean
+
+all: build
+
+setup:
+	@scripts/setup
+
+build/build.ninja: CMakeLists.txt CMakePresets.json
+	@cmake --preset release >/dev/null
+
+build: build/build.ninja
+	@cmake --build build -j $(JOBS)
+
+build-debug:
+	@cmake --preset debug >/dev/null
+	@cmake --build build-debug -j $(JOBS)
+
+build-asan:
+	@cmake --preset asan >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+
+test-release: build
+	@cd build && ctest $(CTEST_FLAGS) -L 'unit|integration|conformance'
+
+test-asan: build-asan
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest $(CTEST_FLAGS) -L 'unit|integration'
+
+test: setup
+	@$(MAKE) --no-print-directory test-release
+	@$(MAKE) --no-print-directory test-asan
+	@echo "make test: all tests passed (release + ASan/UBSan)"
+
+demo: setup build
+	@scripts/demo
+
+bench: setup build
+	@scripts/bench
+
+format:
+	@git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+tidy: build
+	@git ls-files 'src/*.cc' 'sim/*.cc' | xargs clang-tidy -p build --quiet
+
+clean:
+	@rm -rf build build-asan build-debug

@@ -1,0 +1,231 @@
+// app/kvgate_main: the kvgate binary. Parses the knob table, builds workers, the policy, the
+// gateway and its planes, then runs one event loop per request thread plus a control loop (health
+// checks, metrics listener, signals). SIGTERM/SIGINT drain requests in flight, then exit.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "gateway/config.h"
+#include "gateway/gateway.h"
+#include "http/server.h"
+#include "policy/registry.h"
+#include "util/log.h"
+#include "workers/health.h"
+
+using namespace kvgate;
+
+namespace {
+
+constexpr std::string_view kUsage = "kvgate [--worker-urls URL ...] [--policy NAME] [options]";
+constexpr std::string_view kIntro =
+    "kvgate: a KV-cache-aware gateway for LLM inference servers (SGLang, vLLM).\n"
+    "Sends each request to a healthy worker chosen by the routing policy, with retries, circuit\n"
+    "breakers, admission control and Prometheus metrics. Flag names follow sgl-model-gateway\n"
+    "(each may also be written with a --router- prefix, e.g. --router-policy).";
+constexpr std::string_view kOutro =
+    "Example:\n"
+    "  kvgate --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002 --policy round_robin\n"
+    "Endpoints: POST /generate /v1/chat/completions /v1/completions /v1/embeddings /v1/rerank;\n"
+    "GET /v1/models /health /liveness /readiness; metrics on --prometheus-port at /metrics.";
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "kvgate: %s\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  GatewayConfig cfg;
+  auto knobs = gateway_knobs();
+  auto parsed = flags::parse(knobs, args, cfg);
+  if (!parsed.ok) return fail(parsed.error);
+  if (parsed.help) {
+    std::cout << flags::help(knobs, kUsage, kIntro, kOutro);
+    return 0;
+  }
+  if (parsed.help_markdown) {
+    std::cout << flags::markdown(knobs);
+    return 0;
+  }
+  if (!parsed.positional.empty()) {
+    return fail("unexpected argument '" + parsed.positional[0] + "' (see --help)");
+  }
+  if (std::string e = validate(cfg); !e.empty()) return fail(e);
+  log::Level level = log::Level::kInfo;
+  log::parse_level(cfg.log_level, level);
+  log::set_level(level);
+  if (!cfg.log_dir.empty()) {
+    std::string path = cfg.log_dir + "/kvgate.log";
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return fail("--log-dir: cannot open " + path + ": " + std::strerror(errno));
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+
+  // Metrics.
+  metrics::Registry registry;
+  std::vector<double> buckets;
+  for (const auto& b : cfg.prometheus_duration_buckets) buckets.push_back(std::stod(b));
+  if (buckets.empty()) buckets = metrics::latency_buckets();
+  GatewayMetrics gm(registry, buckets);
+
+  // Workers.
+  BreakerConfig breaker;
+  breaker.enabled = !cfg.disable_circuit_breaker;
+  breaker.failure_threshold = static_cast<uint32_t>(cfg.cb_failure_threshold);
+  breaker.success_threshold = static_cast<uint32_t>(cfg.cb_success_threshold);
+  breaker.open_timeout = std::chrono::seconds(cfg.cb_timeout_duration_secs);
+  WorkerRegistry workers;
+  auto set = std::make_shared<WorkerSet>();
+  uint64_t next_id = 1;
+  for (const auto& url : cfg.worker_urls) {
+    http::Target t;
+    http::parse_url(url, t);  // validated already
+    if (std::string e = http::resolve(t); !e.empty()) return fail("--worker-urls: " + e);
+    auto w = std::make_shared<Worker>(next_id++, std::move(t), breaker);
+    WorkerMetrics wm;
+    wm.inflight = &gm.worker_active.with({w->url()});
+    wm.health = &gm.worker_health.with({w->url()});
+    wm.cb_state = &gm.worker_cb_state.with({w->url()});
+    wm.reported_load = &gm.worker_load.with({w->url()});
+    wm.requests = &gm.worker_requests.with({w->url()});
+    wm.failures = &gm.worker_failures.with({w->url()});
+    w->attach_metrics(wm);
+    set->workers.push_back(std::move(w));
+  }
+  workers.publish(set);
+
+  // Policy.
+  PolicyConfig pc;
+  pc.name = cfg.policy;
+  pc.seed = static_cast<uint64_t>(cfg.policy_seed);
+  pc.cache_threshold = cfg.cache_threshold;
+  pc.balance_abs_threshold = cfg.balance_abs_threshold;
+  pc.balance_rel_threshold = cfg.balance_rel_threshold;
+  pc.eviction_interval_secs = cfg.eviction_interval;
+  pc.max_tree_size = cfg.max_tree_size;
+  pc.prefix_token_count = cfg.prefix_token_count;
+  pc.prefix_hash_load_factor = cfg.prefix_hash_load_factor;
+  pc.max_idle_secs = cfg.max_idle_secs;
+  std::string err;
+  auto policy = make_policy(pc, err);
+  if (!policy) return fail("--policy: " + err);
+  policy->on_workers_changed(*set);
+  bool poll_load = policy->uses_reported_load();
+  Gateway gateway(cfg, workers, std::move(policy), gm);
+
+  // Event loops.
+  unsigned n = cfg.threads > 0 ? static_cast<unsigned>(cfg.threads)
+                               : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::unique_ptr<asio::io_context>> contexts;
+  std::vector<asio::io_context*> ctx_ptrs;
+  for (unsigned i = 0; i < n; ++i) {
+    contexts.push_back(std::make_unique<asio::io_context>(1));
+    ctx_ptrs.push_back(contexts.back().get());
+  }
+  asio::io_context control(1);
+
+  http::ServerConfig sc;
+  sc.host = cfg.host;
+  sc.port = static_cast<uint16_t>(cfg.port);
+  sc.body_limit = static_cast<uint64_t>(cfg.max_payload_size);
+  sc.read_timeout = std::chrono::seconds(std::max<int64_t>(cfg.request_timeout_secs, 60));
+  std::unique_ptr<http::Server> server;
+  std::unique_ptr<http::Server> metrics_server;
+  try {
+    server = std::make_unique<http::Server>(
+        ctx_ptrs, sc, [&gateway](http::Exchange& ex) { return gateway.handle(ex); });
+    http::ServerConfig mc;
+    mc.host = cfg.prometheus_host;
+    mc.port = static_cast<uint16_t>(cfg.prometheus_port);
+    mc.body_limit = 1 << 20;
+    metrics_server = std::make_unique<http::Server>(
+        std::vector<asio::io_context*>{&control}, mc,
+        [&registry](http::Exchange& ex) -> awaitable<void> {
+          if (ex.path() == "/metrics" || ex.path() == "/") {
+            const http::Header h[] = {{"content-type", "text/plain; version=0.0.4; charset=utf-8"}};
+            co_await ex.respond(200, h, registry.expose());
+          } else {
+            const http::Header h[] = {{"content-type", "text/plain"}};
+            co_await ex.respond(404, h, "not found; metrics are at /metrics\n");
+          }
+        });
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+
+  HealthConfig hc;
+  hc.interval = std::chrono::seconds(cfg.health_check_interval_secs);
+  hc.timeout = std::chrono::seconds(cfg.health_check_timeout_secs);
+  hc.endpoint = cfg.health_check_endpoint;
+  hc.failure_threshold = static_cast<uint32_t>(cfg.health_failure_threshold);
+  hc.success_threshold = static_cast<uint32_t>(cfg.health_success_threshold);
+  hc.poll_load = poll_load;
+  hc.load_interval = std::chrono::milliseconds(cfg.load_check_interval_ms);
+  HealthPlane health(control, workers, hc);
+
+  server->start();
+  metrics_server->start();
+  health.start();
+  log::info("kvgate listening")
+      .kv("address", cfg.host + ":" + std::to_string(server->port()))
+      .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
+      .kv("policy", cfg.policy)
+      .kv("workers", cfg.worker_urls.size())
+      .kv("threads", n);
+
+  // Shutdown: stop accepting, drain requests in flight up to the grace period, then stop loops.
+  asio::signal_set signals(control, SIGINT, SIGTERM);
+  auto stop_all = [&] {
+    for (auto& c : contexts) c->stop();
+    control.stop();
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    log::info("shutting down").kv("signal", sig).kv("in_flight", gateway.in_flight());
+    server->stop();
+    metrics_server->stop();
+    health.stop();
+    asio::co_spawn(
+        control,
+        [&]() -> awaitable<void> {
+          auto until = Clock::now() + std::chrono::seconds(cfg.shutdown_grace_period_secs);
+          asio::steady_timer t(control);
+          while (gateway.in_flight() > 0 && Clock::now() < until) {
+            t.expires_after(std::chrono::milliseconds(50));
+            co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+          }
+          if (gateway.in_flight() > 0) {
+            log::warn("grace period over; closing requests in flight")
+                .kv("in_flight", gateway.in_flight());
+          }
+          stop_all();
+        },
+        asio::detached);
+  });
+
+  std::vector<std::thread> threads;
+  for (auto& c : contexts) {
+    threads.emplace_back([ctx = c.get()] {
+      auto guard = asio::make_work_guard(*ctx);
+      ctx->run();
+    });
+  }
+  {
+    auto guard = asio::make_work_guard(control);
+    control.run();
+  }
+  for (auto& t : threads) t.join();
+  log::info("kvgate stopped");
+  return 0;
+}

@@ -1,0 +1,44 @@
+// gateway/admission: a global limit on requests proxied at once (--max-concurrent-requests) with
+// a bounded FIFO queue (--queue-size) and a queue timeout (--queue-timeout-secs). Shared by all
+// request threads; a freed slot is handed directly to the oldest waiter.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "http/io.h"
+
+namespace kvgate {
+
+class Admission {
+ public:
+  enum class Result { kAdmitted, kQueueFull, kTimeout };
+
+  Admission(int64_t max_concurrent, size_t queue_size, std::chrono::milliseconds queue_timeout);
+  bool enabled() const { return max_ > 0; }
+  awaitable<Result> acquire(asio::any_io_executor ex);
+  void release();
+  int64_t active() const;
+  size_t queued() const;
+  size_t queue_size() const { return queue_size_; }
+  std::chrono::milliseconds queue_timeout() const { return timeout_; }
+
+ private:
+  struct Waiter {
+    explicit Waiter(asio::any_io_executor ex) : executor(ex), timer(ex) {}
+    asio::any_io_executor executor;
+    asio::steady_timer timer;
+    bool granted = false;
+  };
+  int64_t max_;
+  size_t queue_size_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  int64_t active_ = 0;
+  std::deque<std::shared_ptr<Waiter>> waiters_;
+};
+
+}  // namespace kvgate

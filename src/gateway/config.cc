@@ -1,0 +1,490 @@
+// gateway/config: see config.h.
+#include "gateway/config.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "http/client.h"
+#include "policy/registry.h"
+
+namespace kvgate {
+namespace {
+
+using K = flags::Knob<GatewayConfig>;
+using C = GatewayConfig;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+constexpr std::string_view kWorkers = "Workers and listener";
+constexpr std::string_view kRouting = "Routing policy";
+constexpr std::string_view kPd = "Prefill/decode disaggregation";
+constexpr std::string_view kRequests = "Request handling";
+constexpr std::string_view kAdmission = "Admission (concurrency limit and queue)";
+constexpr std::string_view kRetry = "Retries";
+constexpr std::string_view kBreaker = "Circuit breaker";
+constexpr std::string_view kHealth = "Health checks and load";
+constexpr std::string_view kMetrics = "Prometheus metrics";
+constexpr std::string_view kLogging = "Logging";
+constexpr std::string_view kUnsupported = "Unsupported";
+
+std::string parse_prefill(C& c, std::span<const std::string> v) {
+  PrefillSpec spec;
+  spec.url = v[0];
+  if (v.size() > 1) {
+    std::string low = v[1];
+    std::transform(low.begin(), low.end(), low.begin(), ::tolower);
+    if (low != "none") {
+      int port = 0;
+      auto [p, ec] = std::from_chars(v[1].data(), v[1].data() + v[1].size(), port);
+      if (ec != std::errc() || p != v[1].data() + v[1].size() || port <= 0 || port > 65535) {
+        return "bootstrap port '" + v[1] + "' must be a port number (1-65535) or 'none'";
+      }
+      spec.bootstrap_port = port;
+    }
+  }
+  c.prefill.push_back(std::move(spec));
+  return "";
+}
+
+std::string parse_buckets(C& c, std::span<const std::string> v) {
+  c.prometheus_duration_buckets.clear();
+  for (const auto& s : v) {
+    double d = 0;
+    if (std::string e = flags::parse_double(s, d); !e.empty()) return e;
+    if (d <= 0) return "bucket bound " + s + " must be > 0";
+    c.prometheus_duration_buckets.push_back(s);
+  }
+  return "";
+}
+
+std::vector<std::string_view> policy_names() {
+  std::vector<std::string_view> names;
+  for (const auto& p : all_policies()) names.push_back(p.name);
+  return names;
+}
+
+const std::vector<K>& table() {
+  static const std::vector<K> kTable = [] {
+    std::vector<K> t = {
+        {.name = "host",
+         .group = kWorkers,
+         .value_name = "ADDR",
+         .help = "Address to listen on for inference traffic",
+         .field = &C::host},
+        {.name = "port",
+         .group = kWorkers,
+         .value_name = "PORT",
+         .help = "Port to listen on (0 = any free port)",
+         .field = &C::port,
+         .min = 0,
+         .max = 65535},
+        {.name = "worker-urls",
+         .group = kWorkers,
+         .value_name = "URL...",
+         .help = "Upstream inference servers (http://host:port), space separated",
+         .field = &C::worker_urls},
+        {.name = "threads",
+         .group = kWorkers,
+         .value_name = "N",
+         .help = "Request threads, each with its own event loop (0 = one per CPU core)",
+         .field = &C::threads,
+         .min = 0,
+         .max = 256},
+        {.name = "backend",
+         .group = kWorkers,
+         .value_name = "NAME",
+         .help = "Kind of upstream server",
+         .field = &C::backend,
+         .choices = {"sglang", "vllm"}},
+
+        {.name = "policy",
+         .group = kRouting,
+         .value_name = "NAME",
+         .help = "Routing policy",
+         .field = &C::policy,
+         .choices = policy_names()},
+        {.name = "cache-threshold",
+         .group = kRouting,
+         .value_name = "R",
+         .help = "cache_aware: prefix match rate above which the matching worker wins",
+         .field = &C::cache_threshold,
+         .min = 0,
+         .max = 1},
+        {.name = "balance-abs-threshold",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "cache_aware: load gap (max - min) that, with the relative test, marks imbalance",
+         .field = &C::balance_abs_threshold,
+         .min = 0},
+        {.name = "balance-rel-threshold",
+         .group = kRouting,
+         .value_name = "R",
+         .help = "cache_aware: load ratio (max > min * R) that, with the absolute test, marks "
+                 "imbalance",
+         .field = &C::balance_rel_threshold,
+         .min = 1},
+        {.name = "eviction-interval",
+         .group = kRouting,
+         .value_name = "SECS",
+         .help = "cache_aware: seconds between prefix tree cleanups",
+         .field = &C::eviction_interval,
+         .min = 1},
+        {.name = "max-tree-size",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "cache_aware: characters kept per worker in the prefix tree",
+         .field = &C::max_tree_size,
+         .min = 1},
+        {.name = "prefix-token-count",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "prefix_hash: leading tokens hashed",
+         .field = &C::prefix_token_count,
+         .min = 1},
+        {.name = "prefix-hash-load-factor",
+         .group = kRouting,
+         .value_name = "R",
+         .help = "prefix_hash: bounded-load factor",
+         .field = &C::prefix_hash_load_factor,
+         .min = 1},
+        {.name = "max-idle-secs",
+         .group = kRouting,
+         .value_name = "SECS",
+         .help = "manual: routing keys idle longer than this are forgotten",
+         .field = &C::max_idle_secs,
+         .min = 1},
+        {.name = "dp-aware",
+         .group = kRouting,
+         .help = "Treat each data-parallel rank of a worker as its own target",
+         .field = &C::dp_aware},
+        {.name = "policy-seed",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "Seed for random choices (0 = from the OS; set it for reproducible runs)",
+         .field = &C::policy_seed,
+         .min = 0},
+
+        {.name = "pd-disaggregation",
+         .group = kPd,
+         .help = "Prefill/decode disaggregated mode",
+         .field = &C::pd_disaggregation},
+        {.name = "prefill",
+         .group = kPd,
+         .value_name = "URL [PORT|none]",
+         .help = "A prefill server and its bootstrap port (repeat the flag per server)",
+         .custom = parse_prefill,
+         .custom_min_values = 1,
+         .custom_max_values = 2},
+        {.name = "decode",
+         .group = kPd,
+         .value_name = "URL",
+         .help = "A decode server (repeat the flag per server)",
+         .field = &C::decode,
+         .arity = flags::Arity::kAppend},
+        {.name = "prefill-policy",
+         .group = kPd,
+         .value_name = "NAME",
+         .help = "Policy for prefill servers (default: --policy)",
+         .field = &C::prefill_policy,
+         .choices = policy_names()},
+        {.name = "decode-policy",
+         .group = kPd,
+         .value_name = "NAME",
+         .help = "Policy for decode servers (default: --policy)",
+         .field = &C::decode_policy,
+         .choices = policy_names()},
+        {.name = "worker-startup-timeout-secs",
+         .group = kPd,
+         .value_name = "SECS",
+         .help = "Accepted for compatibility: kvgate starts at once and routes to workers as they "
+                 "turn healthy",
+         .field = &C::worker_startup_timeout_secs,
+         .min = 0},
+        {.name = "worker-startup-check-interval",
+         .group = kPd,
+         .value_name = "SECS",
+         .help = "Accepted for compatibility: workers not yet healthy are probed every second",
+         .field = &C::worker_startup_check_interval,
+         .min = 0},
+
+        {.name = "request-timeout-secs",
+         .group = kRequests,
+         .value_name = "SECS",
+         .help = "Longest a request may take, streams included (then 504)",
+         .field = &C::request_timeout_secs,
+         .min = 1},
+        {.name = "max-payload-size",
+         .group = kRequests,
+         .value_name = "BYTES",
+         .help = "Largest request body (more -> 413)",
+         .field = &C::max_payload_size,
+         .min = 1},
+        {.name = "request-id-headers",
+         .group = kRequests,
+         .value_name = "NAME...",
+         .help = "Headers that carry a request id (default: x-request-id x-correlation-id "
+                 "x-trace-id request-id)",
+         .field = &C::request_id_headers},
+        {.name = "api-key",
+         .group = kRequests,
+         .value_name = "KEY",
+         .help = "Clients must send 'Authorization: Bearer KEY' (health endpoints excepted)",
+         .field = &C::api_key},
+        {.name = "shutdown-grace-period-secs",
+         .group = kRequests,
+         .value_name = "SECS",
+         .help = "On SIGTERM/SIGINT, wait this long for requests in flight",
+         .field = &C::shutdown_grace_period_secs,
+         .min = 0},
+        {.name = "connect-timeout-secs",
+         .group = kRequests,
+         .value_name = "SECS",
+         .help = "Connecting to a worker takes at most this long",
+         .field = &C::connect_timeout_secs,
+         .min = 1},
+        {.name = "debug-headers",
+         .group = kRequests,
+         .help = "Add x-kvgate-worker, x-kvgate-route and x-kvgate-attempts to responses",
+         .field = &C::debug_headers},
+
+        {.name = "max-concurrent-requests",
+         .group = kAdmission,
+         .value_name = "N",
+         .help = "Requests proxied at once (-1 = no limit); more wait in the queue",
+         .field = &C::max_concurrent_requests,
+         .min = -1},
+        {.name = "queue-size",
+         .group = kAdmission,
+         .value_name = "N",
+         .help = "Requests waiting for a slot; when full -> 429",
+         .field = &C::queue_size,
+         .min = 0},
+        {.name = "queue-timeout-secs",
+         .group = kAdmission,
+         .value_name = "SECS",
+         .help = "Longest wait in the queue (then 408)",
+         .field = &C::queue_timeout_secs,
+         .min = 1},
+
+        {.name = "retry-max-retries",
+         .group = kRetry,
+         .value_name = "N",
+         .help = "Attempts per request, the first included",
+         .field = &C::retry_max_retries,
+         .min = 1,
+         .max = 100},
+        {.name = "retry-initial-backoff-ms",
+         .group = kRetry,
+         .value_name = "MS",
+         .help = "Backoff before the first retry",
+         .field = &C::retry_initial_backoff_ms,
+         .min = 0},
+        {.name = "retry-max-backoff-ms",
+         .group = kRetry,
+         .value_name = "MS",
+         .help = "Longest backoff",
+         .field = &C::retry_max_backoff_ms,
+         .min = 0},
+        {.name = "retry-backoff-multiplier",
+         .group = kRetry,
+         .value_name = "R",
+         .help = "Backoff growth per retry",
+         .field = &C::retry_backoff_multiplier,
+         .min = 1},
+        {.name = "retry-jitter-factor",
+         .group = kRetry,
+         .value_name = "R",
+         .help = "Random spread of each backoff (+-R)",
+         .field = &C::retry_jitter_factor,
+         .min = 0,
+         .max = 1},
+        {.name = "disable-retries",
+         .group = kRetry,
+         .help = "One attempt per request",
+         .field = &C::disable_retries},
+
+        {.name = "cb-failure-threshold",
+         .group = kBreaker,
+         .value_name = "N",
+         .help = "Consecutive failures that open a worker's breaker",
+         .field = &C::cb_failure_threshold,
+         .min = 1},
+        {.name = "cb-success-threshold",
+         .group = kBreaker,
+         .value_name = "N",
+         .help = "Successes in half-open that close it again",
+         .field = &C::cb_success_threshold,
+         .min = 1},
+        {.name = "cb-timeout-duration-secs",
+         .group = kBreaker,
+         .value_name = "SECS",
+         .help = "Time open before a half-open trial",
+         .field = &C::cb_timeout_duration_secs,
+         .min = 0},
+        {.name = "cb-window-duration-secs",
+         .group = kBreaker,
+         .value_name = "SECS",
+         .help = "Accepted for compatibility: kvgate counts consecutive failures",
+         .field = &C::cb_window_duration_secs,
+         .min = 1},
+        {.name = "disable-circuit-breaker",
+         .group = kBreaker,
+         .help = "Never stop sending to a failing worker",
+         .field = &C::disable_circuit_breaker},
+
+        {.name = "health-check-interval-secs",
+         .group = kHealth,
+         .value_name = "SECS",
+         .help = "Seconds between health probes of a worker",
+         .field = &C::health_check_interval_secs,
+         .min = 1},
+        {.name = "health-check-timeout-secs",
+         .group = kHealth,
+         .value_name = "SECS",
+         .help = "A probe slower than this fails",
+         .field = &C::health_check_timeout_secs,
+         .min = 1},
+        {.name = "health-check-endpoint",
+         .group = kHealth,
+         .value_name = "PATH",
+         .help = "Path probed on each worker",
+         .field = &C::health_check_endpoint},
+        {.name = "health-failure-threshold",
+         .group = kHealth,
+         .value_name = "N",
+         .help = "Failed probes in a row that mark a worker unhealthy",
+         .field = &C::health_failure_threshold,
+         .min = 1},
+        {.name = "health-success-threshold",
+         .group = kHealth,
+         .value_name = "N",
+         .help = "Good probes in a row that mark it healthy again",
+         .field = &C::health_success_threshold,
+         .min = 1},
+        {.name = "load-check-interval-ms",
+         .group = kHealth,
+         .value_name = "MS",
+         .help = "How often /get_load is polled when the policy uses reported load",
+         .field = &C::load_check_interval_ms,
+         .min = 50},
+
+        {.name = "prometheus-host",
+         .group = kMetrics,
+         .value_name = "ADDR",
+         .help = "Address of the metrics listener",
+         .field = &C::prometheus_host},
+        {.name = "prometheus-port",
+         .group = kMetrics,
+         .value_name = "PORT",
+         .help = "Port of the metrics listener (GET /metrics; 0 = any free port)",
+         .field = &C::prometheus_port,
+         .min = 0,
+         .max = 65535},
+        {.name = "prometheus-duration-buckets",
+         .group = kMetrics,
+         .value_name = "SECS...",
+         .help = "Bucket bounds of duration histograms",
+         .custom = parse_buckets,
+         .custom_min_values = 1,
+         .custom_max_values = 64,
+         .default_text = "0.001 .. 1800"},
+
+        {.name = "log-level",
+         .group = kLogging,
+         .value_name = "LEVEL",
+         .help = "Least severe level logged",
+         .field = &C::log_level,
+         .choices = {"debug", "info", "warn", "error"}},
+        {.name = "log-dir",
+         .group = kLogging,
+         .value_name = "DIR",
+         .help = "Append logs to DIR/kvgate.log instead of stderr",
+         .field = &C::log_dir},
+    };
+    auto unsupported = [&](std::string_view name, std::string_view why, int max_values = 1) {
+      K k{.name = name, .group = kUnsupported, .help = why};
+      k.unsupported_reason = why;
+      k.custom = [](C&, std::span<const std::string>) { return std::string(); };
+      k.custom_min_values = 0;
+      k.custom_max_values = max_values;
+      t.push_back(std::move(k));
+    };
+    unsupported("service-discovery",
+                "Kubernetes discovery is not built; list workers with --worker-urls", 0);
+    unsupported("selector", "Kubernetes discovery is not built; list workers with --worker-urls",
+                64);
+    unsupported("service-discovery-port", "Kubernetes discovery is not built");
+    unsupported("service-discovery-namespace", "Kubernetes discovery is not built");
+    unsupported("prefill-selector", "Kubernetes discovery is not built", 64);
+    unsupported("decode-selector", "Kubernetes discovery is not built", 64);
+    unsupported("enable-igw", "multi-model IGW mode is not built", 0);
+    unsupported("cors-allowed-origins", "CORS is not built; put kvgate behind your web edge", 64);
+    unsupported("rate-limit-tokens-per-second",
+                "token-bucket rate limiting is not built; use --max-concurrent-requests");
+    unsupported("model-path", "tokenizer loading is not built yet");
+    unsupported("tokenizer-path", "tokenizer loading is not built yet");
+    unsupported("chat-template", "chat templates are not built yet");
+    unsupported("reasoning-parser",
+                "kvgate forwards responses untouched; parse reasoning in the engine");
+    unsupported("tool-call-parser",
+                "kvgate forwards responses untouched; parse tool calls in the engine");
+    unsupported("history-backend", "kvgate keeps no conversation history");
+    unsupported("enable-wasm", "WebAssembly plugins are not built", 0);
+    unsupported("mcp-config-path", "MCP is not built");
+    return t;
+  }();
+  return kTable;
+}
+
+}  // namespace
+
+std::span<const flags::Knob<GatewayConfig>> gateway_knobs() {
+  return table();
+}
+
+std::string validate(const GatewayConfig& c) {
+  if (c.pd_disaggregation || !c.prefill.empty() || !c.decode.empty()) {
+    return "--pd-disaggregation/--prefill/--decode: prefill/decode disaggregation is not available "
+           "in this build yet; list every server with --worker-urls";
+  }
+  if (c.dp_aware) {
+    return "--dp-aware is not available in this build yet; run without it";
+  }
+  if (c.worker_urls.empty()) {
+    return "no workers: give --worker-urls http://host:port [http://host:port ...]";
+  }
+  for (size_t i = 0; i < c.worker_urls.size(); ++i) {
+    http::Target t;
+    if (std::string e = http::parse_url(c.worker_urls[i], t); !e.empty())
+      return "--worker-urls: " + e;
+    for (size_t j = 0; j < i; ++j) {
+      http::Target u;
+      http::parse_url(c.worker_urls[j], u);
+      if (u.url == t.url) return "--worker-urls: '" + c.worker_urls[i] + "' is listed twice";
+    }
+  }
+  PolicyConfig pc;
+  pc.name = c.policy;
+  std::string err;
+  if (!make_policy(pc, err)) return "--policy: " + err;
+  if (c.retry_max_backoff_ms < c.retry_initial_backoff_ms) {
+    return "--retry-max-backoff-ms (" + std::to_string(c.retry_max_backoff_ms) +
+           ") is below --retry-initial-backoff-ms (" + std::to_string(c.retry_initial_backoff_ms) +
+           ")";
+  }
+  if (c.health_check_endpoint.empty() || c.health_check_endpoint.front() != '/') {
+    return "--health-check-endpoint must be a path starting with '/' (e.g. /health)";
+  }
+  if (c.port != 0 && c.port == c.prometheus_port && c.host == c.prometheus_host) {
+    return "--port and --prometheus-port are both " + std::to_string(c.port) + "; pick two ports";
+  }
+  return "";
+}
+
+std::vector<std::string> request_id_header_names(const GatewayConfig& c) {
+  std::vector<std::string> names = c.request_id_headers;
+  if (names.empty()) names = {"x-request-id", "x-correlation-id", "x-trace-id", "request-id"};
+  for (auto& n : names) std::transform(n.begin(), n.end(), n.begin(), ::tolower);
+  return names;
+}
+
+}  // namespace kvgate

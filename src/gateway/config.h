@@ -1,0 +1,97 @@
+// gateway/config: every knob of the kvgate binary in one table (name, group, default, range, help).
+// The table drives the command line (sgl-model-gateway's flag names, with an optional --router-
+// prefix), --help, validation and docs/configuration.md (kvgate --help-markdown).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "util/flags.h"
+
+namespace kvgate {
+
+struct PrefillSpec {
+  std::string url;
+  std::optional<int> bootstrap_port;  // nullopt: "none" or not given
+};
+
+struct GatewayConfig {
+  // Worker configuration
+  std::string host = "0.0.0.0";
+  int64_t port = 30000;
+  std::vector<std::string> worker_urls;
+  // Routing policy
+  std::string policy = "cache_aware";
+  double cache_threshold = 0.3;
+  int64_t balance_abs_threshold = 64;
+  double balance_rel_threshold = 1.5;
+  int64_t eviction_interval = 120;
+  int64_t max_tree_size = 67108864;
+  int64_t prefix_token_count = 256;
+  double prefix_hash_load_factor = 1.25;
+  int64_t max_idle_secs = 14400;
+  bool dp_aware = false;
+  int64_t policy_seed = 0;
+  // PD disaggregation
+  bool pd_disaggregation = false;
+  std::vector<PrefillSpec> prefill;
+  std::vector<std::string> decode;
+  std::string prefill_policy;
+  std::string decode_policy;
+  int64_t worker_startup_timeout_secs = 1800;
+  int64_t worker_startup_check_interval = 30;
+  // Logging
+  std::string log_dir;
+  std::string log_level = "info";
+  // Prometheus metrics
+  int64_t prometheus_port = 29000;
+  std::string prometheus_host = "0.0.0.0";
+  std::vector<std::string> prometheus_duration_buckets;
+  // Request handling
+  std::vector<std::string> request_id_headers;
+  int64_t request_timeout_secs = 1800;
+  int64_t shutdown_grace_period_secs = 180;
+  int64_t max_payload_size = 536870912;
+  std::string api_key;
+  bool debug_headers = false;
+  int64_t threads = 0;
+  int64_t connect_timeout_secs = 10;
+  // Rate limiting
+  int64_t max_concurrent_requests = -1;
+  int64_t queue_size = 100;
+  int64_t queue_timeout_secs = 60;
+  // Retries
+  int64_t retry_max_retries = 5;
+  int64_t retry_initial_backoff_ms = 50;
+  int64_t retry_max_backoff_ms = 30000;
+  double retry_backoff_multiplier = 1.5;
+  double retry_jitter_factor = 0.2;
+  bool disable_retries = false;
+  // Circuit breaker
+  int64_t cb_failure_threshold = 10;
+  int64_t cb_success_threshold = 3;
+  int64_t cb_timeout_duration_secs = 60;
+  int64_t cb_window_duration_secs = 120;
+  bool disable_circuit_breaker = false;
+  // Health checks
+  int64_t health_failure_threshold = 3;
+  int64_t health_success_threshold = 2;
+  int64_t health_check_timeout_secs = 5;
+  int64_t health_check_interval_secs = 60;
+  std::string health_check_endpoint = "/health";
+  int64_t load_check_interval_ms = 1000;
+  // Backend
+  std::string backend = "sglang";
+};
+
+std::span<const flags::Knob<GatewayConfig>> gateway_knobs();
+
+// Cross-field checks after parsing. Returns "" or an error naming the flag and the fix.
+std::string validate(const GatewayConfig& config);
+
+// Request id headers to look at, lower-case, in order (the configured ones or the defaults).
+std::vector<std::string> request_id_header_names(const GatewayConfig& config);
+
+}  // namespace kvgate

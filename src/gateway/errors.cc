@@ -1,0 +1,82 @@
+// gateway/errors: see errors.h.
+#include "gateway/errors.h"
+
+#include "util/json.h"
+
+namespace kvgate {
+
+std::string error_body(const GatewayError& e) {
+  std::string out;
+  out.reserve(96 + e.message.size());
+  out.append(R"({"error":{"type":)");
+  json::append_string(out, e.type);
+  out.append(R"(,"code":)");
+  json::append_string(out, e.code);
+  out.append(R"(,"message":)");
+  json::append_string(out, e.message);
+  out.append("}}");
+  return out;
+}
+
+namespace errors {
+
+GatewayError bad_json(std::string detail) {
+  return {400, "invalid_request_error", "invalid_json", std::move(detail)};
+}
+
+GatewayError not_found(std::string_view method, std::string_view path) {
+  return {404, "invalid_request_error", "not_found",
+          "no route for " + std::string(method) + " " + std::string(path) +
+              " (routes: POST /generate, /v1/chat/completions, /v1/completions, /v1/embeddings, "
+              "/v1/rerank; GET /v1/models, /health, /liveness, /readiness)"};
+}
+
+GatewayError method_not_allowed(std::string_view method, std::string_view path,
+                                std::string_view allowed) {
+  return {405, "invalid_request_error", "method_not_allowed",
+          std::string(method) + " is not allowed on " + std::string(path) + "; use " +
+              std::string(allowed)};
+}
+
+GatewayError unauthorized() {
+  return {401, "authentication_error", "invalid_api_key",
+          "missing or wrong API key; send 'Authorization: Bearer <key>'"};
+}
+
+GatewayError queue_full(size_t queue_size) {
+  return {429, "rate_limit_error", "queue_full",
+          "too many requests: all slots busy and the queue of " + std::to_string(queue_size) +
+              " is full; retry later"};
+}
+
+GatewayError queue_timeout(long seconds) {
+  return {408, "rate_limit_error", "queue_timeout",
+          "the request waited " + std::to_string(seconds) + " s in the queue without a free slot"};
+}
+
+GatewayError no_worker(size_t total) {
+  return {503, "server_error", "no_available_workers",
+          total == 0 ? std::string("no workers are configured")
+                     : "none of the " + std::to_string(total) +
+                           " workers is available (unhealthy or circuit open); see /readiness"};
+}
+
+GatewayError upstream_unreachable(std::string_view worker, int attempts, std::string_view detail) {
+  return {502, "server_error", "upstream_unreachable",
+          "worker " + std::string(worker) + " could not be reached (" + std::string(detail) +
+              ") after " + std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts")};
+}
+
+GatewayError upstream_timeout(std::string_view worker, long seconds) {
+  return {504, "server_error", "upstream_timeout",
+          "worker " + std::string(worker) + " did not answer within --request-timeout-secs (" +
+              std::to_string(seconds) + " s)"};
+}
+
+GatewayError upstream_failed(std::string_view worker, std::string_view detail) {
+  return {502, "server_error", "upstream_failed",
+          "worker " + std::string(worker) + " failed mid-response: " + std::string(detail)};
+}
+
+}  // namespace errors
+}  // namespace kvgate

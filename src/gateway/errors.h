@@ -1,0 +1,34 @@
+// gateway/errors: the gateway's own error answers, always JSON
+// {"error":{"type","code","message"}} with the status that matches the cause.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvgate {
+
+struct GatewayError {
+  int status;
+  std::string_view
+      type;  // invalid_request_error, authentication_error, rate_limit_error, server_error
+  std::string_view code;  // machine-readable reason
+  std::string message;    // for humans: what went wrong and, where possible, what to do
+};
+
+std::string error_body(const GatewayError& e);
+
+namespace errors {
+GatewayError bad_json(std::string detail);
+GatewayError not_found(std::string_view method, std::string_view path);
+GatewayError method_not_allowed(std::string_view method, std::string_view path,
+                                std::string_view allowed);
+GatewayError unauthorized();
+GatewayError queue_full(size_t queue_size);
+GatewayError queue_timeout(long seconds);
+GatewayError no_worker(size_t total);
+GatewayError upstream_unreachable(std::string_view worker, int attempts, std::string_view detail);
+GatewayError upstream_timeout(std::string_view worker, long seconds);
+GatewayError upstream_failed(std::string_view worker, std::string_view detail);
+}  // namespace errors
+
+}  // namespace kvgate

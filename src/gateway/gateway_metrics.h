@@ -1,0 +1,49 @@
+// gateway/gateway_metrics: the metric families of the kvgate binary (names prefixed kvgate_; see
+// docs/metrics.md). Created once at startup; handlers keep references.
+#pragma once
+
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+
+#include "metrics/metrics.h"
+
+namespace kvgate {
+
+// Bounds the distinct values a label may take (request bodies are untrusted): the first `limit`
+// distinct values pass, later ones read "other".
+class LabelLimiter {
+ public:
+  explicit LabelLimiter(size_t limit) : limit_(limit) {}
+  std::string_view admit(std::string_view value);
+
+ private:
+  size_t limit_;
+  std::shared_mutex mu_;
+  std::set<std::string, std::less<>> seen_;
+};
+
+struct GatewayMetrics {
+  GatewayMetrics(metrics::Registry& r, std::vector<double> duration_buckets);
+
+  metrics::CounterFamily& requests;
+  metrics::HistogramFamily& duration;
+  metrics::GaugeFamily& in_flight;
+  metrics::GaugeFamily& worker_active;
+  metrics::GaugeFamily& worker_health;
+  metrics::GaugeFamily& worker_cb_state;
+  metrics::GaugeFamily& worker_load;
+  metrics::CounterFamily& worker_requests;
+  metrics::CounterFamily& worker_failures;
+  metrics::CounterFamily& retries;
+  metrics::CounterFamily& upstream_errors;
+  metrics::CounterFamily& selections;
+  metrics::CounterFamily& branches;
+  metrics::GaugeFamily& queue_depth;
+  metrics::CounterFamily& admission_rejected;
+  metrics::CounterFamily& client_disconnects;
+  LabelLimiter models{64};
+};
+
+}  // namespace kvgate

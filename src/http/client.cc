@@ -1,0 +1,358 @@
+// http/client: see client.h. The only client-side translation unit that includes Beast.
+#include "http/client.h"
+
+#include <netdb.h>
+
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <charconv>
+
+namespace kvgate::http {
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using asio::ip::tcp;
+namespace {
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+}
+
+struct Connection {
+  explicit Connection(asio::any_io_executor ex) : stream(ex) {}
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
+  Clock::time_point idle_since{};
+};
+
+std::string parse_url(std::string_view url, Target& out) {
+  std::string_view rest = url;
+  if (rest.starts_with("http://")) {
+    rest.remove_prefix(7);
+  } else if (rest.starts_with("https://")) {
+    return "'" + std::string(url) + "': https upstreams are not supported yet; use http://";
+  } else if (rest.find("://") != std::string_view::npos) {
+    return "'" + std::string(url) + "': unsupported scheme; use http://host:port";
+  }
+  auto slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  std::string_view path = slash == std::string_view::npos ? "" : rest.substr(slash);
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  if (authority.empty())
+    return "'" + std::string(url) + "': missing host (expected http://host:port)";
+  std::string host;
+  std::string_view port_text;
+  if (authority.front() == '[') {
+    auto close = authority.find(']');
+    if (close == std::string_view::npos) return "'" + std::string(url) + "': unterminated [IPv6]";
+    host = std::string(authority.substr(1, close - 1));
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':') return "'" + std::string(url) + "': bad text after ]";
+      port_text = authority.substr(close + 2);
+    }
+  } else {
+    auto colon = authority.rfind(':');
+    host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos) port_text = authority.substr(colon + 1);
+  }
+  if (host.empty()) return "'" + std::string(url) + "': missing host";
+  uint16_t port = 80;
+  if (!port_text.empty()) {
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
+    if (ec != std::errc() || p != port_text.data() + port_text.size() || v == 0 || v > 65535) {
+      return "'" + std::string(url) + "': port '" + std::string(port_text) +
+             "' is not a number between 1 and 65535";
+    }
+    port = static_cast<uint16_t>(v);
+  }
+  out.host = host;
+  out.port = port;
+  out.base_path = std::string(path);
+  bool v6 = host.find(':') != std::string::npos;
+  out.host_header =
+      (v6 ? "[" + host + "]" : host) + (port_text.empty() ? "" : ":" + std::to_string(port));
+  out.url = "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + out.base_path;
+  out.endpoints.clear();
+  return "";
+}
+
+std::string resolve(Target& target) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(target.host, ec);
+  target.endpoints.clear();
+  if (!ec) {
+    target.endpoints.emplace_back(addr, target.port);
+    return "";
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(target.host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) return "cannot resolve '" + target.host + "': " + gai_strerror(rc);
+  for (addrinfo* p = res; p; p = p->ai_next) {
+    if (p->ai_family == AF_INET) {
+      auto* sa = reinterpret_cast<sockaddr_in*>(p->ai_addr);
+      asio::ip::address_v4::bytes_type b;
+      std::memcpy(b.data(), &sa->sin_addr, 4);
+      target.endpoints.emplace_back(asio::ip::address_v4(b), target.port);
+    } else if (p->ai_family == AF_INET6) {
+      auto* sa = reinterpret_cast<sockaddr_in6*>(p->ai_addr);
+      asio::ip::address_v6::bytes_type b;
+      std::memcpy(b.data(), &sa->sin6_addr, 16);
+      target.endpoints.emplace_back(asio::ip::address_v6(b), target.port);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (target.endpoints.empty()) return "cannot resolve '" + target.host + "': no address";
+  return "";
+}
+
+ConnectionPool::ConnectionPool() : ConnectionPool(Options{}) {}
+ConnectionPool::ConnectionPool(Options options) : options_(options) {}
+ConnectionPool::~ConnectionPool() = default;
+
+std::unique_ptr<Connection> ConnectionPool::take(uint64_t key) {
+  auto it = idle_.find(key);
+  if (it == idle_.end()) return nullptr;
+  auto& v = it->second;
+  auto now = Clock::now();
+  while (!v.empty()) {
+    std::unique_ptr<Connection> c = std::move(v.back());
+    v.pop_back();
+    if (now - c->idle_since < options_.idle_timeout) return c;
+  }
+  return nullptr;
+}
+
+void ConnectionPool::give(uint64_t key, std::unique_ptr<Connection> c) {
+  auto& v = idle_[key];
+  if (v.size() >= options_.max_idle_per_target) return;  // closes c
+  c->idle_since = Clock::now();
+  c->stream.expires_never();
+  v.push_back(std::move(c));
+}
+
+void ConnectionPool::drop(uint64_t key) {
+  idle_.erase(key);
+}
+
+size_t ConnectionPool::idle_count() const {
+  size_t n = 0;
+  for (const auto& [k, v] : idle_) n += v.size();
+  return n;
+}
+
+std::string_view to_string(CallError e) {
+  switch (e) {
+    case CallError::kNone:
+      return "none";
+    case CallError::kConnect:
+      return "connect";
+    case CallError::kTimeout:
+      return "timeout";
+    case CallError::kReset:
+      return "reset";
+    case CallError::kProtocol:
+      return "protocol";
+    case CallError::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+UpstreamCall::UpstreamCall(asio::any_io_executor ex, ConnectionPool& pool, const Target& target,
+                           uint64_t key)
+    : ex_(std::move(ex)), pool_(pool), target_(target), key_(key) {}
+
+UpstreamCall::~UpstreamCall() {
+  if (conn_ && done_ && !aborted_ && conn_->parser && conn_->parser->keep_alive()) {
+    conn_->parser.reset();
+    pool_.give(key_, std::move(conn_));
+  }
+}
+
+CallError UpstreamCall::classify(const boost::system::error_code& ec, bool response_started) {
+  if (aborted_) return CallError::kAborted;
+  detail_ = ec.message();
+  if (ec == beast::error::timeout || timed_out_) return CallError::kTimeout;
+  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+      ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+      ec == bhttp::error::partial_message || ec == asio::error::operation_aborted) {
+    return CallError::kReset;
+  }
+  (void)response_started;
+  if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category()) {
+    return CallError::kProtocol;
+  }
+  return CallError::kReset;
+}
+
+awaitable<CallError> UpstreamCall::connect() {
+  conn_ = std::make_unique<Connection>(ex_);
+  fresh_ = true;
+  if (target_.endpoints.empty()) {
+    detail_ = "address of " + target_.host + " is not resolved";
+    co_return CallError::kConnect;
+  }
+  auto connect_deadline = Clock::now() + pool_.options().connect_timeout;
+  conn_->stream.expires_at(std::min(deadline_, connect_deadline));
+  auto [ec, ep] = co_await conn_->stream.async_connect(target_.endpoints, kTuple);
+  (void)ep;
+  if (ec) {
+    if (aborted_) co_return CallError::kAborted;
+    detail_ = ec == beast::error::timeout ? "connect timed out" : ec.message();
+    if (ec == beast::error::timeout && Clock::now() >= deadline_) co_return CallError::kTimeout;
+    co_return CallError::kConnect;
+  }
+  boost::system::error_code ignored;
+  conn_->stream.socket().set_option(tcp::no_delay(true), ignored);
+  co_return CallError::kNone;
+}
+
+awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_view path,
+                                         HeaderList headers, std::string_view body) {
+  head_.clear();
+  head_.append(method).append(" ").append(target_.base_path).append(path).append(" HTTP/1.1\r\n");
+  append_header(head_, "host", target_.host_header);
+  for (const auto& h : headers) append_header(head_, h.name, h.value);
+  if (!body.empty() || method == "POST" || method == "PUT") {
+    char buf[48];
+    int n = std::snprintf(buf, sizeof buf, "content-length: %zu\r\n", body.size());
+    head_.append(buf, static_cast<size_t>(n));
+  }
+  head_.append("\r\n");
+
+  conn_ = pool_.take(key_);
+  fresh_ = false;
+  for (int attempt = 0;; ++attempt) {
+    if (!conn_) {
+      if (CallError e = co_await connect(); e != CallError::kNone) co_return e;
+    }
+    if (aborted_) co_return CallError::kAborted;
+    conn_->stream.expires_at(deadline_);
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(body)};
+    auto [wec, wn] = co_await asio::async_write(conn_->stream, bufs, kTuple);
+    (void)wn;
+    boost::system::error_code ec = wec;
+    if (!ec) {
+      conn_->parser.emplace();
+      conn_->parser->header_limit(64 * 1024);
+      conn_->parser->body_limit(boost::none);
+      auto [rec, rn] =
+          co_await bhttp::async_read_header(conn_->stream, conn_->buffer, *conn_->parser, kTuple);
+      (void)rn;
+      ec = rec;
+    }
+    if (!ec) {
+      done_ = conn_->parser->is_done();
+      co_return CallError::kNone;
+    }
+    if (aborted_) co_return CallError::kAborted;
+    bool stale = !fresh_ && attempt == 0 &&
+                 (ec == bhttp::error::end_of_stream || ec == asio::error::connection_reset ||
+                  ec == asio::error::broken_pipe || ec == asio::error::eof);
+    if (stale) {
+      conn_.reset();  // the peer closed this idle connection; try once on a new one
+      continue;
+    }
+    CallError e = classify(ec, false);
+    conn_.reset();
+    co_return e;
+  }
+}
+
+int UpstreamCall::status() const {
+  return conn_ && conn_->parser ? static_cast<int>(conn_->parser->get().result_int()) : 0;
+}
+
+std::string_view UpstreamCall::header(std::string_view name) const {
+  if (!conn_ || !conn_->parser) return {};
+  const auto& msg = conn_->parser->get();
+  auto it = msg.find(name);
+  return it == msg.end() ? std::string_view{} : std::string_view(it->value());
+}
+
+void UpstreamCall::for_each_header(
+    const std::function<void(std::string_view, std::string_view)>& fn) const {
+  if (!conn_ || !conn_->parser) return;
+  for (const auto& f : conn_->parser->get()) fn(f.name_string(), f.value());
+}
+
+std::optional<uint64_t> UpstreamCall::content_length() const {
+  if (!conn_ || !conn_->parser) return std::nullopt;
+  auto len = conn_->parser->content_length();
+  if (!len || conn_->parser->chunked()) return std::nullopt;
+  return *len;
+}
+
+awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& error) {
+  error = CallError::kNone;
+  if (done_ || !conn_ || !conn_->parser) co_return 0;
+  auto& p = *conn_->parser;
+  for (;;) {
+    p.get().body().data = buf;
+    p.get().body().size = cap;
+    auto [ec, n] = co_await bhttp::async_read_some(conn_->stream, conn_->buffer, p, kTuple);
+    (void)n;
+    if (ec == bhttp::error::need_buffer) ec = {};
+    size_t got = cap - p.get().body().size;
+    if (p.is_done()) done_ = true;
+    if (ec) {
+      error = classify(ec, true);
+      conn_.reset();
+      done_ = false;
+      co_return got;
+    }
+    if (got > 0 || done_) co_return got;
+  }
+}
+
+awaitable<CallError> UpstreamCall::read_all(std::string& out, size_t limit) {
+  char buf[16384];
+  for (;;) {
+    CallError err = CallError::kNone;
+    size_t n = co_await read_some(buf, sizeof buf, err);
+    if (err != CallError::kNone) co_return err;
+    if (n == 0) co_return CallError::kNone;
+    if (out.size() + n > limit) {
+      detail_ = "response larger than " + std::to_string(limit) + " bytes";
+      abort();
+      co_return CallError::kProtocol;
+    }
+    out.append(buf, n);
+  }
+}
+
+void UpstreamCall::abort() {
+  aborted_ = true;
+  if (conn_) {
+    boost::system::error_code ignored;
+    conn_->stream.socket().close(ignored);
+  }
+}
+
+awaitable<FetchResult> fetch(asio::any_io_executor ex, const Target& target,
+                             std::string_view method, std::string_view path,
+                             std::chrono::milliseconds timeout, std::string_view body,
+                             HeaderList headers) {
+  ConnectionPool pool;  // private: a probe always opens a new connection
+  FetchResult r;
+  UpstreamCall call(ex, pool, target, 0);
+  call.set_deadline(Clock::now() + timeout);
+  r.error = co_await call.start(method, path, headers, body);
+  if (r.error == CallError::kNone) {
+    r.status = call.status();
+    r.error = co_await call.read_all(r.body, 16 << 20);
+  }
+  if (r.error != CallError::kNone) r.detail = call.error_detail();
+  co_return r;
+}
+
+}  // namespace kvgate::http

@@ -1,0 +1,106 @@
+// http/message: see message.h.
+#include "http/message.h"
+
+#include <array>
+
+namespace kvgate::http {
+
+std::string_view reason(int status) {
+  switch (status) {
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 304:
+      return "Not Modified";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      break;
+  }
+  if (status >= 200 && status < 300) return "OK";
+  if (status >= 400 && status < 500) return "Client Error";
+  return "Server Error";
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x + 32);
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y + 32);
+    if (x != y) return false;
+  }
+  return true;
+}
+
+bool is_hop_by_hop(std::string_view name) {
+  static constexpr std::array<std::string_view, 9> kHop = {
+      "connection",          "keep-alive", "proxy-authenticate",
+      "proxy-authorization", "te",         "trailer",
+      "transfer-encoding",   "upgrade",    "proxy-connection"};
+  for (auto h : kHop) {
+    if (iequals(name, h)) return true;
+  }
+  return false;
+}
+
+void append_status_line(std::string& out, int status, unsigned version) {
+  out.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+  char code[4] = {static_cast<char>('0' + status / 100 % 10),
+                  static_cast<char>('0' + status / 10 % 10), static_cast<char>('0' + status % 10),
+                  ' '};
+  out.append(code, 4);
+  out.append(reason(status));
+  out.append("\r\n");
+}
+
+void append_header(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name).append(": ").append(value).append("\r\n");
+}
+
+}  // namespace kvgate::http

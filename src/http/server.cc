@@ -1,0 +1,406 @@
+// http/server: see server.h. The only server-side translation unit that includes Beast.
+#include "http/server.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <cerrno>
+#include <stdexcept>
+
+#include "http/padded_body.h"
+#include "util/log.h"
+
+namespace kvgate::http {
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using asio::ip::tcp;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
+  ServerConfig config;
+  Handler handler;
+  std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
+  std::atomic<bool> stopping{false};
+};
+
+namespace {
+
+using Request = bhttp::request<PaddedStringBody>;
+
+// Shared with the disconnect watch's completion, which may run after the exchange is gone.
+struct WatchState {
+  bool done = false;
+  bool gone = false;
+  std::function<void()> fn;
+};
+
+class ExchangeImpl final : public Exchange {
+ public:
+  ExchangeImpl(beast::tcp_stream& stream, beast::flat_buffer& buffer, Request& req,
+               const std::string& remote, const ServerConfig& cfg, std::string& scratch)
+      : stream_(stream), buffer_(buffer), req_(req), remote_(remote), cfg_(cfg), head_(scratch) {}
+
+  ~ExchangeImpl() override { stop_watch(); }
+
+  std::string_view method() const override { return req_.method_string(); }
+  std::string_view target() const override { return req_.target(); }
+  unsigned version() const override { return req_.version(); }
+  std::string_view header(std::string_view name) const override {
+    auto it = req_.find(name);
+    return it == req_.end() ? std::string_view{} : std::string_view(it->value());
+  }
+  void for_each_header(
+      const std::function<void(std::string_view, std::string_view)>& fn) const override {
+    for (const auto& f : req_) fn(f.name_string(), f.value());
+  }
+  std::string& body() override { return req_.body(); }
+  const std::string& remote_address() const override { return remote_; }
+
+  awaitable<bool> respond(int status, HeaderList headers, std::string_view body) override {
+    start_head(status, headers);
+    append_length(body.size());
+    head_.append("\r\n");
+    started_ = true;
+    bool head_only = req_.method() == bhttp::verb::head;
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(head_),
+                                           asio::buffer(body.data(), head_only ? 0 : body.size())};
+    bool ok = co_await write(bufs);
+    complete_ = ok;
+    co_return ok;
+  }
+
+  awaitable<bool> begin_body(int status, HeaderList headers,
+                             std::optional<uint64_t> content_length) override {
+    start_head(status, headers);
+    if (content_length) {
+      append_length(*content_length);
+      remaining_ = *content_length;
+      chunked_ = false;
+    } else if (req_.version() >= 11) {
+      head_.append("transfer-encoding: chunked\r\n");
+      chunked_ = true;
+    } else {
+      close_ = true;  // HTTP/1.0: the end of the body is the end of the connection
+      chunked_ = false;
+    }
+    if (close_ && !closing_header_written_) head_.append("connection: close\r\n");
+    head_.append("\r\n");
+    head_pending_ = true;
+    started_ = true;
+    streaming_ = true;
+    co_return true;
+  }
+
+  awaitable<bool> write_body(std::string_view data) override {
+    if (!streaming_ || data.empty()) co_return !client_gone();
+    if (remaining_) {
+      if (data.size() > *remaining_) {
+        close_ = true;
+        data = data.substr(0, static_cast<size_t>(*remaining_));
+      }
+      *remaining_ -= data.size();
+    }
+    std::array<asio::const_buffer, 4> bufs;
+    size_t n = 0;
+    if (head_pending_) bufs[n++] = asio::buffer(head_);
+    char size_line[20];
+    if (chunked_) {
+      int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", data.size());
+      bufs[n++] = asio::buffer(size_line, static_cast<size_t>(len));
+      bufs[n++] = asio::buffer(data);
+      bufs[n++] = asio::buffer("\r\n", 2);
+    } else {
+      bufs[n++] = asio::buffer(data);
+    }
+    head_pending_ = false;
+    co_return co_await write(std::span<const asio::const_buffer>(bufs.data(), n));
+  }
+
+  awaitable<bool> end_body() override {
+    if (!streaming_ || complete_) co_return !close_;
+    std::array<asio::const_buffer, 2> bufs;
+    size_t n = 0;
+    if (head_pending_) bufs[n++] = asio::buffer(head_);
+    if (chunked_) bufs[n++] = asio::buffer("0\r\n\r\n", 5);
+    head_pending_ = false;
+    bool ok = true;
+    if (n) ok = co_await write(std::span<const asio::const_buffer>(bufs.data(), n));
+    if (remaining_ && *remaining_ != 0) close_ = true;  // short body: the client must see EOF
+    complete_ = ok;
+    co_return ok;
+  }
+
+  bool response_started() const override { return started_; }
+  bool response_complete() const override { return complete_; }
+  void close_after() override { close_ = true; }
+  bool must_close() const { return close_; }
+
+  void watch_disconnect(std::function<void()> fn) override {
+    if (watch_ || complete_) return;
+    watch_ = std::make_shared<WatchState>();
+    watch_->fn = std::move(fn);
+    if (buffer_.size() > 0) return;  // pipelined bytes already here: the client is still talking
+    auto state = watch_;
+    auto& sock = stream_.socket();
+    sock.async_wait(tcp::socket::wait_read,
+                    asio::bind_cancellation_slot(
+                        cancel_.slot(), [state, &sock](const boost::system::error_code& ec) {
+                          if (ec || state->done) return;
+                          char c;
+                          ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+                          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                            state->gone = true;
+                            if (state->fn) state->fn();
+                          }
+                          // n > 0: a pipelined request arrived; the client is alive.
+                        }));
+  }
+  bool client_gone() const override { return gone_ || (watch_ && watch_->gone); }
+
+  asio::any_io_executor executor() override { return stream_.get_executor(); }
+
+ private:
+  void stop_watch() {
+    if (!watch_) return;
+    watch_->done = true;
+    watch_->fn = nullptr;
+    cancel_.emit(asio::cancellation_type::all);
+  }
+
+  void start_head(int status, HeaderList headers) {
+    head_.clear();
+    append_status_line(head_, status, req_.version() >= 11 ? 11 : 10);
+    for (const auto& h : headers) append_header(head_, h.name, h.value);
+    bool keep = req_.keep_alive() && !close_;
+    if (!keep) {
+      close_ = true;
+      head_.append("connection: close\r\n");
+      closing_header_written_ = true;
+    } else if (req_.version() < 11) {
+      head_.append("connection: keep-alive\r\n");
+    }
+  }
+
+  void append_length(uint64_t n) {
+    char buf[48];
+    int len = std::snprintf(buf, sizeof buf, "content-length: %llu\r\n",
+                            static_cast<unsigned long long>(n));
+    head_.append(buf, static_cast<size_t>(len));
+  }
+
+  template <class Buffers>
+  awaitable<bool> write(const Buffers& bufs) {
+    if (gone_) co_return false;
+    stream_.expires_after(cfg_.read_timeout);
+    auto [ec, n] = co_await asio::async_write(stream_, bufs, kTuple);
+    (void)n;
+    if (ec) {
+      gone_ = true;
+      close_ = true;
+      co_return false;
+    }
+    co_return true;
+  }
+
+  beast::tcp_stream& stream_;
+  beast::flat_buffer& buffer_;
+  Request& req_;
+  const std::string& remote_;
+  const ServerConfig& cfg_;
+  std::string& head_;
+  std::optional<uint64_t> remaining_;
+  std::shared_ptr<WatchState> watch_;
+  asio::cancellation_signal cancel_;
+  bool started_ = false;
+  bool complete_ = false;
+  bool streaming_ = false;
+  bool chunked_ = false;
+  bool head_pending_ = false;
+  bool close_ = false;
+  bool closing_header_written_ = false;
+  bool gone_ = false;
+};
+
+// Writes a minimal error response on a connection whose request could not be read.
+awaitable<void> reject(beast::tcp_stream& stream, int status, std::string_view code,
+                       std::string_view message) {
+  std::string body = R"({"error":{"type":"invalid_request_error","code":")" + std::string(code) +
+                     R"(","message":")";
+  for (char c : message) {
+    if (c == '"' || c == '\\') body.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) body.push_back(c);
+  }
+  body += "\"}}";
+  std::string head;
+  append_status_line(head, status);
+  append_header(head, "content-type", "application/json");
+  append_header(head, "content-length", std::to_string(body.size()));
+  append_header(head, "connection", "close");
+  head += "\r\n";
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(body)};
+  stream.expires_after(std::chrono::seconds(5));
+  co_await asio::async_write(stream, bufs, kTuple);
+}
+
+bool is_quiet_close(const boost::system::error_code& ec) {
+  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+         ec == asio::error::connection_reset || ec == beast::error::timeout ||
+         ec == asio::error::operation_aborted || ec == bhttp::error::partial_message;
+}
+
+awaitable<void> session(std::shared_ptr<Server::Impl> srv, tcp::socket socket) {
+  const ServerConfig& cfg = srv->config;
+  boost::system::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  std::string remote;
+  {
+    auto ep = socket.remote_endpoint(ignored);
+    if (!ignored) remote = ep.address().to_string();
+  }
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  std::string scratch;
+  scratch.reserve(512);
+
+  for (;;) {
+    bhttp::request_parser<PaddedStringBody> parser;
+    parser.header_limit(static_cast<std::uint32_t>(cfg.header_limit));
+    parser.body_limit(cfg.body_limit);
+    stream.expires_after(buffer.size() ? cfg.read_timeout : cfg.idle_timeout);
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
+    (void)n;
+    if (!ec && !parser.is_done()) {
+      if (http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
+        static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        stream.expires_after(cfg.read_timeout);
+        co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+      }
+      stream.expires_after(cfg.read_timeout);
+      std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kTuple);
+    }
+    if (ec) {
+      if (ec == bhttp::error::body_limit) {
+        co_await reject(stream, 413, "payload_too_large",
+                        "request body exceeds --max-payload-size (" +
+                            std::to_string(cfg.body_limit) + " bytes)");
+      } else if (ec == bhttp::error::header_limit) {
+        co_await reject(stream, 431, "headers_too_large",
+                        "request headers exceed " + std::to_string(cfg.header_limit) + " bytes");
+      } else if (!is_quiet_close(ec)) {
+        co_await reject(stream, 400, "bad_http_request", "malformed HTTP request: " + ec.message());
+      }
+      break;
+    }
+    stream.expires_never();
+    Request& req = parser.get();
+    bool close = false;
+    {
+      ExchangeImpl ex(stream, buffer, req, remote, cfg, scratch);
+      try {
+        co_await srv->handler(ex);
+      } catch (const std::exception& e) {
+        // Handlers map bad input to 4xx themselves; this is a bug: answer 500 (below) and log it.
+        log::error("handler failed").kv("error", e.what()).kv("target", ex.target());
+      }
+      if (!ex.response_complete()) {
+        if (!ex.response_started() && !ex.client_gone()) {
+          static constexpr Header kJson[] = {{"content-type", "application/json"}};
+          co_await ex.respond(
+              500, kJson,
+              R"({"error":{"type":"server_error","code":"no_response","message":"the handler produced no response"}})");
+        }
+        ex.close_after();
+      }
+      close = ex.must_close() || ex.client_gone() || !req.keep_alive();
+    }
+    if (close || srv->stopping.load(std::memory_order_relaxed)) break;
+  }
+  auto& sock = stream.socket();
+  sock.shutdown(tcp::socket::shutdown_send, ignored);
+  sock.close(ignored);
+}
+
+awaitable<void> accept_loop(std::shared_ptr<Server::Impl> srv, tcp::acceptor* acceptor) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor->async_accept(kTuple);
+    if (srv->stopping.load()) co_return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) co_return;
+      log::warn("accept failed").kv("error", ec.message());
+      asio::steady_timer t(acceptor->get_executor(), std::chrono::milliseconds(50));
+      co_await t.async_wait(kTuple);
+      continue;
+    }
+    asio::co_spawn(acceptor->get_executor(), session(srv, std::move(socket)), asio::detached);
+  }
+}
+
+}  // namespace
+
+Server::Server(std::vector<asio::io_context*> contexts, ServerConfig config, Handler handler)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->handler = std::move(handler);
+  const auto& cfg = impl_->config;
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(cfg.host, ec);
+  if (ec) {
+    throw std::runtime_error("cannot listen on '" + cfg.host +
+                             "': not an IP address (use e.g. 0.0.0.0 or 127.0.0.1)");
+  }
+  uint16_t port = cfg.port;
+  for (auto* ctx : contexts) {
+    auto acc = std::make_unique<tcp::acceptor>(*ctx);
+    tcp::endpoint ep(address, port);
+    acc->open(ep.protocol(), ec);
+    if (!ec) acc->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) {
+      int one = 1;
+      if (::setsockopt(acc->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        ec.assign(errno, boost::system::system_category());
+      }
+    }
+    if (!ec) acc->bind(ep, ec);
+    if (!ec) acc->listen(cfg.backlog, ec);
+    if (ec) {
+      throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(port) + ": " +
+                               ec.message() +
+                               (ec == asio::error::address_in_use
+                                    ? " (another process holds the port; pick another with --port)"
+                                    : ""));
+    }
+    port = acc->local_endpoint().port();
+    impl_->acceptors.push_back(std::move(acc));
+  }
+  port_ = port;
+}
+
+Server::~Server() {
+  stop();
+}
+
+void Server::start() {
+  for (auto& acc : impl_->acceptors) {
+    asio::co_spawn(acc->get_executor(), accept_loop(impl_, acc.get()), asio::detached);
+  }
+}
+
+void Server::stop() {
+  if (impl_->stopping.exchange(true)) return;
+  for (auto& acc : impl_->acceptors) {
+    asio::post(acc->get_executor(), [a = acc.get()] {
+      boost::system::error_code ignored;
+      a->close(ignored);
+    });
+  }
+}
+
+}  // namespace kvgate::http

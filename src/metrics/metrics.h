@@ -1,0 +1,130 @@
+// metrics: lock-free counters, gauges and histograms with labels, exposed in the Prometheus text
+// format (version 0.0.4). Families are created once at startup; a labelled cell is resolved once
+// and then updated with relaxed atomics, so the request path never takes a lock after warm-up.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvgate::metrics {
+
+class Counter {
+ public:
+  void inc(uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+class Gauge {
+ public:
+  void set(double v) { v_.store(v, std::memory_order_relaxed); }
+  void add(double d) { v_.fetch_add(d, std::memory_order_relaxed); }
+  double value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> v_{0};
+};
+
+class Histogram {
+ public:
+  explicit Histogram(const std::vector<double>* bounds);
+  void observe(double v);
+  const std::vector<double>& bounds() const { return *bounds_; }
+  uint64_t bucket(size_t i) const { return counts_[i].load(std::memory_order_relaxed); }
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  double sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::vector<double>* bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // one per bound (not cumulative)
+  std::atomic<uint64_t> count_{0};
+  std::atomic<double> sum_{0};
+};
+
+enum class Type { kCounter, kGauge, kHistogram };
+
+// A metric name with its label names; cells per distinct label values.
+class FamilyBase {
+ public:
+  FamilyBase(std::string name, std::string help, Type type, std::vector<std::string> labels,
+             std::vector<double> bounds);
+  virtual ~FamilyBase() = default;
+  const std::string& name() const { return name_; }
+  void expose(std::string& out) const;
+  // Drops the cell with these label values (e.g. a removed worker). Cell references die with it.
+  void remove(std::initializer_list<std::string_view> values);
+
+ protected:
+  // Deletes every cell; the most derived destructor calls it while delete_cell is still callable.
+  void destroy_cells();
+  void* find_or_create(std::initializer_list<std::string_view> values);
+  virtual void* make_cell() const = 0;
+  virtual void delete_cell(void* cell) const = 0;
+  virtual void expose_cell(std::string& out, const std::string& labels, const void* cell) const = 0;
+
+  std::string name_;
+  std::string help_;
+  Type type_;
+  std::vector<std::string> label_names_;
+  std::vector<double> bounds_;
+
+ private:
+  struct Entry {
+    std::vector<std::string> values;
+    void* cell;
+  };
+  mutable std::shared_mutex mu_;
+  std::map<std::string, Entry, std::less<>> cells_;  // key: values joined by '\x1f'
+};
+
+template <class Cell>
+class Family final : public FamilyBase {
+ public:
+  using FamilyBase::FamilyBase;
+  ~Family() override { destroy_cells(); }
+  Cell& with(std::initializer_list<std::string_view> values) {
+    return *static_cast<Cell*>(find_or_create(values));
+  }
+
+ private:
+  void* make_cell() const override;
+  void delete_cell(void* cell) const override { delete static_cast<Cell*>(cell); }
+  void expose_cell(std::string& out, const std::string& labels, const void* cell) const override;
+};
+
+using CounterFamily = Family<Counter>;
+using GaugeFamily = Family<Gauge>;
+using HistogramFamily = Family<Histogram>;
+
+class Registry {
+ public:
+  CounterFamily& counter(std::string name, std::string help, std::vector<std::string> labels = {});
+  GaugeFamily& gauge(std::string name, std::string help, std::vector<std::string> labels = {});
+  HistogramFamily& histogram(std::string name, std::string help, std::vector<std::string> labels,
+                             std::vector<double> bounds);
+  // Text exposition of every family, in registration order.
+  std::string expose() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<FamilyBase>> families_;
+};
+
+// Buckets for request latencies in seconds: 1 ms .. 30 min.
+std::vector<double> latency_buckets();
+
+// Escapes a label value for the text format (backslash, double quote, newline).
+void append_escaped(std::string& out, std::string_view v);
+
+}  // namespace kvgate::metrics

@@ -1,0 +1,39 @@
+// policy/registry: policy names -> factories. Adding a policy = one file in policy/, one line in
+// registry.cc, one test. Names of sgl-model-gateway policies kvgate has not built yet are listed
+// too, so asking for one fails at startup with a message instead of a silent fallback.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "policy/policy.h"
+
+namespace kvgate {
+
+struct PolicyConfig {
+  std::string name = "cache_aware";
+  uint64_t seed = 0;  // 0: from the OS
+  double cache_threshold = 0.3;
+  int64_t balance_abs_threshold = 64;
+  double balance_rel_threshold = 1.5;
+  int64_t eviction_interval_secs = 120;
+  int64_t max_tree_size = 67108864;
+  int64_t prefix_token_count = 256;
+  double prefix_hash_load_factor = 1.25;
+  int64_t max_idle_secs = 14400;
+};
+
+struct PolicyInfo {
+  std::string_view name;
+  std::string_view summary;
+  std::function<std::unique_ptr<Policy>(const PolicyConfig&)> factory;  // empty: not built yet
+};
+
+std::span<const PolicyInfo> all_policies();
+// Builds the policy `config.name`; on failure returns null and sets `error`.
+std::unique_ptr<Policy> make_policy(const PolicyConfig& config, std::string& error);
+
+}  // namespace kvgate

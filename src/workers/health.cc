@@ -1,0 +1,174 @@
+// workers/health: see health.h.
+#include "workers/health.h"
+
+#include <simdjson.h>
+
+#include <boost/asio/as_tuple.hpp>
+
+#include "util/log.h"
+
+namespace kvgate {
+namespace {
+
+std::optional<int64_t> rank_load(simdjson::dom::element e) {
+  if (!e.is_object()) return std::nullopt;
+  int64_t total = 0;
+  bool any = false;
+  for (const char* key : {"num_reqs", "num_running_reqs", "num_waiting_reqs", "load"}) {
+    auto v = e[key];
+    if (v.error()) continue;
+    if (std::string_view(key) == "num_running_reqs" && !e["num_reqs"].error()) continue;
+    int64_t n = 0;
+    if (v.is_int64())
+      n = v.get_int64().value();
+    else if (v.is_uint64())
+      n = static_cast<int64_t>(v.get_uint64().value());
+    else if (v.is_double())
+      n = static_cast<int64_t>(v.get_double().value());
+    else
+      continue;
+    total += n;
+    any = true;
+  }
+  return any ? std::optional<int64_t>(total) : std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> parse_load_report(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(json.data(), json.size()).get(doc)) return std::nullopt;
+  simdjson::dom::array ranks;
+  if (doc.is_array()) {
+    ranks = doc.get_array().value();
+  } else if (doc.is_object()) {
+    auto loads = doc["loads"];
+    if (!loads.error() && loads.is_array()) {
+      ranks = loads.get_array().value();
+    } else {
+      return rank_load(doc);
+    }
+  } else {
+    return std::nullopt;
+  }
+  int64_t total = 0;
+  bool any = false;
+  for (auto r : ranks) {
+    if (auto l = rank_load(r)) {
+      total += *l;
+      any = true;
+    }
+  }
+  if (!any && ranks.size() > 0) return std::nullopt;
+  return total;
+}
+
+std::optional<std::vector<std::string>> parse_model_list(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(json.data(), json.size()).get(doc)) return std::nullopt;
+  simdjson::dom::array data;
+  if (doc["data"].get_array().get(data)) return std::nullopt;
+  std::vector<std::string> out;
+  for (auto m : data) {
+    if (!m.is_object()) continue;
+    out.push_back(simdjson::minify(m));
+  }
+  return out;
+}
+
+HealthPlane::HealthPlane(asio::io_context& ctx, WorkerRegistry& registry, HealthConfig config)
+    : ctx_(ctx),
+      registry_(registry),
+      config_(std::move(config)),
+      stopped_(std::make_shared<bool>(false)) {}
+
+HealthPlane::~HealthPlane() {
+  stop();
+}
+
+void HealthPlane::start() {
+  auto set = registry_.snapshot();
+  for (const auto& w : set->workers) {
+    asio::co_spawn(ctx_, probe_loop(w), asio::detached);
+    if (config_.poll_load) asio::co_spawn(ctx_, load_loop(w), asio::detached);
+  }
+}
+
+void HealthPlane::stop() {
+  *stopped_ = true;
+}
+
+awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
+  auto r =
+      co_await http::fetch(ctx_.get_executor(), w->target(), "GET", "/v1/models", config_.timeout);
+  if (r.error != http::CallError::kNone || r.status != 200) co_return;
+  if (auto models = parse_model_list(r.body)) w->set_models(std::move(*models));
+}
+
+awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
+  auto stopped = stopped_;
+  asio::steady_timer timer(ctx_);
+  uint32_t fails = 0, goods = 0;
+  bool ever_healthy = false;
+  bool logged_waiting = false;
+  while (!*stopped) {
+    auto r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", config_.endpoint,
+                                  config_.timeout);
+    if (*stopped) co_return;
+    bool ok = r.error == http::CallError::kNone && r.status >= 200 && r.status < 300;
+    if (ok) {
+      fails = 0;
+      ++goods;
+      if (!w->healthy() && (!ever_healthy || goods >= config_.success_threshold)) {
+        w->set_healthy(true);
+        log::info("worker healthy").kv("worker", w->url());
+        ever_healthy = true;
+      }
+      if (w->models().empty() || goods % 8 == 1) co_await refresh_models(w);
+    } else {
+      goods = 0;
+      ++fails;
+      std::string why = r.error != http::CallError::kNone
+                            ? std::string(http::to_string(r.error)) + ": " + r.detail
+                            : "status " + std::to_string(r.status);
+      if (w->healthy() && fails >= config_.failure_threshold) {
+        w->set_healthy(false);
+        log::warn("worker unhealthy").kv("worker", w->url()).kv("probe", why).kv("failures", fails);
+      } else if (!ever_healthy && !logged_waiting) {
+        log::warn("worker not ready; no traffic until it answers health probes")
+            .kv("worker", w->url())
+            .kv("probe", why);
+        logged_waiting = true;
+      }
+    }
+    auto wait =
+        ever_healthy ? config_.interval : std::min(config_.interval, config_.startup_interval);
+    timer.expires_after(wait);
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    (void)ec;
+  }
+}
+
+awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
+  auto stopped = stopped_;
+  asio::steady_timer timer(ctx_);
+  auto interval = config_.load_interval;
+  while (!*stopped) {
+    if (w->healthy()) {
+      auto r = co_await http::fetch(
+          ctx_.get_executor(), w->target(), "GET", "/get_load",
+          std::min(config_.timeout, std::max(interval, std::chrono::milliseconds(200))));
+      if (*stopped) co_return;
+      std::optional<int64_t> load;
+      if (r.error == http::CallError::kNone && r.status == 200) load = parse_load_report(r.body);
+      w->set_reported_load(load.value_or(0));
+    }
+    timer.expires_after(interval);
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    (void)ec;
+  }
+}
+
+}  // namespace kvgate

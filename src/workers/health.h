@@ -1,0 +1,58 @@
+// workers/health: the health plane. One probe loop per worker on the control io_context: GET the
+// health endpoint every interval; a worker turns unhealthy after F consecutive failed probes and
+// healthy again after S consecutive good ones (the first good probe after startup is enough). A
+// worker that is down at startup is probed every second until it answers, then at the normal
+// interval. The same plane polls /get_load (when a policy uses reported load) and refreshes
+// /v1/models.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "http/io.h"
+#include "workers/worker.h"
+
+namespace kvgate {
+
+struct HealthConfig {
+  std::chrono::milliseconds interval{60000};
+  std::chrono::milliseconds timeout{5000};
+  std::string endpoint = "/health";
+  uint32_t failure_threshold = 3;
+  uint32_t success_threshold = 2;
+  std::chrono::milliseconds startup_interval{1000};
+  bool poll_load = false;
+  std::chrono::milliseconds load_interval{1000};
+};
+
+// Load a server reports on /get_load (SGLang's array per DP rank, or /v1/loads' {"loads": [...]},
+// or {"load": N}): the sum over ranks of running + waiting requests. nullopt if unparseable.
+std::optional<int64_t> parse_load_report(std::string_view json);
+
+// The "data" entries of a /v1/models answer, each as compact JSON. nullopt if unparseable.
+std::optional<std::vector<std::string>> parse_model_list(std::string_view json);
+
+class HealthPlane {
+ public:
+  HealthPlane(asio::io_context& ctx, WorkerRegistry& registry, HealthConfig config);
+  ~HealthPlane();
+  // Starts the loops for every worker of the current snapshot.
+  void start();
+  void stop();
+
+ private:
+  awaitable<void> probe_loop(WorkerPtr w);
+  awaitable<void> load_loop(WorkerPtr w);
+  awaitable<void> refresh_models(WorkerPtr w);
+
+  asio::io_context& ctx_;
+  WorkerRegistry& registry_;
+  HealthConfig config_;
+  std::shared_ptr<bool> stopped_;
+};
+
+}  // namespace kvgate

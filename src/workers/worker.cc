@@ -1,0 +1,73 @@
+// workers/worker: see worker.h.
+#include "workers/worker.h"
+
+#include "util/log.h"
+
+namespace kvgate {
+
+Worker::Worker(uint64_t id, http::Target target, BreakerConfig breaker)
+    : id_(id), target_(std::move(target)), breaker_(breaker) {}
+
+void Worker::set_healthy(bool h) {
+  healthy_.store(h, std::memory_order_release);
+  if (metrics_.health) metrics_.health->set(h ? 1 : 0);
+}
+
+void Worker::begin_request() {
+  inflight_.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_.inflight) metrics_.inflight->add(1);
+  if (metrics_.requests) metrics_.requests->inc();
+}
+
+void Worker::end_request() {
+  inflight_.fetch_sub(1, std::memory_order_relaxed);
+  if (metrics_.inflight) metrics_.inflight->add(-1);
+}
+
+void Worker::set_reported_load(int64_t v) {
+  reported_load_.store(v, std::memory_order_relaxed);
+  if (metrics_.reported_load) metrics_.reported_load->set(static_cast<double>(v));
+}
+
+void Worker::publish_breaker(std::optional<BreakerState> changed) {
+  if (!changed) return;
+  if (metrics_.cb_state) metrics_.cb_state->set(static_cast<double>(*changed));
+  log::Line(*changed == BreakerState::kOpen ? log::Level::kWarn : log::Level::kInfo,
+            "circuit breaker changed")
+      .kv("worker", url())
+      .kv("state", to_string(*changed));
+}
+
+void Worker::record_success() {
+  publish_breaker(breaker_.record_success());
+}
+
+void Worker::record_failure(Clock::time_point now) {
+  if (metrics_.failures) metrics_.failures->inc();
+  publish_breaker(breaker_.record_failure(now));
+}
+
+std::vector<std::string> Worker::models() const {
+  std::lock_guard lock(models_mu_);
+  return models_;
+}
+
+void Worker::set_models(std::vector<std::string> models) {
+  std::lock_guard lock(models_mu_);
+  models_ = std::move(models);
+}
+
+void Worker::attach_metrics(WorkerMetrics m) {
+  metrics_ = m;
+  if (metrics_.health) metrics_.health->set(healthy() ? 1 : 0);
+  if (metrics_.cb_state) metrics_.cb_state->set(static_cast<double>(breaker_.state()));
+}
+
+size_t WorkerRegistry::healthy_count() const {
+  auto set = snapshot();
+  size_t n = 0;
+  for (const auto& w : set->workers) n += w->healthy() ? 1 : 0;
+  return n;
+}
+
+}  // namespace kvgate

@@ -1,0 +1,97 @@
+// workers/worker: an upstream inference server as the request path sees it: an immutable
+// descriptor (URL, resolved address) plus atomics the planes update (health, breaker, in-flight
+// requests, the load the server reports). WorkerRegistry publishes the current set as an immutable
+// snapshot swapped atomically; the request path reads it without locks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "http/client.h"
+#include "metrics/metrics.h"
+#include "workers/circuit_breaker.h"
+
+namespace kvgate {
+
+struct WorkerMetrics {
+  metrics::Gauge* inflight = nullptr;
+  metrics::Gauge* health = nullptr;
+  metrics::Gauge* cb_state = nullptr;
+  metrics::Gauge* reported_load = nullptr;
+  metrics::Counter* requests = nullptr;
+  metrics::Counter* failures = nullptr;
+};
+
+class Worker {
+ public:
+  Worker(uint64_t id, http::Target target, BreakerConfig breaker);
+
+  uint64_t id() const { return id_; }
+  const std::string& url() const { return target_.url; }
+  const http::Target& target() const { return target_; }
+
+  bool healthy() const { return healthy_.load(std::memory_order_acquire); }
+  void set_healthy(bool h);
+  // Healthy and the breaker lets a request through now.
+  bool available(Clock::time_point now) { return healthy() && breaker_.allow(now); }
+
+  int64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
+  void begin_request();
+  void end_request();
+  // Load the server last reported on /get_load (running + waiting requests), 0 when unknown.
+  int64_t reported_load() const { return reported_load_.load(std::memory_order_relaxed); }
+  void set_reported_load(int64_t v);
+  // What power_of_two and the least-loaded choices compare.
+  int64_t load() const { return inflight() + reported_load(); }
+
+  CircuitBreaker& breaker() { return breaker_; }
+  void record_success();
+  void record_failure(Clock::time_point now);
+
+  // Models the worker serves (raw JSON objects from its /v1/models), refreshed by the health plane.
+  std::vector<std::string> models() const;
+  void set_models(std::vector<std::string> models);
+
+  void attach_metrics(WorkerMetrics m);
+  const WorkerMetrics& metrics() const { return metrics_; }
+
+ private:
+  void publish_breaker(std::optional<BreakerState> changed);
+
+  uint64_t id_;
+  http::Target target_;
+  std::atomic<bool> healthy_{false};
+  std::atomic<int64_t> inflight_{0};
+  std::atomic<int64_t> reported_load_{0};
+  CircuitBreaker breaker_;
+  WorkerMetrics metrics_;
+  mutable std::mutex models_mu_;
+  std::vector<std::string> models_;
+};
+
+using WorkerPtr = std::shared_ptr<Worker>;
+
+// An immutable list of workers.
+struct WorkerSet {
+  std::vector<WorkerPtr> workers;
+};
+
+class WorkerRegistry {
+ public:
+  WorkerRegistry() : current_(std::make_shared<const WorkerSet>()) {}
+  std::shared_ptr<const WorkerSet> snapshot() const {
+    return current_.load(std::memory_order_acquire);
+  }
+  void publish(std::shared_ptr<const WorkerSet> set) {
+    current_.store(std::move(set), std::memory_order_release);
+  }
+  size_t healthy_count() const;
+
+ private:
+  std::atomic<std::shared_ptr<const WorkerSet>> current_;
+};
+
+}  // namespace kvgate

@@ -1,0 +1,45 @@
+// Integration tests of the kvgate binary's command line: --help, bad flags, startup errors.
+#include <gtest/gtest.h>
+
+#include "support/process.h"
+
+namespace kvgate::testing {
+namespace {
+
+TEST(Cli, HelpReadsWell) {
+  auto r = run("kvgate", {"--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.output.find("Usage: kvgate"), std::string::npos);
+  EXPECT_NE(r.output.find("--worker-urls"), std::string::npos);
+  EXPECT_NE(r.output.find("Circuit breaker:"), std::string::npos);
+}
+
+TEST(Cli, UnknownFlagFailsWithSuggestion) {
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--polciy", "random"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("did you mean '--policy'"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InvalidValueFails) {
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--retry-max-retries", "zero"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--retry-max-retries: 'zero' is not an integer"), std::string::npos)
+      << r.output;
+}
+
+TEST(Cli, UnbuiltPolicyFailsAtStartup) {
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--policy", "kv_exact"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("not available in this build yet"), std::string::npos) << r.output;
+}
+
+TEST(Cli, UnbindableAddressIsAClearError) {
+  // 203.0.113.0/24 is TEST-NET-3: never a local address, so bind() fails.
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--policy", "round_robin",
+                          "--host", "203.0.113.7", "--port", "1", "--prometheus-port", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("cannot listen on 203.0.113.7:1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvgate::testing

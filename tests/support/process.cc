@@ -58,7 +58,7 @@ Process::Process(const std::string& binary, std::vector<std::string> args) {
   int fd = ::mkstemp(tmpl);
   if (fd < 0) throw std::runtime_error("mkstemp failed");
   log_path_ = tmpl;
-  std::string path = bin_dir() + "/" + binary;
+  std::string path = binary.starts_with("/") ? binary : bin_dir() + "/" + binary;
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(path.c_str()));
   for (auto& a : args) argv.push_back(a.data());
@@ -145,7 +145,7 @@ std::string Process::log() const {
 
 RunResult run(const std::string& binary, const std::vector<std::string>& args,
               const std::string& stdin_text) {
-  std::string cmd = bin_dir() + "/" + binary;
+  std::string cmd = binary.starts_with("/") ? binary : bin_dir() + "/" + binary;
   for (const auto& a : args) {
     cmd += " '";
     for (char c : a) {

@@ -22,7 +22,8 @@ bool wait_until(const std::function<bool()>& cond,
 class Process {
  public:
   Process() = default;
-  // Starts bin_dir()/binary with args; stdout+stderr go to a temp log file.
+  // Starts bin_dir()/binary (or `binary` itself when it is an absolute path) with args;
+  // stdout+stderr go to a temp log file.
   Process(const std::string& binary, std::vector<std::string> args);
   ~Process();
   Process(Process&& o) noexcept;
@@ -47,7 +48,7 @@ class Process {
   std::string log_path_;
 };
 
-// Runs a binary to completion and returns {exit status, stdout+stderr}.
+// Runs a binary (resolved as for Process) to completion: {exit status, stdout+stderr}.
 struct RunResult {
   int status;
   std::string output;

@@ -1,0 +1,107 @@
+// Micro-benchmarks of the per-request hot path: body parsing, policy selection, breaker check,
+// metric cell lookup, JSON escaping.
+#include <benchmark/benchmark.h>
+
+#include "gateway/errors.h"
+#include "gateway/gateway_metrics.h"
+#include "http/message.h"
+#include "policy/registry.h"
+#include "request/request_info.h"
+#include "util/json.h"
+
+namespace kvgate {
+namespace {
+
+std::string chat_body(size_t bytes) {
+  std::string text;
+  static const char* kWords[] = {"the ", "cache ", "router ", "sends ", "tokens ", "prefix "};
+  for (size_t i = 0; text.size() < bytes; ++i) text += kWords[i % 6];
+  std::string body =
+      R"({"model":"qwen3","stream":true,"messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":)" +
+      json::quote(text) + R"(}],"max_tokens":256})";
+  body.reserve(body.size() + http::kBodyPadding);
+  return body;
+}
+
+void BM_ParseRequest(benchmark::State& state) {
+  std::string body = chat_body(static_cast<size_t>(state.range(0)));
+  RequestInfo info;
+  for (auto _ : state) {
+    auto err = parse_request(ApiRoute::kChatCompletions, body, info);
+    benchmark::DoNotOptimize(err);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * body.size()));
+}
+BENCHMARK(BM_ParseRequest)->Arg(1024)->Arg(32 * 1024);
+
+struct Workers {
+  explicit Workers(int n) {
+    for (int i = 0; i < n; ++i) {
+      http::Target t;
+      http::parse_url("http://10.0.0." + std::to_string(i + 1) + ":30000", t);
+      owned.push_back(std::make_shared<Worker>(i + 1, t, BreakerConfig{}));
+      ptrs.push_back(owned.back().get());
+    }
+  }
+  std::vector<WorkerPtr> owned;
+  std::vector<Worker*> ptrs;
+};
+
+void BM_PolicySelect(benchmark::State& state, const char* name) {
+  Workers w(8);
+  PolicyConfig c;
+  c.name = name;
+  std::string err;
+  auto p = make_policy(c, err);
+  RouteContext ctx;
+  for (auto _ : state) benchmark::DoNotOptimize(p->select(w.ptrs, ctx));
+}
+BENCHMARK_CAPTURE(BM_PolicySelect, round_robin, "round_robin");
+BENCHMARK_CAPTURE(BM_PolicySelect, random, "random");
+BENCHMARK_CAPTURE(BM_PolicySelect, power_of_two, "power_of_two");
+
+void BM_AvailabilityScan(benchmark::State& state) {
+  Workers w(static_cast<int>(state.range(0)));
+  std::vector<Worker*> out;
+  for (auto& p : w.ptrs) p->set_healthy(true);
+  for (auto _ : state) {
+    out.clear();
+    auto now = Clock::now();
+    for (auto* p : w.ptrs) {
+      if (p->available(now)) out.push_back(p);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_AvailabilityScan)->Arg(8)->Arg(64);
+
+void BM_MetricCellLookup(benchmark::State& state) {
+  metrics::Registry r;
+  GatewayMetrics m(r, metrics::latency_buckets());
+  for (auto _ : state) {
+    m.requests.with({"/v1/chat/completions", "200", "qwen3", "true"}).inc();
+  }
+}
+BENCHMARK(BM_MetricCellLookup)->Threads(1)->Threads(2);
+
+void BM_ErrorBody(benchmark::State& state) {
+  auto e = errors::upstream_unreachable("http://10.0.0.1:30000", 5, "connect: Connection refused");
+  for (auto _ : state) benchmark::DoNotOptimize(error_body(e));
+}
+BENCHMARK(BM_ErrorBody);
+
+void BM_JsonQuote(benchmark::State& state) {
+  std::string s(4096, 'a');
+  for (size_t i = 0; i < s.size(); i += 37) s[i] = '"';
+  std::string out;
+  for (auto _ : state) {
+    out.clear();
+    json::append_string(out, s);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * s.size()));
+}
+BENCHMARK(BM_JsonQuote);
+
+}  // namespace
+}  // namespace kvgate

@@ -1,0 +1,6 @@
+-- wrk script: POST the JSON body read from the file named by BODY_FILE.
+local f = assert(io.open(os.getenv("BODY_FILE"), "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"

@@ -1,0 +1,115 @@
+// tests/support/cluster: see cluster.h.
+#include "support/cluster.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace kvgate::testing {
+
+void Sim::start() {
+  std::vector<std::string> a = {"--host", "127.0.0.1", "--port", std::to_string(port)};
+  a.insert(a.end(), args.begin(), args.end());
+  process = std::make_unique<Process>("kvgate-sim", a);
+  bool up = wait_until(
+      [&] {
+        if (!process->running()) return true;
+        HttpClient c(port);
+        c.set_timeout(std::chrono::milliseconds(500));
+        return c.get("/health").status != 0;
+      },
+      std::chrono::seconds(10));
+  if (!up || !process->running()) {
+    throw std::runtime_error("kvgate-sim did not start on port " + std::to_string(port) + ":\n" +
+                             process->log());
+  }
+}
+
+Cluster::Cluster(int n, std::vector<std::string> sim_args, std::vector<std::string> gateway_args,
+                 bool wait_for_healthy) {
+  for (int i = 0; i < n; ++i) {
+    Sim s;
+    s.port = free_port();
+    s.args = sim_args;
+    sims_.push_back(std::move(s));
+  }
+  for (auto& s : sims_) s.start();
+  gateway_port_ = free_port();
+  metrics_port_ = free_port();
+  std::vector<std::string> a = {"--host",
+                                "127.0.0.1",
+                                "--port",
+                                std::to_string(gateway_port_),
+                                "--prometheus-host",
+                                "127.0.0.1",
+                                "--prometheus-port",
+                                std::to_string(metrics_port_),
+                                "--worker-urls"};
+  for (auto& s : sims_) a.push_back(s.url());
+  a.insert(a.end(), gateway_args.begin(), gateway_args.end());
+  gateway_ = std::make_unique<Process>("kvgate", a);
+  bool up = wait_until([&] {
+    if (!gateway_->running()) return true;
+    HttpClient c(gateway_port_);
+    c.set_timeout(std::chrono::milliseconds(500));
+    return c.get("/liveness").status == 200;
+  });
+  if (!up || !gateway_->running()) {
+    throw std::runtime_error("kvgate did not start:\n" + gateway_->log());
+  }
+  if (wait_for_healthy && !wait_healthy(n)) {
+    throw std::runtime_error("workers did not turn healthy:\n" + gateway_->log());
+  }
+}
+
+Cluster::~Cluster() {
+  if (gateway_) gateway_->stop();
+  for (auto& s : sims_) {
+    if (s.process) s.process->stop();
+  }
+}
+
+int Cluster::healthy_workers() {
+  HttpClient c(gateway_port_);
+  auto r = c.get("/readiness");
+  return static_cast<int>(json_number_field(r.body, "healthy_workers"));
+}
+
+bool Cluster::wait_healthy(int n, std::chrono::milliseconds timeout) {
+  return wait_until([&] { return healthy_workers() == n; }, timeout);
+}
+
+std::string Cluster::metrics() {
+  HttpClient c(metrics_port_);
+  return c.get("/metrics").body;
+}
+
+double Cluster::metric(const std::string& series) {
+  std::string text = metrics();
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::atof(line.c_str() + series.size() + 1);
+  }
+  return -1;
+}
+
+std::string json_string_field(const std::string& text, const std::string& key) {
+  std::string needle = "\"" + key + "\":";
+  auto pos = text.find(needle);
+  if (pos == std::string::npos) return "";
+  pos += needle.size();
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  if (pos >= text.size() || text[pos] != '"') return "";
+  auto end = text.find('"', pos + 1);
+  return text.substr(pos + 1, end - pos - 1);
+}
+
+double json_number_field(const std::string& text, const std::string& key) {
+  std::string needle = "\"" + key + "\":";
+  auto pos = text.find(needle);
+  if (pos == std::string::npos) return -1;
+  return std::atof(text.c_str() + pos + needle.size());
+}
+
+}  // namespace kvgate::testing

@@ -1,0 +1,60 @@
+// sim/config: every knob of kvgate-sim in one table (SGLang's server-arg names where they exist,
+// sim-only timing and fault knobs otherwise), its validation, and --help. Nothing else reads argv.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "util/flags.h"
+
+namespace kvgate::sim {
+
+struct SimConfig {
+  // Server (SGLang's names and defaults)
+  std::string host = "127.0.0.1";
+  int64_t port = 30000;
+  std::string served_model_name = "kvgate-sim";
+  std::string model_path = "kvgate-sim";
+  std::string tokenizer_path;
+  int64_t page_size = 1;
+  int64_t dp_size = 1;
+  int64_t max_total_tokens = 400000;
+  int64_t context_length = 32768;
+  bool enable_cache_report = false;
+  bool enable_metrics = false;
+  bool incremental_streaming_output = false;
+  bool stream_response_default_include_usage = false;
+  std::string log_level = "info";
+  // Simulation
+  double ttft_ms = 20;
+  double tpot_ms = 5;
+  int64_t default_max_new_tokens = 128;
+  int64_t seed = 0;
+  bool instant = false;
+  int64_t threads = 1;
+  // Faults
+  double fail_rate = 0;
+  int64_t fail_status = 500;
+  double hang_rate = 0;
+  double drop_mid_stream_rate = 0;
+  int64_t drop_after_chunks = 1;
+  double start_unhealthy_secs = 0;
+};
+
+// The knob table (built once).
+std::span<const flags::Knob<SimConfig>> sim_knobs();
+
+// Cross-field checks after parsing. Returns "" or an error naming the flags and the fix.
+std::string validate(const SimConfig& c);
+
+// Parses argv (without argv[0]) and validates. On error `error` names the flag and the fix.
+// `help_text` is filled when --help was given (then the caller prints it and exits 0).
+bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::string& error,
+                    std::string& help_text);
+
+// The longest prompt the server accepts (SGLang's max_req_input_len).
+int64_t max_req_input_len(const SimConfig& c);
+
+}  // namespace kvgate::sim

@@ -1,0 +1,309 @@
+// sim/generation: see generation.h.
+#include "sim/generation.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <ctime>
+#include <memory>
+#include <optional>
+
+#include "sim/responses.h"
+#include "sim/stream_writer.h"
+#include "util/random.h"
+
+namespace kvgate::sim {
+namespace {
+
+constexpr http::Header kJson[] = {{"content-type", "application/json"}};
+constexpr http::Header kSse[] = {{"content-type", "text/event-stream"},
+                                 {"cache-control", "no-cache"}};
+
+std::string random_hex_id() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  auto& rng = thread_rng();
+  for (int half = 0; half < 2; ++half) {
+    uint64_t v = rng.next();
+    for (int i = 0; i < 16; ++i)
+      id[static_cast<size_t>(half * 16 + i)] = kHex[(v >> (4 * i)) & 0xf];
+  }
+  return id;
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// A whole answer; with a drop fault, half of it, then the connection closes.
+awaitable<void> respond_whole(http::Exchange& ex, std::string_view body, bool drop) {
+  if (!drop) {
+    co_await ex.respond(200, kJson, body);
+    co_return;
+  }
+  co_await ex.begin_body(200, kJson, body.size());
+  co_await ex.write_body(body.substr(0, body.size() / 2));
+  ex.close_after();
+}
+
+// A hang fault: never answer; return when the client goes away.
+awaitable<void> hang(http::Exchange& ex) {
+  auto timer = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
+  ex.watch_disconnect([timer] { timer->cancel(); });
+  co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));
+}
+
+// Waits until every track finished; false when the client went away first.
+awaitable<bool> wait_all(http::Exchange& ex, Notifier& n, std::vector<Track>& tracks,
+                         const Tokenizer& tok) {
+  for (;;) {
+    co_await n.wait();
+    if (ex.client_gone()) co_return false;
+    bool all = true;
+    for (auto& t : tracks) {
+      t.update(tok);
+      all = all && t.finished();
+    }
+    if (all) co_return true;
+  }
+}
+
+// Relays the tracks' progress as SSE until they all finish (or the client leaves, or a drop).
+awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>& tracks,
+                             StreamWriter& writer, Emitter& em, const Tokenizer& tok) {
+  co_await ex.begin_body(200, kSse, std::nullopt);
+  for (;;) {
+    co_await n.wait();
+    if (ex.client_gone()) co_return;
+    bool all = true;
+    for (size_t i = 0; i < tracks.size(); ++i) {
+      if (tracks[i].update(tok)) writer.on_update(tracks[i], static_cast<int>(i), em);
+      all = all && tracks[i].finished();
+    }
+    if (all) {
+      writer.on_end(tracks, em);
+      em.done();
+    }
+    if (!em.buffer().empty()) {
+      bool ok = co_await ex.write_body(em.buffer());
+      em.buffer().clear();
+      if (!ok) co_return;
+    }
+    if (em.cut()) {
+      ex.close_after();
+      co_return;
+    }
+    if (all) {
+      co_await ex.end_body();
+      co_return;
+    }
+  }
+}
+
+// How the instant completion ends for a request of `max_new` tokens.
+InstantShape instant_shape(int64_t max_new, int32_t eos) {
+  auto words = static_cast<size_t>(std::min<int64_t>(max_new, InstantCompletion::kWords));
+  if (max_new > static_cast<int64_t>(InstantCompletion::kWords)) {
+    return {words, words + 1,
+            FinishReason{.kind = FinishReason::Kind::kStop, .matched_token = eos}};
+  }
+  return {words, words,
+          FinishReason{.kind = FinishReason::Kind::kLength, .length = static_cast<int64_t>(words)}};
+}
+
+}  // namespace
+
+InstantCompletion make_instant_completion(const PseudoText& model, const Tokenizer& tokenizer) {
+  InstantCompletion ic;
+  const std::vector<int32_t> prompt;  // the empty prompt: the text starts without a space
+  ic.ids = model.generate(prompt, 0, InstantCompletion::kWords);
+  ic.text_end.push_back(0);
+  for (int32_t id : ic.ids) {
+    tokenizer.decode_token(id, ic.text);
+    ic.text_end.push_back(ic.text.size());
+  }
+  ic.ids.push_back(tokenizer.eos_token_id());
+  return ic;
+}
+
+awaitable<void> respond_error(http::Exchange& ex, Route route, int status,
+                              std::string_view message) {
+  std::string body;
+  if (route == Route::kGenerate) {
+    append_generate_error(body, message);
+  } else {
+    append_openai_error(body, message, status);
+  }
+  co_await ex.respond(status, kJson, body);
+}
+
+GenerationHandler::GenerationHandler(const SimConfig& config, Engine& engine, FaultInjector& faults,
+                                     const ChatTemplate& chat_template)
+    : config_(config),
+      engine_(engine),
+      faults_(faults),
+      chat_template_(chat_template),
+      limits_{.default_max_new_tokens = config.default_max_new_tokens,
+              .context_length = config.context_length,
+              .max_req_input_len = max_req_input_len(config),
+              .default_include_usage = config.stream_response_default_include_usage},
+      instant_(make_instant_completion(engine.model(), engine.tokenizer())) {}
+
+awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
+  // Parsed into a per-thread scratch object: nothing below suspends before it is used up or moved.
+  thread_local ParsedRequest scratch;
+  std::string err =
+      parse_request(route, ex.body(), engine_.tokenizer(), chat_template_, limits_, scratch);
+  if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
+  if (!err.empty()) {
+    co_await respond_error(ex, route, 400, err);
+    co_return;
+  }
+  std::optional<int64_t> drop_after;
+  switch (faults_.decide()) {
+    case Fault::kFail:
+      co_await respond_error(ex, route, static_cast<int>(faults_.settings().fail_status),
+                             "injected failure (kvgate-sim --fail-rate)");
+      co_return;
+    case Fault::kHang:
+      co_await hang(ex);
+      co_return;
+    case Fault::kDrop:
+      drop_after = faults_.settings().drop_after_chunks;
+      break;
+    case Fault::kNone:
+      break;
+  }
+  if (config_.instant) {
+    co_await answer_instant(ex, scratch, drop_after);
+  } else {
+    co_await run(ex, std::move(scratch), drop_after);
+  }
+}
+
+awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
+                                       std::optional<int64_t> drop_after) {
+  const Tokenizer& tok = engine_.tokenizer();
+  auto notifier = std::make_shared<Notifier>(ex.executor());
+  std::vector<Track> tracks(req.prompts.size());
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    Track& t = tracks[i];
+    t.id = req.rids[i].empty() ? random_hex_id() : req.rids[i];
+    t.prompt_tokens = static_cast<int64_t>(req.prompts[i].size());
+    GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
+    t.seq = engine_.submit(std::move(g), notifier);
+    t.dp_rank = t.seq->dp_rank();
+  }
+  ex.watch_disconnect([notifier] { notifier->notify(); });
+  struct CancelOnExit {
+    std::vector<Track>& tracks;
+    ~CancelOnExit() {
+      for (auto& t : tracks) {
+        if (!t.finished()) t.seq->cancel();
+      }
+    }
+  } cancel_on_exit{tracks};
+
+  OpenAIContext c{.id = tracks[0].id,
+                  .model = req.model,
+                  .created = static_cast<int64_t>(std::time(nullptr)),
+                  .cache_report = config_.enable_cache_report};
+  if (req.stream) {
+    Emitter em(drop_after);
+    auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
+    co_await relay_stream(ex, *notifier, tracks, *writer, em, tok);
+    co_return;
+  }
+  if (!co_await wait_all(ex, *notifier, tracks, tok)) co_return;
+  std::vector<OutputView> views;
+  for (const auto& t : tracks) views.push_back(t.view());
+  std::string body;
+  append_whole(body, req, c, views);
+  co_await respond_whole(ex, body, drop_after.has_value());
+}
+
+void GenerationHandler::instant_outputs(const ParsedRequest& req, const InstantShape& shape,
+                                        std::vector<std::string>& ids,
+                                        std::vector<OutputView>& views) {
+  const auto start = Clock::now();
+  const int rank = engine_.pick_rank(req.routed_dp_rank);
+  const std::span<const int32_t> out_ids(instant_.ids.data(), shape.total);
+  const std::string_view text(instant_.text.data(), instant_.text_end[shape.words]);
+  ids.resize(req.prompts.size());
+  views.clear();
+  int64_t prompt_total = 0;
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    ids[i] = req.rids[i].empty() ? random_hex_id() : req.rids[i];
+    auto prompt = static_cast<int64_t>(req.prompts[i].size());
+    prompt_total += prompt;
+    views.push_back(OutputView{.id = ids[i],
+                               .ids = out_ids,
+                               .text = text,
+                               .prompt_tokens = prompt,
+                               .completion_tokens = static_cast<int64_t>(shape.total),
+                               .dp_rank = rank,
+                               .finish = &shape.finish,
+                               .e2e_latency = seconds_between(start, Clock::now())});
+  }
+  RankMetrics& m = engine_.rank_metrics(rank);
+  m.prompt_tokens->inc(static_cast<uint64_t>(prompt_total));
+  m.generation_tokens->inc(shape.total * views.size());
+  m.requests->inc(views.size());
+  m.ttft->observe(seconds_between(start, Clock::now()));
+  m.e2e->observe(seconds_between(start, Clock::now()));
+}
+
+void GenerationHandler::instant_events(const ParsedRequest& req, const OpenAIContext& c,
+                                       std::span<const OutputView> views, const InstantShape& shape,
+                                       Emitter& em) {
+  std::vector<Track> tracks(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    tracks[i].id = std::string(views[i].id);
+    tracks[i].prompt_tokens = views[i].prompt_tokens;
+    tracks[i].dp_rank = views[i].dp_rank;
+    tracks[i].e2e = views[i].e2e_latency;
+  }
+  auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
+  // Step k shows the first k tokens, as a timed generation would one tick at a time.
+  for (size_t step = shape.total > 0 ? 1 : 0; step <= shape.total; ++step) {
+    for (size_t i = 0; i < tracks.size(); ++i) {
+      Track& t = tracks[i];
+      t.ids.assign(views[i].ids.begin(), views[i].ids.begin() + static_cast<std::ptrdiff_t>(step));
+      t.text.assign(views[i].text.substr(0, instant_.text_end[std::min(step, shape.words)]));
+      if (step == shape.total) t.p.finish = shape.finish;
+      writer->on_update(t, static_cast<int>(i), em);
+    }
+  }
+  writer->on_end(tracks, em);
+  em.done();
+}
+
+awaitable<void> GenerationHandler::answer_instant(http::Exchange& ex, const ParsedRequest& req,
+                                                  std::optional<int64_t> drop_after) {
+  // Everything is built before the first write, while the per-thread `req` is still this one's.
+  const InstantShape shape =
+      instant_shape(req.sampling.max_new_tokens, engine_.tokenizer().eos_token_id());
+  thread_local std::vector<std::string> ids;
+  thread_local std::vector<OutputView> views;
+  instant_outputs(req, shape, ids, views);
+  OpenAIContext c{.id = views[0].id,
+                  .model = req.model,
+                  .created = static_cast<int64_t>(std::time(nullptr)),
+                  .cache_report = config_.enable_cache_report};
+  if (!req.stream) {
+    std::string body;
+    body.reserve(1024);
+    append_whole(body, req, c, views);
+    co_await respond_whole(ex, body, drop_after.has_value());
+    co_return;
+  }
+  Emitter em(drop_after);
+  instant_events(req, c, views, shape, em);
+  co_await ex.begin_body(200, kSse, std::nullopt);
+  if (!co_await ex.write_body(em.buffer())) co_return;
+  if (em.cut()) {
+    ex.close_after();
+    co_return;
+  }
+  co_await ex.end_body();
+}
+
+}  // namespace kvgate::sim

@@ -1,0 +1,392 @@
+// sim/request: see request.h.
+#include "sim/request.h"
+
+#include <simdjson.h>
+
+#include <cmath>
+#include <deque>
+
+namespace kvgate::sim {
+namespace {
+
+using simdjson::dom::array;
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+std::string quoted(std::string_view key) {
+  return "'" + std::string(key) + "'";
+}
+
+// The value of `key` when present and not null.
+bool lookup(const object& o, std::string_view key, element& out) {
+  if (o.at_key(key).get(out)) return false;
+  return !out.is_null();
+}
+
+bool as_integer(const element& e, int64_t& out) {
+  if (!e.get_int64().get(out)) return true;
+  double d = 0;
+  if (e.get_double().get(d) || !std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15) {
+    return false;
+  }
+  out = static_cast<int64_t>(d);
+  return true;
+}
+
+std::string get_int(const object& o, std::string_view key, std::optional<int64_t>& out) {
+  element e;
+  if (!lookup(o, key, e)) return "";
+  int64_t v = 0;
+  if (!as_integer(e, v)) return quoted(key) + " must be an integer";
+  out = v;
+  return "";
+}
+
+std::string get_bool(const object& o, std::string_view key, bool& out) {
+  element e;
+  if (!lookup(o, key, e)) return "";
+  if (e.get_bool().get(out)) return quoted(key) + " must be true or false";
+  return "";
+}
+
+std::string get_string(const object& o, std::string_view key, std::string& out) {
+  element e;
+  if (!lookup(o, key, e)) return "";
+  std::string_view s;
+  if (e.get_string().get(s)) return quoted(key) + " must be a string";
+  out.assign(s);
+  return "";
+}
+
+// "stop": a string or a list of strings.
+std::string get_stop(const object& o, std::vector<std::string>& out) {
+  element e;
+  if (!lookup(o, "stop", e)) return "";
+  std::string_view s;
+  if (!e.get_string().get(s)) {
+    out.emplace_back(s);
+    return "";
+  }
+  array a;
+  if (e.get_array().get(a)) return "'stop' must be a string or a list of strings";
+  for (element item : a) {
+    if (item.get_string().get(s)) return "'stop' must be a string or a list of strings";
+    out.emplace_back(s);
+  }
+  return "";
+}
+
+// A list of token ids inside the vocabulary.
+std::string get_ids(const element& e, int32_t vocab, std::string_view what,
+                    std::vector<int32_t>& out) {
+  array a;
+  if (e.get_array().get(a)) return std::string(what) + " must be a list of token ids";
+  for (element item : a) {
+    int64_t id = 0;
+    if (!as_integer(item, id)) return std::string(what) + " must be a list of token ids";
+    if (id < 0 || id >= vocab) {
+      return std::string(what) + " holds token id " + std::to_string(id) +
+             ", outside the vocabulary (ids 0.." + std::to_string(vocab - 1) + ")";
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return "";
+}
+
+std::string get_stop_token_ids(const object& o, int32_t vocab, std::vector<int32_t>& out) {
+  element e;
+  if (!lookup(o, "stop_token_ids", e)) return "";
+  return get_ids(e, vocab, "'stop_token_ids'", out);
+}
+
+// Sets out.prompts (and out.batch) from a string or a list of strings (when `text`), or from a
+// list of ids or a list of id lists (when `ids`). `what` names the field in errors.
+std::string get_prompts(const element& e, std::string_view what, bool text, bool ids,
+                        const Tokenizer& tok, ParsedRequest& out) {
+  const std::string shape = quoted(what) + " must be " +
+                            (text && ids ? "a string, a list of strings, or token ids"
+                             : text      ? "a string or a list of strings"
+                                         : "a list of token ids or a list of such lists");
+  auto add = [&]() -> std::vector<int32_t>& { return out.prompts.emplace_back(); };
+  std::string_view s;
+  if (!e.get_string().get(s)) {
+    if (!text) return shape;
+    tok.encode(s, add());
+    return "";
+  }
+  array a;
+  if (e.get_array().get(a)) return shape;
+  if (a.size() == 0) return quoted(what) + " is an empty list";
+  element first = a.at(0).value_unsafe();
+  if (first.is_string()) {
+    if (!text) return shape;
+    out.batch = true;
+    for (element item : a) {
+      if (item.get_string().get(s)) return shape;
+      tok.encode(s, add());
+    }
+    return "";
+  }
+  if (!ids) return shape;
+  if (first.is_array()) {
+    out.batch = true;
+    for (element item : a) {
+      if (auto err = get_ids(item, tok.vocab_size(), quoted(what), add()); !err.empty()) {
+        return err;
+      }
+    }
+    return "";
+  }
+  return get_ids(e, tok.vocab_size(), quoted(what), add());
+}
+
+std::string get_rids(const object& o, ParsedRequest& out) {
+  element e;
+  size_t n = out.prompts.size();
+  out.rids.assign(n, std::string());
+  if (!lookup(o, "rid", e)) return "";
+  std::string_view s;
+  if (!e.get_string().get(s)) {
+    if (n != 1) return "'rid' must be a list of " + std::to_string(n) + " strings for a batch";
+    out.rids[0].assign(s);
+    return "";
+  }
+  array a;
+  if (e.get_array().get(a) || a.size() != n) {
+    return "'rid' must be a string, or a list of " + std::to_string(n) +
+           " strings (one per prompt)";
+  }
+  size_t i = 0;
+  for (element item : a) {
+    if (item.get_string().get(s)) return "'rid' must hold strings";
+    out.rids[i++].assign(s);
+  }
+  return "";
+}
+
+std::string get_routing(const object& o, ParsedRequest& out) {
+  if (auto err = get_int(o, "data_parallel_rank", out.routed_dp_rank); !err.empty()) return err;
+  return get_int(o, "routed_dp_rank", out.routed_dp_rank);
+}
+
+std::string check_n(const object& o) {
+  std::optional<int64_t> n;
+  if (auto err = get_int(o, "n", n); !err.empty()) return err;
+  if (n && *n != 1)
+    return "'n' = " + std::to_string(*n) + " is not supported by kvgate-sim (use 1)";
+  return "";
+}
+
+std::string get_include_usage(const object& o, ParsedRequest& out) {
+  element e;
+  if (!lookup(o, "stream_options", e)) return "";
+  object so;
+  if (e.get_object().get(so)) return "'stream_options' must be an object";
+  return get_bool(so, "include_usage", out.include_usage);
+}
+
+std::string parse_generate(const object& o, const Tokenizer& tok, ParsedRequest& out,
+                           std::optional<int64_t>& max_new) {
+  element text, ids;
+  bool has_text = lookup(o, "text", text);
+  bool has_ids = lookup(o, "input_ids", ids);
+  if (has_text == has_ids) {
+    return has_text ? "Either text or input_ids should be provided, not both."
+                    : "Either text or input_ids should be provided.";
+  }
+  if (auto err = has_text ? get_prompts(text, "text", true, false, tok, out)
+                          : get_prompts(ids, "input_ids", false, true, tok, out);
+      !err.empty()) {
+    return err;
+  }
+  element sp;
+  if (lookup(o, "sampling_params", sp)) {
+    object spo;
+    if (sp.get_object().get(spo)) return "'sampling_params' must be an object";
+    if (auto err = get_int(spo, "max_new_tokens", max_new); !err.empty()) return err;
+    if (auto err = get_stop(spo, out.sampling.stop); !err.empty()) return err;
+    if (auto err = get_stop_token_ids(spo, tok.vocab_size(), out.sampling.stop_token_ids);
+        !err.empty()) {
+      return err;
+    }
+    if (auto err = check_n(spo); !err.empty()) return err;
+  }
+  if (max_new && *max_new < 0) return "max_new_tokens must be at least 0";
+  return get_bool(o, "stream", out.stream);
+}
+
+std::string get_openai_common(const object& o, const Tokenizer& tok, ParsedRequest& out) {
+  out.model = "default";
+  if (auto err = get_string(o, "model", out.model); !err.empty()) return err;
+  if (auto err = get_bool(o, "stream", out.stream); !err.empty()) return err;
+  if (auto err = get_include_usage(o, out); !err.empty()) return err;
+  if (auto err = get_stop(o, out.sampling.stop); !err.empty()) return err;
+  if (auto err = get_stop_token_ids(o, tok.vocab_size(), out.sampling.stop_token_ids);
+      !err.empty()) {
+    return err;
+  }
+  return check_n(o);
+}
+
+std::string parse_completions(const object& o, const Tokenizer& tok, ParsedRequest& out,
+                              std::optional<int64_t>& max_new) {
+  if (auto err = get_openai_common(o, tok, out); !err.empty()) return err;
+  element prompt;
+  if (!lookup(o, "prompt", prompt)) return "'prompt' is required";
+  if (auto err = get_prompts(prompt, "prompt", true, true, tok, out); !err.empty()) return err;
+  max_new = 16;  // OpenAI's default for completions, as SGLang keeps it
+  if (auto err = get_int(o, "max_tokens", max_new); !err.empty()) return err;
+  if (*max_new <= 0) return "max_tokens must be positive";
+  return "";
+}
+
+// Joins the text parts of a message's content ("content": string | null | [{type, text}]).
+std::string message_content(const element& e, std::deque<std::string>& storage,
+                            std::string_view& out) {
+  out = {};
+  if (e.is_null()) return "";
+  if (!e.get_string().get(out)) return "";
+  array parts;
+  if (e.get_array().get(parts)) return "message 'content' must be a string or a list of parts";
+  std::string& joined = storage.emplace_back();
+  for (element part : parts) {
+    object po;
+    std::string_view type, text;
+    if (part.get_object().get(po) || po.at_key("type").get_string().get(type)) {
+      return "each content part must be an object with a 'type'";
+    }
+    if (type != "text") {
+      return "content part type '" + std::string(type) +
+             "' is not supported by kvgate-sim (text only)";
+    }
+    if (po.at_key("text").get_string().get(text)) return "a text content part needs 'text'";
+    if (!joined.empty()) joined.push_back(' ');
+    joined.append(text);
+  }
+  out = joined;
+  return "";
+}
+
+std::string render_messages(const object& o, const ChatTemplate& tmpl, std::string& rendered) {
+  element e;
+  array msgs;
+  if (!lookup(o, "messages", e)) return "'messages' is required";
+  if (e.get_array().get(msgs)) return "'messages' must be a list";
+  if (msgs.size() == 0) return "'messages' must not be empty";
+  thread_local std::vector<ChatMessage> list;
+  thread_local std::deque<std::string> storage;
+  list.clear();
+  storage.clear();
+  for (element m : msgs) {
+    object mo;
+    ChatMessage cm;
+    if (m.get_object().get(mo)) return "each message must be an object";
+    if (mo.at_key("role").get_string().get(cm.role)) return "each message needs a string 'role'";
+    element content;
+    if (lookup(mo, "content", content)) {
+      if (auto err = message_content(content, storage, cm.content); !err.empty()) return err;
+    }
+    list.push_back(cm);
+  }
+  tmpl.render(list, true, rendered);
+  return "";
+}
+
+std::string parse_chat(const object& o, const Tokenizer& tok, const ChatTemplate& tmpl,
+                       ParsedRequest& out, std::optional<int64_t>& max_new) {
+  if (auto err = get_openai_common(o, tok, out); !err.empty()) return err;
+  thread_local std::string rendered;
+  rendered.clear();
+  if (auto err = render_messages(o, tmpl, rendered); !err.empty()) return err;
+  out.prompts.emplace_back();
+  tok.encode(rendered, out.prompts.back());
+  if (auto err = get_int(o, "max_tokens", max_new); !err.empty()) return err;
+  if (auto err = get_int(o, "max_completion_tokens", max_new); !err.empty()) return err;
+  if (max_new && *max_new <= 0) return "max_tokens must be positive";
+  return "";
+}
+
+std::string check_lengths(const ParsedRequest& r, const RequestLimits& limits) {
+  for (const auto& p : r.prompts) {
+    auto n = static_cast<int64_t>(p.size());
+    int64_t max_new = r.sampling.max_new_tokens;
+    if (n == 0) return "the prompt is empty (0 tokens)";
+    if (n >= limits.context_length) {
+      return "The input (" + std::to_string(n) +
+             " tokens) is longer than the model's context length (" +
+             std::to_string(limits.context_length) + " tokens).";
+    }
+    if (n > limits.max_req_input_len) {
+      return "The input (" + std::to_string(n) +
+             " tokens) is longer than the longest input this "
+             "server accepts (" +
+             std::to_string(limits.max_req_input_len) + " tokens).";
+    }
+    if (n + max_new > limits.context_length) {
+      return "Requested token count exceeds the model's maximum context length of " +
+             std::to_string(limits.context_length) + " tokens. You requested a total of " +
+             std::to_string(n + max_new) + " tokens: " + std::to_string(n) +
+             " tokens from the input messages and " + std::to_string(max_new) +
+             " tokens for the completion. Please reduce the number of tokens in the input "
+             "messages or the completion to fit within the limit.";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void ParsedRequest::clear() {
+  route = Route::kGenerate;
+  model.clear();
+  stream = include_usage = batch = false;
+  prompts.clear();
+  rids.clear();
+  sampling.max_new_tokens = 0;
+  sampling.stop.clear();
+  sampling.stop_token_ids.clear();
+  routed_dp_rank.reset();
+}
+
+std::string parse_request(Route route, std::string& body, const Tokenizer& tokenizer,
+                          const ChatTemplate& chat_template, const RequestLimits& limits,
+                          ParsedRequest& out) {
+  out.clear();
+  out.route = route;
+  if (body.empty()) return "the request body is empty; send a JSON object";
+  thread_local simdjson::dom::parser parser;
+  element doc;
+  simdjson::error_code err;
+  if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
+    err = parser.parse(body.data(), body.size(), false).get(doc);
+  } else {
+    err = parser.parse(body).get(doc);
+  }
+  if (err) return std::string("malformed JSON body: ") + simdjson::error_message(err);
+  object o;
+  if (doc.get_object().get(o)) return "the request body must be a JSON object";
+
+  std::optional<int64_t> max_new;
+  std::string e;
+  switch (route) {
+    case Route::kGenerate:
+      e = parse_generate(o, tokenizer, out, max_new);
+      break;
+    case Route::kCompletions:
+      e = parse_completions(o, tokenizer, out, max_new);
+      break;
+    case Route::kChatCompletions:
+      e = parse_chat(o, tokenizer, chat_template, out, max_new);
+      break;
+  }
+  if (e.empty() && route != Route::kGenerate && out.stream && limits.default_include_usage) {
+    out.include_usage = true;
+  }
+  if (e.empty()) e = get_rids(o, out);
+  if (e.empty()) e = get_routing(o, out);
+  if (!e.empty()) return e;
+  out.sampling.max_new_tokens = max_new.value_or(limits.default_max_new_tokens);
+  return check_lengths(out, limits);
+}
+
+}  // namespace kvgate::sim

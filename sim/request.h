@@ -1,0 +1,47 @@
+// sim/request: reads the body of a generation request (/generate, /v1/completions,
+// /v1/chat/completions) into what the engine needs: prompt token ids (chat rendered with the chat
+// template first), sampling limits, stream flags, request ids and DP routing. Validation errors
+// come back as the message of a 400 answer, phrased as SGLang phrases them where it has a phrase.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/chat_template.h"
+#include "sim/sequence.h"
+#include "sim/tokenizer.h"
+
+namespace kvgate::sim {
+
+enum class Route { kGenerate, kCompletions, kChatCompletions };
+
+struct ParsedRequest {
+  Route route = Route::kGenerate;
+  std::string model;  // OpenAI routes: echoed back ("default" when the body names none)
+  bool stream = false;
+  bool include_usage = false;  // OpenAI streams: end with a usage chunk
+  bool batch = false;          // the input was a list (/generate answers an array)
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> rids;  // one per prompt; "" = the server makes one up
+  SamplingParams sampling;
+  std::optional<int64_t> routed_dp_rank;
+
+  // Empties the request (the strings and outer vectors keep their capacity).
+  void clear();
+};
+
+struct RequestLimits {
+  int64_t default_max_new_tokens = 128;  // /generate and chat; completions default to 16
+  int64_t context_length = 32768;
+  int64_t max_req_input_len = 32767;
+  bool default_include_usage = false;  // --stream-response-default-include-usage
+};
+
+// Parses `body` (which keeps simdjson's padding spare) into `out`. Returns "" or the 400 message.
+std::string parse_request(Route route, std::string& body, const Tokenizer& tokenizer,
+                          const ChatTemplate& chat_template, const RequestLimits& limits,
+                          ParsedRequest& out);
+
+}  // namespace kvgate::sim

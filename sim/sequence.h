@@ -1,0 +1,124 @@
+// sim/sequence: one generation inside the engine, shared by the scheduler that advances it (the
+// producer, on any thread) and the HTTP request coroutine that reads it (the consumer, on its own
+// executor). Owns the request's prompt and sampling limits, the output tokens so far, the finish
+// reason, and the wake-up of the consumer (Notifier). Stop conditions are applied here, so every
+// scheduler (the fixed-delay one now, continuous batching later) shares them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "http/io.h"
+#include "sim/pseudo_text.h"
+
+namespace kvgate::sim {
+
+struct SamplingParams {
+  int64_t max_new_tokens = 128;
+  // A stop string matches one generated word (its text without the leading space).
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::string rid;
+  std::optional<int64_t> routed_dp_rank;
+};
+
+struct FinishReason {
+  enum class Kind { kLength, kStop, kAbort };
+  Kind kind = Kind::kLength;
+  int64_t length = 0;          // kLength: tokens generated
+  std::string matched_text;    // kStop by a stop string
+  int32_t matched_token = -1;  // kStop by a token id
+  std::string message;         // kAbort
+  // The last output token is the matched stop and is not part of the visible text.
+  bool hides_last_token() const { return kind == Kind::kStop; }
+};
+
+// Wakes one request coroutine when any of its sequences moved. notify() is thread-safe; wait()
+// runs on the consumer's executor and returns at once when notified since the last wait.
+class Notifier : public std::enable_shared_from_this<Notifier> {
+ public:
+  explicit Notifier(asio::any_io_executor ex);
+  void notify();
+  awaitable<void> wait();
+  const asio::any_io_executor& executor() const { return ex_; }
+
+ private:
+  void signal();
+  asio::any_io_executor ex_;
+  asio::steady_timer timer_;
+  bool pending_ = false;  // consumer executor only
+};
+
+// What the consumer reads: tokens [from, end) are appended to `tokens`.
+struct Progress {
+  bool started = false;  // prefill done
+  int64_t cached_tokens = 0;
+  size_t total_tokens = 0;
+  std::optional<FinishReason> finish;
+  Clock::time_point first_token_at{};
+  Clock::time_point finished_at{};
+};
+
+class Sequence {
+ public:
+  Sequence(GenerationRequest request, PseudoText::Stream stream, const Tokenizer& tokenizer,
+           int dp_rank, std::shared_ptr<Notifier> notifier);
+
+  const GenerationRequest& request() const { return request_; }
+  int dp_rank() const { return dp_rank_; }
+  Clock::time_point arrival() const { return arrival_; }
+  const asio::any_io_executor& executor() const { return notifier_->executor(); }
+
+  // --- producer side (the scheduler; any thread) ---
+  // Prefill is done: `cached_tokens` of the prompt were found in the cache.
+  void mark_started(int64_t cached_tokens);
+  // Decodes one token and applies the stop conditions. Returns true when the sequence finished
+  // (including max_new_tokens == 0, which finishes without a token).
+  bool step();
+  // Ends the sequence with an abort finish reason (e.g. the engine is shutting down).
+  void abort(std::string message);
+  bool finished() const;
+  size_t output_size() const;
+
+  // --- consumer side (the request's executor) ---
+  // The client went away: the scheduler must stop advancing this sequence.
+  void cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  // A scheduler running on the consumer's executor may register how to stop its own timer.
+  void set_cancel_hook(std::function<void()> hook) { cancel_hook_ = std::move(hook); }
+  // Appends tokens from index `from` to `tokens` and fills `p`.
+  void read(size_t from, std::vector<int32_t>& tokens, Progress& p) const;
+
+ private:
+  void finish_locked(FinishReason reason);
+
+  const GenerationRequest request_;
+  PseudoText::Stream stream_;  // producer only
+  const Tokenizer& tokenizer_;
+  const int dp_rank_;
+  const Clock::time_point arrival_;
+  std::shared_ptr<Notifier> notifier_;
+  std::function<void()> cancel_hook_;
+  std::atomic<bool> cancelled_{false};
+
+  mutable std::mutex mu_;
+  bool started_ = false;
+  int64_t cached_tokens_ = 0;
+  std::vector<int32_t> output_;
+  std::optional<FinishReason> finish_;
+  Clock::time_point first_token_at_{};
+  Clock::time_point finished_at_{};
+};
+
+}  // namespace kvgate::sim

@@ -1,0 +1,154 @@
+// sim/server: see server.h.
+#include "sim/server.h"
+
+#include <chrono>
+#include <ctime>
+#include <optional>
+
+#include "sim/info.h"
+#include "sim/pooling.h"
+#include "util/json.h"
+#include "util/log.h"
+
+namespace kvgate::sim {
+namespace {
+
+constexpr http::Header kJson[] = {{"content-type", "application/json"}};
+constexpr http::Header kText[] = {{"content-type", "text/plain; charset=utf-8"}};
+constexpr http::Header kMetrics[] = {{"content-type", "text/plain; version=0.0.4; charset=utf-8"}};
+
+enum class Method { kGet, kPost };
+
+bool method_ok(std::string_view m, Method want) {
+  switch (want) {
+    case Method::kGet:
+      return m == "GET" || m == "HEAD";
+    case Method::kPost:
+      return m == "POST" || m == "PUT";
+  }
+  return false;
+}
+
+std::optional<Route> generation_route(std::string_view path) {
+  if (path == "/v1/chat/completions") return Route::kChatCompletions;
+  if (path == "/generate") return Route::kGenerate;
+  if (path == "/v1/completions") return Route::kCompletions;
+  return std::nullopt;
+}
+
+awaitable<void> method_not_allowed(http::Exchange& ex) {
+  co_await ex.respond(405, kJson, R"({"detail":"Method Not Allowed"})");
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+SimServer::SimServer(const SimConfig& config, Engine& engine, SimMetrics& metrics,
+                     FaultInjector& faults, const ChatTemplate& chat_template)
+    : config_(config),
+      engine_(engine),
+      metrics_(metrics),
+      faults_(faults),
+      generation_(config, engine, faults, chat_template) {}
+
+awaitable<void> SimServer::handle(http::Exchange& ex) {
+  const std::string_view path = ex.path();
+  const std::string_view m = ex.method();
+  if (auto route = generation_route(path)) {
+    if (!method_ok(m, Method::kPost)) {
+      co_await method_not_allowed(ex);
+    } else {
+      co_await generation_.handle(ex, *route);
+    }
+  } else if (path == "/v1/embeddings" || path == "/v1/rerank") {
+    co_await pooling(ex, path);
+  } else if (path == "/health" || path == "/health_generate") {
+    co_await health(ex);
+  } else if (path == "/metrics" && config_.enable_metrics) {
+    co_await metrics(ex);
+  } else if (path == "/flush_cache") {
+    co_await flush_cache(ex);
+  } else if (path == "/sim/faults") {
+    co_await sim_faults(ex);
+  } else if (std::string body; !info_body(path, body)) {
+    co_await ex.respond(404, kJson, R"({"detail":"Not Found"})");
+  } else if (!method_ok(m, Method::kGet)) {
+    co_await method_not_allowed(ex);
+  } else {
+    co_await ex.respond(200, kJson, body);
+  }
+}
+
+bool SimServer::info_body(std::string_view path, std::string& body) {
+  if (path == "/get_server_info" || path == "/server_info") {
+    auto loads = engine_.loads();
+    body = server_info_json(config_, loads, faults_.healthy());
+  } else if (path == "/get_model_info" || path == "/model_info") {
+    body = model_info_json(config_);
+  } else if (path == "/get_load") {
+    body = get_load_json(engine_.loads());
+  } else if (path == "/v1/loads") {
+    body = v1_loads_json(engine_.loads(), unix_now());
+  } else if (path == "/v1/models") {
+    body = models_json(config_, static_cast<int64_t>(std::time(nullptr)));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+awaitable<void> SimServer::pooling(http::Exchange& ex, std::string_view path) {
+  if (!method_ok(ex.method(), Method::kPost)) {
+    co_await method_not_allowed(ex);
+    co_return;
+  }
+  std::string body;
+  const Tokenizer& tok = engine_.tokenizer();
+  int status = path == "/v1/embeddings" ? embeddings_response(ex.body(), tok, body)
+                                        : rerank_response(ex.body(), tok, body);
+  co_await ex.respond(status, kJson, body);
+}
+
+awaitable<void> SimServer::health(http::Exchange& ex) {
+  // SGLang answers an empty body: 200 when serving, 503 while starting.
+  co_await ex.respond(faults_.healthy() ? 200 : 503, {}, "");
+}
+
+awaitable<void> SimServer::metrics(http::Exchange& ex) {
+  for (const RankLoad& l : engine_.loads()) {
+    RankMetrics& m = metrics_.rank(l.dp_rank);
+    m.running->set(static_cast<double>(l.running));
+    m.queued->set(static_cast<double>(l.waiting));
+    m.used_tokens->set(static_cast<double>(l.used_tokens));
+    m.token_usage->set(l.token_usage());
+    m.cache_hit_rate->set(l.cache_hit_rate);
+  }
+  co_await ex.respond(200, kMetrics, metrics_.expose());
+}
+
+awaitable<void> SimServer::flush_cache(http::Exchange& ex) {
+  // SGLang's answer text, with 400 while requests run or wait.
+  bool ok = engine_.flush_cache();
+  co_await ex.respond(ok ? 200 : 400, kText,
+                      "Cache flushed.\nPlease check backend logs for more details. (When there "
+                      "are running or waiting requests, the operation will not be performed.)\n");
+}
+
+awaitable<void> SimServer::sim_faults(http::Exchange& ex) {
+  if (ex.method() == "POST" || ex.method() == "PUT") {
+    if (std::string err = faults_.update(ex.body()); !err.empty()) {
+      std::string body = R"({"error":{"message":)";
+      json::append_string(body, err);
+      body.append("}}");
+      co_await ex.respond(400, kJson, body);
+      co_return;
+    }
+    log::info("faults changed").kv("faults", faults_.to_json());
+  }
+  co_await ex.respond(200, kJson, faults_.to_json());
+}
+
+}  // namespace kvgate::sim

@@ -1,0 +1,38 @@
+// sim/server: kvgate-sim's HTTP surface. Routes each exchange: the generation routes go to the
+// GenerationHandler; embeddings and rerank to sim/pooling; health, server info, loads, models,
+// metrics, cache flush and the test-control endpoint /sim/faults are answered here. Unknown paths
+// get FastAPI's 404 {"detail":"Not Found"}.
+#pragma once
+
+#include "http/server.h"
+#include "sim/config.h"
+#include "sim/engine.h"
+#include "sim/faults.h"
+#include "sim/generation.h"
+#include "sim/sim_metrics.h"
+
+namespace kvgate::sim {
+
+class SimServer {
+ public:
+  SimServer(const SimConfig& config, Engine& engine, SimMetrics& metrics, FaultInjector& faults,
+            const ChatTemplate& chat_template);
+  awaitable<void> handle(http::Exchange& ex);
+
+ private:
+  // The body of a GET info endpoint; false for an unknown path.
+  bool info_body(std::string_view path, std::string& body);
+  awaitable<void> pooling(http::Exchange& ex, std::string_view path);
+  awaitable<void> health(http::Exchange& ex);
+  awaitable<void> metrics(http::Exchange& ex);
+  awaitable<void> flush_cache(http::Exchange& ex);
+  awaitable<void> sim_faults(http::Exchange& ex);
+
+  const SimConfig& config_;
+  Engine& engine_;
+  SimMetrics& metrics_;
+  FaultInjector& faults_;
+  GenerationHandler generation_;
+};
+
+}  // namespace kvgate::sim

@@ -1,0 +1,135 @@
+// Tests for sim/config: kvgate-sim's flags (SGLang names and defaults), validation, --help.
+#include "sim/config.h"
+
+#include <gtest/gtest.h>
+
+namespace kvgate::sim {
+namespace {
+
+std::string parse(SimConfig& cfg, std::vector<std::string> args) {
+  std::string error, help;
+  return parse_sim_args(args, cfg, error, help) ? "" : error;
+}
+
+TEST(SimConfig, DefaultsFollowSglang) {
+  SimConfig c;
+  EXPECT_EQ(parse(c, {}), "");
+  EXPECT_EQ(c.host, "127.0.0.1");
+  EXPECT_EQ(c.port, 30000);
+  EXPECT_EQ(c.served_model_name, "kvgate-sim");
+  EXPECT_EQ(c.page_size, 1);
+  EXPECT_EQ(c.dp_size, 1);
+  EXPECT_EQ(c.default_max_new_tokens, 128);
+  EXPECT_EQ(c.threads, 1);
+  EXPECT_FALSE(c.instant);
+  EXPECT_FALSE(c.enable_metrics);
+  EXPECT_DOUBLE_EQ(c.fail_rate, 0);
+  EXPECT_EQ(c.fail_status, 500);
+}
+
+TEST(SimConfig, ParsesEveryKindOfFlag) {
+  SimConfig c;
+  ASSERT_EQ(parse(c, {"--port",
+                      "0",
+                      "--served-model-name",
+                      "qwen",
+                      "--page-size",
+                      "16",
+                      "--dp-size",
+                      "4",
+                      "--enable-cache-report",
+                      "--enable-metrics",
+                      "--incremental-streaming-output",
+                      "--stream-response-default-include-usage",
+                      "--ttft-ms",
+                      "2.5",
+                      "--tpot-ms=0",
+                      "--instant",
+                      "--threads",
+                      "2",
+                      "--fail-rate",
+                      "0.25",
+                      "--fail-status",
+                      "503",
+                      "--hang-rate",
+                      "0.25",
+                      "--drop-mid-stream-rate",
+                      "0.5",
+                      "--drop-after-chunks",
+                      "3",
+                      "--start-unhealthy-secs",
+                      "1.5",
+                      "--tokenizer-path",
+                      "models/qwen3",
+                      "--context-length",
+                      "4096",
+                      "--max-total-tokens",
+                      "8192"}),
+            "");
+  EXPECT_EQ(c.port, 0);
+  EXPECT_EQ(c.served_model_name, "qwen");
+  EXPECT_EQ(c.page_size, 16);
+  EXPECT_EQ(c.dp_size, 4);
+  EXPECT_TRUE(c.enable_cache_report && c.enable_metrics && c.incremental_streaming_output &&
+              c.stream_response_default_include_usage && c.instant);
+  EXPECT_DOUBLE_EQ(c.ttft_ms, 2.5);
+  EXPECT_DOUBLE_EQ(c.tpot_ms, 0);
+  EXPECT_EQ(c.threads, 2);
+  EXPECT_DOUBLE_EQ(c.fail_rate, 0.25);
+  EXPECT_EQ(c.fail_status, 503);
+  EXPECT_DOUBLE_EQ(c.drop_mid_stream_rate, 0.5);
+  EXPECT_EQ(c.drop_after_chunks, 3);
+  EXPECT_DOUBLE_EQ(c.start_unhealthy_secs, 1.5);
+  EXPECT_EQ(c.tokenizer_path, "models/qwen3");
+  EXPECT_EQ(c.context_length, 4096);
+  EXPECT_EQ(c.max_total_tokens, 8192);
+  EXPECT_EQ(max_req_input_len(c), 4095);
+}
+
+TEST(SimConfig, SglangSpellingsWork) {
+  SimConfig c;
+  ASSERT_EQ(parse(c, {"--random-seed", "7", "--served_model_name", "m"}), "");
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.served_model_name, "m");
+}
+
+TEST(SimConfig, InvalidValuesNameTheFlagAndTheFix) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{"--page-size", "0"}, "--page-size: 0 is out of range; it must be between 1 and 4096"},
+      {{"--fail-rate", "1.5"}, "--fail-rate: 1.5 is out of range"},
+      {{"--fail-status", "200"}, "--fail-status: 200 is out of range"},
+      {{"--port", "70000"}, "--port"},
+      {{"--ttft-ms", "fast"}, "--ttft-ms: 'fast' is not a number"},
+      {{"--dp-size", "two"}, "--dp-size: 'two' is not an integer"},
+      {{"--log-level", "loud"}, "choose one of: debug, info, warning, error"},
+      {{"--prot", "1"}, "did you mean '--port'?"},
+      {{"--fail-rate", "0.6", "--hang-rate", "0.6"}, "keep the sum <= 1"},
+      {{"--page-size", "64", "--max-total-tokens", "32"}, "--max-total-tokens (32) must hold"},
+      {{"extra"}, "unexpected argument 'extra'"},
+      {{"--port"}, "--port needs a value"},
+  };
+  for (const auto& k : cases) {
+    SimConfig c;
+    std::string err = parse(c, k.args);
+    EXPECT_NE(err.find(k.expect), std::string::npos) << "got: " << err;
+  }
+}
+
+TEST(SimConfig, HelpListsGroupsAndDefaults) {
+  SimConfig c;
+  std::string error, help;
+  std::vector<std::string> args = {"--help"};
+  ASSERT_TRUE(parse_sim_args(args, c, error, help));
+  for (const char* s :
+       {"Usage: kvgate-sim", "Server (SGLang server arguments):", "Simulation:", "Fault injection",
+        "--ttft-ms MS", "[default: 20]", "--instant", "POST /sim/faults"}) {
+    EXPECT_NE(help.find(s), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace kvgate::sim

@@ -1,0 +1,389 @@
+// Tests for sim/server and sim/generation, end to end in process: a SimServer on a loopback port,
+// driven by the tests' own HTTP client. Checks every route's JSON and SSE event sequence, the
+// flags that change shapes, --instant, faults, disconnect cancellation and the info endpoints.
+#include "sim/server.h"
+
+#include <gtest/gtest.h>
+#include <simdjson.h>
+
+#include <thread>
+
+#include "sim/pooling.h"
+#include "support/http_client.h"
+#include "support/process.h"
+
+namespace kvgate::sim {
+namespace {
+
+using namespace std::chrono_literals;
+using simdjson::dom::element;
+using testing::HttpClient;
+using testing::sse_data;
+
+// One kvgate-sim in process, configured from command-line flags.
+class Sim {
+ public:
+  explicit Sim(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--port", "0"});
+    std::string error, help;
+    if (!parse_sim_args(args, cfg, error, help)) throw std::runtime_error(error);
+    std::string note;
+    tokenizer = make_tokenizer(cfg.tokenizer_path, note, error);
+    chat_template = make_chat_template(cfg.tokenizer_path);
+    metrics = std::make_unique<SimMetrics>(cfg.served_model_name, static_cast<int>(cfg.dp_size));
+    engine = std::make_unique<Engine>(
+        EngineConfig{.dp_size = static_cast<int>(cfg.dp_size),
+                     .max_total_tokens = cfg.max_total_tokens,
+                     .seed = static_cast<uint64_t>(cfg.seed),
+                     .ttft = std::chrono::microseconds(static_cast<int64_t>(cfg.ttft_ms * 1000)),
+                     .tpot = std::chrono::microseconds(static_cast<int64_t>(cfg.tpot_ms * 1000))},
+        *tokenizer, *metrics);
+    faults = std::make_unique<FaultInjector>(
+        FaultSettings{.fail_rate = cfg.fail_rate,
+                      .fail_status = cfg.fail_status,
+                      .hang_rate = cfg.hang_rate,
+                      .drop_rate = cfg.drop_mid_stream_rate,
+                      .drop_after_chunks = cfg.drop_after_chunks},
+        1,
+        Clock::now() +
+            std::chrono::milliseconds(static_cast<int64_t>(cfg.start_unhealthy_secs * 1000)));
+    sim = std::make_unique<SimServer>(cfg, *engine, *metrics, *faults, *chat_template);
+    http::ServerConfig sc;
+    sc.host = "127.0.0.1";
+    server = std::make_unique<http::Server>(std::vector<asio::io_context*>{&ctx}, sc,
+                                            [this](http::Exchange& ex) { return sim->handle(ex); });
+    port = server->port();
+    cfg.port = port;  // as main() does: /get_server_info reports the bound port
+    server->start();
+    thread = std::thread([this] {
+      auto guard = asio::make_work_guard(ctx);
+      ctx.run();
+    });
+  }
+  ~Sim() {
+    asio::post(ctx, [this] { server->stop(); });
+    ctx.stop();
+    thread.join();
+  }
+  RankLoad load() { return engine->loads()[0]; }
+
+  SimConfig cfg;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;
+  std::unique_ptr<SimMetrics> metrics;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<FaultInjector> faults;
+  std::unique_ptr<SimServer> sim;
+  asio::io_context ctx{1};
+  std::unique_ptr<http::Server> server;
+  int port = 0;
+  std::thread thread;
+};
+
+const std::vector<std::string> kFast = {"--ttft-ms", "1", "--tpot-ms", "1"};
+const char* kChat =
+    R"({"model":"m1","messages":[{"role":"user","content":"Hello there"}],"max_tokens":6)";
+const char* kGen = R"({"text":"The capital of France is","sampling_params":{"max_new_tokens":6})";
+const char* kCmpl = R"({"model":"m2","prompt":"Once upon a time","max_tokens":6)";
+
+class SimServerTest : public ::testing::Test {
+ protected:
+  element parse(const std::string& json) {
+    docs.push_back(std::make_unique<simdjson::dom::parser>());
+    element e;
+    EXPECT_FALSE(docs.back()->parse(json).get(e)) << json;
+    return e;
+  }
+  // The SSE events of a stream, each parsed (the last one, [DONE], is checked and dropped).
+  std::vector<element> events(const testing::Response& r) {
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("content-type"), "text/event-stream");
+    auto data = sse_data(r.body);
+    EXPECT_FALSE(data.empty());
+    EXPECT_EQ(data.back(), "[DONE]") << r.body;
+    std::vector<element> out;
+    for (size_t i = 0; i + 1 < data.size(); ++i) out.push_back(parse(data[i]));
+    return out;
+  }
+  std::vector<std::unique_ptr<simdjson::dom::parser>> docs;
+};
+
+std::string str(element e) {
+  return std::string(std::string_view(e));
+}
+
+std::string with(const char* body, std::string_view extra) {
+  return std::string(body) + std::string(extra) + "}";
+}
+
+TEST_F(SimServerTest, GenerateWholeAndStreamAgree) {
+  Sim s(kFast);
+  HttpClient c(s.port);
+  auto whole = c.post("/generate", with(kGen, ""));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  EXPECT_EQ(whole.header("content-type"), "application/json");
+  element w = parse(whole.body);
+  std::string text = str(w["text"]);
+  EXPECT_EQ(w["output_ids"].get_array().size(), 6u);
+  EXPECT_EQ(int64_t(w["meta_info"]["completion_tokens"]), 6);
+  EXPECT_EQ(int64_t(w["meta_info"]["cached_tokens"]), 0);
+  EXPECT_EQ(std::string_view(w["meta_info"]["id"]).size(), 32u);
+  EXPECT_GT(double(w["meta_info"]["e2e_latency"]), 0);
+
+  auto ev = events(c.post("/generate", with(kGen, R"(,"stream":true,"rid":"my-rid")")));
+  ASSERT_EQ(ev.size(), 6u);  // one event per token
+  for (size_t i = 0; i < ev.size(); ++i) {
+    element m = ev[i]["meta_info"];
+    EXPECT_EQ(std::string_view(m["id"]), "my-rid");
+    EXPECT_EQ(int64_t(m["completion_tokens"]), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(ev[i]["output_ids"].get_array().size(), i + 1);  // whole so far, not deltas
+    bool last = i + 1 == ev.size();
+    EXPECT_EQ(m["finish_reason"].is_null(), !last);
+    EXPECT_EQ(m["e2e_latency"].error() == simdjson::SUCCESS, last);
+  }
+  EXPECT_EQ(std::string_view(ev.back()["text"]), text);  // same prompt, same text
+}
+
+TEST_F(SimServerTest, IncrementalStreamingSendsDeltas) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--incremental-streaming-output"});
+  HttpClient c(s.port);
+  std::string whole = str(parse(c.post("/generate", with(kGen, "")).body)["text"]);
+  auto ev = events(c.post("/generate", with(kGen, R"(,"stream":true)")));
+  std::string joined;
+  for (auto& e : ev) {
+    EXPECT_EQ(e["output_ids"].get_array().size(), 1u);
+    joined += str(e["text"]);
+  }
+  EXPECT_EQ(joined, whole);
+}
+
+TEST_F(SimServerTest, GenerateBatch) {
+  Sim s(kFast);
+  HttpClient c(s.port);
+  auto r = c.post("/generate", R"({"text":["a","b c"],"sampling_params":{"max_new_tokens":2}})");
+  element e = parse(r.body);
+  ASSERT_TRUE(e.is_array()) << r.body;
+  EXPECT_EQ(e.get_array().size(), 2u);
+  EXPECT_EQ(int64_t(e.at(1)["meta_info"]["prompt_tokens"]), 3);
+  auto ev = events(
+      c.post("/generate",
+             R"({"input_ids":[[1],[2]],"sampling_params":{"max_new_tokens":2},"stream":true})"));
+  ASSERT_EQ(ev.size(), 4u);
+  int64_t index_sum = 0;
+  for (auto& x : ev) index_sum += int64_t(x["index"]);
+  EXPECT_EQ(index_sum, 2);
+}
+
+TEST_F(SimServerTest, ChatWholeAndStreamSequence) {
+  Sim s(kFast);
+  HttpClient c(s.port);
+  auto whole = c.post("/v1/chat/completions", with(kChat, ""));
+  element w = parse(whole.body);
+  EXPECT_EQ(std::string_view(w["model"]), "m1");
+  std::string content = str(w["choices"].at(0)["message"]["content"]);
+  EXPECT_FALSE(content.empty());
+  EXPECT_NE(content.front(), ' ');  // the reply starts a fresh line after "assistant\n"
+
+  auto r = c.post("/v1/chat/completions", with(kChat, R"(,"stream":true)"));
+  auto ev = events(r);
+  ASSERT_EQ(ev.size(), 1u + 6u + 1u);  // role, 6 content deltas, finish; no usage chunk
+  EXPECT_EQ(std::string_view(ev[0]["choices"].at(0)["delta"]["role"]), "assistant");
+  std::string joined;
+  for (size_t i = 1; i + 1 < ev.size(); ++i) {
+    joined += str(ev[i]["choices"].at(0)["delta"]["content"]);
+    EXPECT_TRUE(ev[i]["choices"].at(0)["finish_reason"].is_null());
+  }
+  EXPECT_EQ(joined, content);
+  element fin = ev.back()["choices"].at(0);
+  EXPECT_EQ(fin["delta"].get_object().size(), 0u);
+  EXPECT_EQ(std::string_view(fin["finish_reason"]), "length");
+  for (auto& e : ev) EXPECT_EQ(std::string_view(e["id"]), std::string_view(ev[0]["id"]));
+
+  ev = events(c.post("/v1/chat/completions",
+                     with(kChat, R"(,"stream":true,"stream_options":{"include_usage":true})")));
+  element usage = ev.back();
+  EXPECT_EQ(usage["choices"].get_array().size(), 0u);
+  EXPECT_EQ(int64_t(usage["usage"]["completion_tokens"]), 6);
+  EXPECT_EQ(int64_t(usage["usage"]["prompt_tokens"]), int64_t(w["usage"]["prompt_tokens"]));
+}
+
+TEST_F(SimServerTest, CompletionsStreamAndServerDefaultUsage) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--stream-response-default-include-usage"});
+  HttpClient c(s.port);
+  auto ev = events(c.post("/v1/completions", with(kCmpl, R"(,"stream":true)")));
+  ASSERT_EQ(ev.size(), 6u + 1u);  // 6 text chunks (the last with finish_reason), usage
+  EXPECT_TRUE(ev[0]["choices"].at(0)["finish_reason"].is_null());
+  EXPECT_EQ(std::string_view(ev[5]["choices"].at(0)["finish_reason"]), "length");
+  EXPECT_EQ(std::string_view(ev[5]["model"]), "m2");
+  EXPECT_EQ(int64_t(ev[6]["usage"]["total_tokens"]), int64_t(ev[6]["usage"]["prompt_tokens"]) + 6);
+  EXPECT_TRUE(ev[6]["usage"]["prompt_tokens_details"].error());  // absent here
+}
+
+TEST_F(SimServerTest, InstantAnswersAtOnceInTheSameShapes) {
+  Sim s({"--instant", "--ttft-ms", "60000"});
+  HttpClient c(s.port);
+  auto start = Clock::now();
+  element chat = parse(
+      c.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})").body);
+  EXPECT_LT(Clock::now() - start, 5s);  // not the 60 s TTFT
+  element choice = chat["choices"].at(0);
+  EXPECT_EQ(std::string_view(choice["finish_reason"]), "stop");
+  EXPECT_EQ(int64_t(choice["matched_stop"]), s.tokenizer->eos_token_id());
+  EXPECT_EQ(int64_t(chat["usage"]["completion_tokens"]), 9);  // 8 words + EOS
+  element gen =
+      parse(c.post("/generate", R"({"text":"x","sampling_params":{"max_new_tokens":3}})").body);
+  EXPECT_EQ(std::string_view(gen["meta_info"]["finish_reason"]["type"]), "length");
+  EXPECT_EQ(gen["output_ids"].get_array().size(), 3u);
+  auto ev =
+      events(c.post("/v1/chat/completions",
+                    R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true,)"
+                    R"("stream_options":{"include_usage":true}})"));
+  ASSERT_EQ(ev.size(), 1u + 4u + 1u + 1u);
+  std::string joined;
+  for (size_t i = 1; i <= 4; ++i) joined += str(ev[i]["choices"].at(0)["delta"]["content"]);
+  std::string_view full = choice["message"]["content"];
+  EXPECT_TRUE(full.starts_with(joined)) << joined;
+  EXPECT_EQ(s.metrics->rank(0).requests->value(), 3u);
+}
+
+TEST_F(SimServerTest, ErrorsInEachRoutesShape) {
+  Sim s(kFast);
+  HttpClient c(s.port);
+  auto r = c.post("/v1/chat/completions", R"({"messages":)");
+  EXPECT_EQ(r.status, 400);
+  element e = parse(r.body);
+  EXPECT_EQ(std::string_view(e["object"]), "error");
+  EXPECT_EQ(int64_t(e["code"]), 400);
+  EXPECT_NE(std::string_view(e["message"]).find("malformed JSON"), std::string_view::npos);
+  r = c.post("/generate", R"({"text":"a","routed_dp_rank":5})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(std::string_view(parse(r.body)["error"]["message"]).find("routed_dp_rank 5"),
+            std::string_view::npos);
+  r = c.get("/nope");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body, R"({"detail":"Not Found"})");
+  EXPECT_EQ(c.get("/generate").status, 405);
+  EXPECT_EQ(c.get("/metrics").status, 404);  // only with --enable-metrics
+}
+
+TEST_F(SimServerTest, InfoEndpoints) {
+  Sim s({"--dp-size", "2", "--page-size", "16", "--served-model-name", "qwen", "--enable-metrics"});
+  HttpClient c(s.port);
+  for (const char* path : {"/get_server_info", "/server_info"}) {
+    element e = parse(c.get(path).body);
+    EXPECT_EQ(int64_t(e["page_size"]), 16);
+    EXPECT_EQ(int64_t(e["dp_size"]), 2);
+    EXPECT_EQ(int64_t(e["tp_size"]), 1);
+    EXPECT_EQ(int64_t(e["port"]), s.port) << "the bound port, not 0";
+    EXPECT_EQ(std::string_view(e["disaggregation_mode"]), "null");
+    EXPECT_EQ(int64_t(e["disaggregation_bootstrap_port"]), 8998);
+    EXPECT_TRUE(e["kv_events_config"].is_null());
+    EXPECT_TRUE(e["kv_events"].is_null());
+    EXPECT_EQ(int64_t(e["max_total_num_tokens"]), 400000);
+    EXPECT_EQ(e["internal_states"].get_array().size(), 2u);
+  }
+  element load = parse(c.get("/get_load").body);
+  ASSERT_EQ(load.get_array().size(), 2u);
+  EXPECT_EQ(int64_t(load.at(1)["dp_rank"]), 1);
+  element loads = parse(c.get("/v1/loads").body);
+  EXPECT_EQ(loads["loads"].get_array().size(), 2u);
+  EXPECT_DOUBLE_EQ(double(loads["loads"].at(0)["token_usage"]), 0);
+  element models = parse(c.get("/v1/models").body);
+  EXPECT_EQ(std::string_view(models["data"].at(0)["id"]), "qwen");
+  auto m = c.get("/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("sglang:num_running_reqs{model_name=\"qwen\",dp_rank=\"1\"} 0"),
+            std::string::npos);
+  EXPECT_EQ(c.post("/flush_cache", "").status, 200);
+}
+
+TEST_F(SimServerTest, EmbeddingsAndRerank) {
+  Sim s(kFast);
+  HttpClient c(s.port);
+  element e =
+      parse(c.post("/v1/embeddings", R"({"model":"m","input":["the cat","the cat"]})").body);
+  ASSERT_EQ(e["data"].get_array().size(), 2u);
+  EXPECT_EQ(e["data"].at(0)["embedding"].get_array().size(), kEmbeddingDim);
+  EXPECT_EQ(simdjson::to_string(e["data"].at(0)["embedding"]),
+            simdjson::to_string(e["data"].at(1)["embedding"]));
+  element r = parse(
+      c.post("/v1/rerank", R"({"query":"the river","documents":["a cold day","the river bank"]})")
+          .body);
+  ASSERT_EQ(r.get_array().size(), 2u);
+  EXPECT_EQ(int64_t(r.at(0)["index"]), 1);  // best match first
+  EXPECT_GT(double(r.at(0)["score"]), double(r.at(1)["score"]));
+  EXPECT_EQ(c.post("/v1/embeddings", "{}").status, 400);
+}
+
+TEST_F(SimServerTest, InjectedFailuresAndHealth) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--start-unhealthy-secs", "600"});
+  HttpClient c(s.port);
+  EXPECT_EQ(c.get("/health").status, 503);
+  EXPECT_EQ(c.get("/health_generate").status, 503);
+  EXPECT_EQ(c.post("/sim/faults", R"({"unhealthy":false,"fail_rate":1,"fail_status":503})").status,
+            200);
+  EXPECT_EQ(c.get("/health").status, 200);
+  auto r = c.post("/v1/chat/completions", with(kChat, ""));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(int64_t(parse(r.body)["code"]), 503);
+  r = c.post("/generate", with(kGen, ""));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_FALSE(parse(r.body)["error"]["message"].error());
+  EXPECT_EQ(c.post("/sim/faults", R"({"fail_rate":2})").status, 400);
+  EXPECT_EQ(c.post("/sim/faults", R"({"fail_rate":0})").status, 200);
+  EXPECT_EQ(c.post("/generate", with(kGen, "")).status, 200);
+}
+
+TEST_F(SimServerTest, DroppedStreamClosesAfterKEvents) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--drop-mid-stream-rate", "1", "--drop-after-chunks",
+         "3"});
+  HttpClient c(s.port);
+  auto r = c.post("/v1/chat/completions", with(kChat, R"(,"stream":true)"));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(r.truncated || r.closed);
+  auto data = sse_data(r.body);
+  EXPECT_EQ(data.size(), 3u) << r.body;
+  EXPECT_NE(data.back(), "[DONE]");
+  HttpClient c2(s.port);
+  r = c2.post("/generate", with(kGen, ""));  // a whole answer is cut half-way
+  EXPECT_TRUE(r.truncated || r.status == 0) << r.body;
+}
+
+TEST_F(SimServerTest, HangNeverAnswersAndFreesOnDisconnect) {
+  Sim s({"--hang-rate", "1"});
+  {
+    HttpClient c(s.port);
+    c.set_timeout(200ms);
+    EXPECT_EQ(c.post("/generate", with(kGen, "")).status, 0);
+  }
+  HttpClient c(s.port);
+  EXPECT_EQ(c.get("/health").status, 200);  // the server is still serving
+}
+
+TEST_F(SimServerTest, ClientDisconnectCancelsTheGeneration) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "20"});
+  {
+    HttpClient c(s.port);
+    int chunks = 0;
+    int64_t running = 0;
+    c.stream("POST", "/generate",
+             R"({"text":"hi","sampling_params":{"max_new_tokens":500},"stream":true})", {},
+             [&](std::string_view) {
+               running = s.load().running;
+               return ++chunks < 2;
+             });
+    EXPECT_EQ(running, 1);
+  }
+  EXPECT_TRUE(testing::wait_until([&] { return s.load().running == 0; }, 2s));
+  // Non-stream: the same through the disconnect watch.
+  {
+    HttpClient c(s.port);
+    c.set_timeout(50ms);
+    c.post("/v1/completions", R"({"prompt":"x","max_tokens":500})");
+  }
+  EXPECT_TRUE(testing::wait_until([&] { return s.load().running == 0; }, 2s));
+  EXPECT_LT(s.metrics->rank(0).generation_tokens->value(), 200u);
+}
+
+}  // namespace
+}  // namespace kvgate::sim

@@ -1,0 +1,113 @@
+// Tests for sim/tokenizer (the byte-level stand-in), sim/words and sim/chat_template.
+#include "sim/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "sim/chat_template.h"
+#include "sim/words.h"
+
+namespace kvgate::sim {
+namespace {
+
+std::vector<int32_t> enc(const Tokenizer& t, std::string_view s) {
+  std::vector<int32_t> ids;
+  t.encode(s, ids);
+  return ids;
+}
+
+std::string dec(const Tokenizer& t, const std::vector<int32_t>& ids) {
+  std::string s;
+  t.decode(ids, s);
+  return s;
+}
+
+TEST(SimTokenizer, WordListIsUniqueLowercaseLetters) {
+  std::set<std::string_view> seen;
+  for (auto w : kWords) {
+    EXPECT_TRUE(seen.insert(w).second) << "duplicate word " << w;
+    ASSERT_FALSE(w.empty());
+    for (char c : w) EXPECT_TRUE(c >= 'a' && c <= 'z') << w;
+  }
+}
+
+TEST(SimTokenizer, EveryWordIsOneTokenWithAndWithoutASpace) {
+  StandInTokenizer t;
+  std::set<int32_t> ids;
+  for (auto w : kWords) {
+    auto bare = enc(t, w);
+    auto spaced = enc(t, " " + std::string(w));
+    ASSERT_EQ(bare.size(), 1u) << w;
+    ASSERT_EQ(spaced.size(), 1u) << w;
+    EXPECT_NE(bare[0], spaced[0]);
+    EXPECT_TRUE(ids.insert(bare[0]).second && ids.insert(spaced[0]).second);
+    EXPECT_EQ(dec(t, spaced), " " + std::string(w));
+  }
+  EXPECT_EQ(t.vocab_size(), StandInTokenizer::kFirstWord + 2 * static_cast<int32_t>(kWords.size()));
+}
+
+TEST(SimTokenizer, OtherTextIsBytes) {
+  StandInTokenizer t;
+  // "Hello" is not a listed word (capital H): five bytes; " world" is one word token.
+  auto ids = enc(t, "Hello world");
+  ASSERT_EQ(ids.size(), 6u);
+  EXPECT_EQ(ids[0], 'H');
+  EXPECT_GE(ids[5], StandInTokenizer::kFirstWord);
+  // A listed word glued to other letters is not a word token.
+  EXPECT_EQ(enc(t, "thecat").size(), 6u);
+  EXPECT_EQ(enc(t, "theory").size(), 6u);   // not "the" + bytes: a word token needs the whole run
+  EXPECT_EQ(enc(t, "the,cat").size(), 5u);  // the , c a t
+}
+
+TEST(SimTokenizer, SpecialTokensAreSingleIds) {
+  StandInTokenizer t;
+  auto ids = enc(t, "<|im_start|>user\nhi<|im_end|>");
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids.front(), StandInTokenizer::kImStart);
+  EXPECT_EQ(ids.back(), StandInTokenizer::kImEnd);
+  EXPECT_EQ(t.eos_token_id(), StandInTokenizer::kImEnd);
+  EXPECT_TRUE(t.is_special(StandInTokenizer::kEndOfText));
+  EXPECT_FALSE(t.is_special('a'));
+  EXPECT_EQ(enc(t, "<|nope|>").size(), 8u);
+}
+
+TEST(SimTokenizer, DecodeOfEncodeIsIdentity) {
+  StandInTokenizer t;
+  for (std::string s :
+       std::vector<std::string>{"", " ", "the quick brown fox", "Ünïcödé ✓ text\n\twith tabs",
+                                "<|im_start|>system\nYou are the model.<|im_end|>\n", "a  b   c",
+                                "question?answer!the", std::string("\0\xff\x80", 3)}) {
+    EXPECT_EQ(dec(t, enc(t, s)), s);
+  }
+  std::string out;
+  t.decode_token(-1, out);
+  t.decode_token(t.vocab_size(), out);
+  EXPECT_EQ(out, "");
+}
+
+TEST(SimTokenizer, FactoryUsesTheStandInAndSaysSo) {
+  std::string note, error;
+  auto t = make_tokenizer("", note, error);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(note.empty());
+  t = make_tokenizer("models/qwen3", note, error);
+  ASSERT_TRUE(t);
+  EXPECT_NE(note.find("stand-in"), std::string::npos);
+}
+
+TEST(SimChatTemplate, RendersChatMl) {
+  ChatMLTemplate tmpl;
+  std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
+  std::string out;
+  tmpl.render(msgs, true, out);
+  EXPECT_EQ(out,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  out.clear();
+  tmpl.render(msgs, false, out);
+  EXPECT_FALSE(out.ends_with("assistant\n"));
+}
+
+}  // namespace
+}  // namespace kvgate::sim

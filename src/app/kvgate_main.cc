@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     wm.reported_load = &gm.worker_load.with({w->url()});
     wm.requests = &gm.worker_requests.with({w->url()});
     wm.failures = &gm.worker_failures.with({w->url()});
+    wm.selected = &gm.selections.with({cfg.policy, w->url()});
     w->attach_metrics(wm);
     set->workers.push_back(std::move(w));
   }

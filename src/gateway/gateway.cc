@@ -53,15 +53,15 @@ class RelayBuffer {
   std::unique_ptr<char[]> buf_;
 };
 
-std::string new_request_id() {
+// A random 32-hex-digit request id, written into `out` (which must hold 32 chars).
+std::string_view new_request_id(char* out) {
   static constexpr char kHex[] = "0123456789abcdef";
   uint64_t a = thread_rng().next(), b = thread_rng().next();
-  std::string id(32, '0');
   for (int i = 0; i < 16; ++i) {
-    id[i] = kHex[(a >> (i * 4)) & 15];
-    id[16 + i] = kHex[(b >> (i * 4)) & 15];
+    out[i] = kHex[(a >> (i * 4)) & 15];
+    out[16 + i] = kHex[(b >> (i * 4)) & 15];
   }
-  return id;
+  return std::string_view(out, 32);
 }
 
 bool constant_time_equals(std::string_view a, std::string_view b) {
@@ -73,15 +73,6 @@ bool constant_time_equals(std::string_view a, std::string_view b) {
 
 std::string_view header_of(const void* self, std::string_view name) {
   return static_cast<const http::Exchange*>(self)->header(name);
-}
-
-std::string_view status_label(int status) {
-  static const std::vector<std::string> kLabels = [] {
-    std::vector<std::string> v(600);
-    for (int i = 0; i < 600; ++i) v[i] = std::to_string(i);
-    return v;
-  }();
-  return status >= 0 && status < 600 ? std::string_view(kLabels[status]) : "other";
 }
 
 struct RouteEntry {
@@ -112,9 +103,9 @@ Gateway::~Gateway() = default;
 
 void Gateway::record(std::string_view route, int status, std::string_view model, bool streaming,
                      Clock::time_point start) {
-  metrics_.requests.with({route, status_label(status), model, streaming ? "true" : "false"}).inc();
+  metrics_.request_counter(route, status, model, streaming).inc();
   std::chrono::duration<double> d = Clock::now() - start;
-  metrics_.duration.with({route}).observe(d.count());
+  metrics_.duration_of(route).observe(d.count());
 }
 
 awaitable<void> Gateway::answer(http::Exchange& ex, int status, std::string_view body,
@@ -130,24 +121,23 @@ awaitable<void> Gateway::fail(http::Exchange& ex, const GatewayError& e, std::st
 awaitable<void> Gateway::handle(http::Exchange& ex) {
   auto start = Clock::now();
   in_flight_.fetch_add(1, std::memory_order_relaxed);
-  metrics_.in_flight.with({}).add(1);
+  metrics_.in_flight_now.add(1);
   struct Done {
     Gateway* g;
     ~Done() {
       g->in_flight_.fetch_sub(1, std::memory_order_relaxed);
-      g->metrics_.in_flight.with({}).add(-1);
+      g->metrics_.in_flight_now.add(-1);
     }
   } done{this};
 
-  std::string generated;
+  char generated[32];
   std::string_view rid;
   for (const auto& h : rid_headers_) {
     rid = ex.header(h);
     if (!rid.empty()) break;
   }
   if (rid.empty() || rid.size() > 256) {
-    generated = new_request_id();
-    rid = generated;
+    rid = new_request_id(generated);
   }
 
   static constexpr RouteEntry kRoutes[] = {
@@ -179,14 +169,14 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   bool probe = path == "/health" || path == "/liveness" || path == "/readiness";
   if (route->api ? method != "POST" : !is_get) {
     co_await fail(ex, errors::method_not_allowed(method, path, route->api ? "POST" : "GET"), rid);
-    record(path, 405, "", false, start);
+    record(route->path, 405, "", false, start);
     co_return;
   }
   if (!config_.api_key.empty() && !probe) {
     std::string_view auth = ex.header("authorization");
     if (!auth.starts_with("Bearer ") || !constant_time_equals(auth.substr(7), config_.api_key)) {
       co_await fail(ex, errors::unauthorized(), rid);
-      record(path, 401, "", false, start);
+      record(route->path, 401, "", false, start);
       co_return;
     }
   }
@@ -196,7 +186,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   }
   if (path == "/v1/models") {
     co_await list_models(ex, rid);
-    record(path, 200, "", false, start);
+    record(route->path, 200, "", false, start);
     co_return;
   }
   if (path == "/readiness") {
@@ -207,11 +197,11 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
                        R"(,"total_workers":)" + std::to_string(set->workers.size()) + "}";
     int status = healthy ? 200 : 503;
     co_await answer(ex, status, body, rid);
-    record(path, status, "", false, start);
+    record(route->path, status, "", false, start);
     co_return;
   }
   co_await answer(ex, 200, R"({"status":"ok"})", rid);
-  record(path, 200, "", false, start);
+  record(route->path, 200, "", false, start);
 }
 
 awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
@@ -255,9 +245,9 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
   } slot;
   if (admission_.enabled()) {
-    metrics_.queue_depth.with({}).add(1);
+    metrics_.queue_depth_now.add(1);
     auto r = co_await admission_.acquire(ex.executor());
-    metrics_.queue_depth.with({}).add(-1);
+    metrics_.queue_depth_now.add(-1);
     if (r == Admission::Result::kQueueFull) {
       metrics_.admission_rejected.with({"queue_full"}).inc();
       co_await fail(ex, errors::queue_full(admission_.queue_size()), rid);
@@ -280,8 +270,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   ctx.header_self = &ex;
 
   // Request headers forwarded upstream: all but hop-by-hop ones and those the client call sets.
-  std::vector<http::Header> fwd;
-  fwd.reserve(16);
+  http::HeaderBuffer<24> fwd;
   ex.for_each_header([&](std::string_view name, std::string_view value) {
     if (http::is_hop_by_hop(name) || http::iequals(name, "host") ||
         http::iequals(name, "content-length") || http::iequals(name, "expect") ||
@@ -343,8 +332,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     Worker* w = d.worker;
     const auto& m = w->metrics();
     (void)m;
-    metrics_.selections.with({policy_->name(), w->url()}).inc();
-    metrics_.branches.with({policy_->name(), d.branch}).inc();
+    if (w->metrics().selected) w->metrics().selected->inc();
+    metrics_.branch_counter(policy_->name(), d.branch).inc();
     policy_->on_dispatched(d, ctx);
     ++attempts_made;
 
@@ -413,8 +402,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
 
     // Commit to this response: from here on nothing is retried.
-    std::vector<http::Header> out;
-    out.reserve(16);
+    http::HeaderBuffer<24> out;
     bool sse = false;
     call.for_each_header([&](std::string_view name, std::string_view value) {
       if (http::is_hop_by_hop(name) || http::iequals(name, "content-length") ||
@@ -440,6 +428,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     } else {
       auto length = call.content_length();
       co_await ex.begin_body(status, out, length);
+      if (sse) co_await ex.flush();  // a stream's client sees the status before the first token
       RelayBuffer buf(ts);
       for (;;) {
         http::CallError re = http::CallError::kNone;

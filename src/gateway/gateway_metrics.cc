@@ -2,6 +2,8 @@
 #include "gateway/gateway_metrics.h"
 
 #include <mutex>
+#include <string>
+#include <unordered_map>
 
 namespace kvgate {
 
@@ -56,6 +58,73 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets
                                    "Requests refused by admission control (queue_full, timeout)",
                                    {"reason"})),
       client_disconnects(r.counter("kvgate_client_disconnects_total",
-                                   "Requests whose client went away before the response ended")) {}
+                                   "Requests whose client went away before the response ended")),
+      in_flight_now(in_flight.with({})),
+      queue_depth_now(queue_depth.with({})) {}
+
+namespace {
+
+std::string_view status_label(int status) {
+  static const std::vector<std::string> kLabels = [] {
+    std::vector<std::string> v(600);
+    for (int i = 0; i < 600; ++i) v[i] = std::to_string(i);
+    return v;
+  }();
+  return status >= 0 && status < 600 ? std::string_view(kLabels[status]) : "other";
+}
+
+// Thread-local map from label addresses to a cell: after warm-up a lookup is one hash probe,
+// with no lock and no string building.
+struct PtrKey {
+  const void* a;
+  const void* b;
+  uintptr_t c;
+  bool operator==(const PtrKey&) const = default;
+};
+struct PtrKeyHash {
+  size_t operator()(const PtrKey& k) const {
+    uintptr_t h = reinterpret_cast<uintptr_t>(k.a) * 0x9e3779b97f4a7c15ull;
+    h ^= reinterpret_cast<uintptr_t>(k.b) + 0x7f4a7c159e3779b9ull + (h << 6) + (h >> 2);
+    h ^= k.c + 0x9e3779b9ull + (h << 6) + (h >> 2);
+    return static_cast<size_t>(h);
+  }
+};
+template <class Cell>
+using CellCache = std::unordered_map<PtrKey, Cell*, PtrKeyHash>;
+
+}  // namespace
+
+metrics::Counter& GatewayMetrics::request_counter(std::string_view route, int status,
+                                                  std::string_view model, bool streaming) {
+  thread_local CellCache<metrics::Counter> cache;
+  PtrKey key{
+      route.data(), model.data(),
+      (static_cast<uintptr_t>(status) << 2) | (streaming ? 1u : 0u) | (model.empty() ? 2u : 0u)};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto& cell = requests.with({route, status_label(status), model, streaming ? "true" : "false"});
+  cache.emplace(key, &cell);
+  return cell;
+}
+
+metrics::Histogram& GatewayMetrics::duration_of(std::string_view route) {
+  thread_local CellCache<metrics::Histogram> cache;
+  PtrKey key{route.data(), nullptr, route.size()};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto& cell = duration.with({route});
+  cache.emplace(key, &cell);
+  return cell;
+}
+
+metrics::Counter& GatewayMetrics::branch_counter(std::string_view policy, std::string_view branch) {
+  thread_local CellCache<metrics::Counter> cache;
+  PtrKey key{policy.data(), branch.data(), branch.size()};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto& cell = branches.with({policy, branch});
+  cache.emplace(key, &cell);
+  return cell;
+}
 
 }  // namespace kvgate

@@ -27,6 +27,13 @@ class LabelLimiter {
 struct GatewayMetrics {
   GatewayMetrics(metrics::Registry& r, std::vector<double> duration_buckets);
 
+  // Per-request cells, resolved once per thread and label set. Label arguments must be strings
+  // with static storage (or LabelLimiter results): the cache keys on their addresses.
+  metrics::Counter& request_counter(std::string_view route, int status, std::string_view model,
+                                    bool streaming);
+  metrics::Histogram& duration_of(std::string_view route);
+  metrics::Counter& branch_counter(std::string_view policy, std::string_view branch);
+
   metrics::CounterFamily& requests;
   metrics::HistogramFamily& duration;
   metrics::GaugeFamily& in_flight;
@@ -44,6 +51,8 @@ struct GatewayMetrics {
   metrics::CounterFamily& admission_rejected;
   metrics::CounterFamily& client_disconnects;
   LabelLimiter models{64};
+  metrics::Gauge& in_flight_now;
+  metrics::Gauge& queue_depth_now;
 };
 
 }  // namespace kvgate

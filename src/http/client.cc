@@ -8,11 +8,12 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <charconv>
+
+#include "http/deadline.h"
 
 namespace kvgate::http {
 namespace beast = boost::beast;
@@ -23,8 +24,11 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 }
 
 struct Connection {
-  explicit Connection(asio::any_io_executor ex) : stream(ex) {}
-  beast::tcp_stream stream;
+  explicit Connection(asio::any_io_executor ex) : socket(ex), deadline(ex, socket) {
+    buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
+  }
+  tcp::socket socket;
+  Deadline deadline;
   beast::flat_buffer buffer;
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
   Clock::time_point idle_since{};
@@ -135,7 +139,7 @@ void ConnectionPool::give(uint64_t key, std::unique_ptr<Connection> c) {
   auto& v = idle_[key];
   if (v.size() >= options_.max_idle_per_target) return;  // closes c
   c->idle_since = Clock::now();
-  c->stream.expires_never();
+  c->deadline.never();
   v.push_back(std::move(c));
 }
 
@@ -178,16 +182,18 @@ UpstreamCall::~UpstreamCall() {
   }
 }
 
-CallError UpstreamCall::classify(const boost::system::error_code& ec, bool response_started) {
+CallError UpstreamCall::classify(const boost::system::error_code& ec) {
   if (aborted_) return CallError::kAborted;
+  if (conn_ && conn_->deadline.expired()) {
+    detail_ = "no complete answer before the deadline";
+    return CallError::kTimeout;
+  }
   detail_ = ec.message();
-  if (ec == beast::error::timeout || timed_out_) return CallError::kTimeout;
   if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
       ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
       ec == bhttp::error::partial_message || ec == asio::error::operation_aborted) {
     return CallError::kReset;
   }
-  (void)response_started;
   if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category()) {
     return CallError::kProtocol;
   }
@@ -202,17 +208,18 @@ awaitable<CallError> UpstreamCall::connect() {
     co_return CallError::kConnect;
   }
   auto connect_deadline = Clock::now() + pool_.options().connect_timeout;
-  conn_->stream.expires_at(std::min(deadline_, connect_deadline));
-  auto [ec, ep] = co_await conn_->stream.async_connect(target_.endpoints, kTuple);
+  conn_->deadline.expires_at(std::min(deadline_, connect_deadline));
+  auto [ec, ep] = co_await asio::async_connect(conn_->socket, target_.endpoints, kTuple);
   (void)ep;
   if (ec) {
     if (aborted_) co_return CallError::kAborted;
-    detail_ = ec == beast::error::timeout ? "connect timed out" : ec.message();
-    if (ec == beast::error::timeout && Clock::now() >= deadline_) co_return CallError::kTimeout;
+    bool timed_out = conn_->deadline.expired();
+    detail_ = timed_out ? "connect timed out" : ec.message();
+    if (timed_out && Clock::now() >= deadline_) co_return CallError::kTimeout;
     co_return CallError::kConnect;
   }
   boost::system::error_code ignored;
-  conn_->stream.socket().set_option(tcp::no_delay(true), ignored);
+  conn_->socket.set_option(tcp::no_delay(true), ignored);
   co_return CallError::kNone;
 }
 
@@ -223,9 +230,7 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
   append_header(head_, "host", target_.host_header);
   for (const auto& h : headers) append_header(head_, h.name, h.value);
   if (!body.empty() || method == "POST" || method == "PUT") {
-    char buf[48];
-    int n = std::snprintf(buf, sizeof buf, "content-length: %zu\r\n", body.size());
-    head_.append(buf, static_cast<size_t>(n));
+    append_content_length(head_, body.size());
   }
   head_.append("\r\n");
 
@@ -236,9 +241,9 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
       if (CallError e = co_await connect(); e != CallError::kNone) co_return e;
     }
     if (aborted_) co_return CallError::kAborted;
-    conn_->stream.expires_at(deadline_);
+    conn_->deadline.expires_at(deadline_);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(body)};
-    auto [wec, wn] = co_await asio::async_write(conn_->stream, bufs, kTuple);
+    auto [wec, wn] = co_await asio::async_write(conn_->socket, bufs, kTuple);
     (void)wn;
     boost::system::error_code ec = wec;
     if (!ec) {
@@ -246,7 +251,7 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
       conn_->parser->header_limit(64 * 1024);
       conn_->parser->body_limit(boost::none);
       auto [rec, rn] =
-          co_await bhttp::async_read_header(conn_->stream, conn_->buffer, *conn_->parser, kTuple);
+          co_await bhttp::async_read_header(conn_->socket, conn_->buffer, *conn_->parser, kTuple);
       (void)rn;
       ec = rec;
     }
@@ -262,7 +267,7 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
       conn_.reset();  // the peer closed this idle connection; try once on a new one
       continue;
     }
-    CallError e = classify(ec, false);
+    CallError e = classify(ec);
     conn_.reset();
     co_return e;
   }
@@ -299,13 +304,13 @@ awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& erro
   for (;;) {
     p.get().body().data = buf;
     p.get().body().size = cap;
-    auto [ec, n] = co_await bhttp::async_read_some(conn_->stream, conn_->buffer, p, kTuple);
+    auto [ec, n] = co_await bhttp::async_read_some(conn_->socket, conn_->buffer, p, kTuple);
     (void)n;
     if (ec == bhttp::error::need_buffer) ec = {};
     size_t got = cap - p.get().body().size;
     if (p.is_done()) done_ = true;
     if (ec) {
-      error = classify(ec, true);
+      error = classify(ec);
       conn_.reset();
       done_ = false;
       co_return got;
@@ -334,7 +339,7 @@ void UpstreamCall::abort() {
   aborted_ = true;
   if (conn_) {
     boost::system::error_code ignored;
-    conn_->stream.socket().close(ignored);
+    conn_->socket.close(ignored);
   }
 }
 

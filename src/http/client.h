@@ -103,7 +103,7 @@ class UpstreamCall {
 
  private:
   awaitable<CallError> connect();
-  CallError classify(const boost::system::error_code& ec, bool response_started);
+  CallError classify(const boost::system::error_code& ec);
 
   asio::any_io_executor ex_;
   ConnectionPool& pool_;
@@ -116,7 +116,6 @@ class UpstreamCall {
   bool done_ = false;
   bool aborted_ = false;
   bool fresh_ = false;
-  bool timed_out_ = false;
 };
 
 // One-shot GET/POST with a fresh connection and a timeout: health probes, load polls, admin.

@@ -2,6 +2,7 @@
 #include "http/message.h"
 
 #include <array>
+#include <charconv>
 
 namespace kvgate::http {
 
@@ -101,6 +102,16 @@ void append_status_line(std::string& out, int status, unsigned version) {
 
 void append_header(std::string& out, std::string_view name, std::string_view value) {
   out.append(name).append(": ").append(value).append("\r\n");
+}
+
+}  // namespace kvgate::http
+
+namespace kvgate::http {
+
+void append_content_length(std::string& out, uint64_t n) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, n);
+  out.append("content-length: ").append(buf, r.ptr).append("\r\n");
 }
 
 }  // namespace kvgate::http

@@ -33,6 +33,31 @@ bool is_hop_by_hop(std::string_view name);
 // Appends "HTTP/1.1 <status> <reason>\r\n" + headers (without the final blank line).
 void append_status_line(std::string& out, int status, unsigned version = 11);
 void append_header(std::string& out, std::string_view name, std::string_view value);
+// Appends "content-length: N\r\n".
+void append_content_length(std::string& out, uint64_t n);
+
+// Header lists built per request live on the coroutine frame, not the heap.
+template <size_t N>
+class HeaderBuffer {
+ public:
+  void push_back(Header h) {
+    if (size_ < N) {
+      fixed_[size_++] = h;
+    } else {
+      if (overflow_.empty()) overflow_.assign(fixed_, fixed_ + N);
+      overflow_.push_back(h);
+      ++size_;
+    }
+  }
+  operator HeaderList() const {
+    return size_ <= N ? HeaderList(fixed_, size_) : HeaderList(overflow_.data(), size_);
+  }
+
+ private:
+  Header fixed_[N];
+  size_t size_ = 0;
+  std::vector<Header> overflow_;
+};
 
 // Simdjson reads request bodies in place: bodies keep this many spare bytes past their end.
 inline constexpr size_t kBodyPadding = 64;

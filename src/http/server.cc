@@ -1,20 +1,18 @@
 // http/server: see server.h. The only server-side translation unit that includes Beast.
 #include "http/server.h"
 
-#include <sys/socket.h>
-
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
-#include <cerrno>
+#include <charconv>
 #include <stdexcept>
 
+#include "http/deadline.h"
 #include "http/padded_body.h"
 #include "util/log.h"
 
@@ -24,10 +22,9 @@ namespace bhttp = boost::beast::http;
 using asio::ip::tcp;
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 
-struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
+struct Server::Shared {
   ServerConfig config;
   Handler handler;
-  std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   std::atomic<bool> stopping{false};
 };
 
@@ -39,14 +36,21 @@ using Request = bhttp::request<PaddedStringBody>;
 struct WatchState {
   bool done = false;
   bool gone = false;
+  char peek = 0;
   std::function<void()> fn;
 };
 
 class ExchangeImpl final : public Exchange {
  public:
-  ExchangeImpl(beast::tcp_stream& stream, beast::flat_buffer& buffer, Request& req,
+  ExchangeImpl(tcp::socket& socket, Deadline& deadline, beast::flat_buffer& buffer, Request& req,
                const std::string& remote, const ServerConfig& cfg, std::string& scratch)
-      : stream_(stream), buffer_(buffer), req_(req), remote_(remote), cfg_(cfg), head_(scratch) {}
+      : socket_(socket),
+        deadline_(deadline),
+        buffer_(buffer),
+        req_(req),
+        remote_(remote),
+        cfg_(cfg),
+        head_(scratch) {}
 
   ~ExchangeImpl() override { stop_watch(); }
 
@@ -66,7 +70,7 @@ class ExchangeImpl final : public Exchange {
 
   awaitable<bool> respond(int status, HeaderList headers, std::string_view body) override {
     start_head(status, headers);
-    append_length(body.size());
+    append_content_length(head_, body.size());
     head_.append("\r\n");
     started_ = true;
     bool head_only = req_.method() == bhttp::verb::head;
@@ -81,7 +85,7 @@ class ExchangeImpl final : public Exchange {
                              std::optional<uint64_t> content_length) override {
     start_head(status, headers);
     if (content_length) {
-      append_length(*content_length);
+      append_content_length(head_, *content_length);
       remaining_ = *content_length;
       chunked_ = false;
     } else if (req_.version() >= 11) {
@@ -113,8 +117,10 @@ class ExchangeImpl final : public Exchange {
     if (head_pending_) bufs[n++] = asio::buffer(head_);
     char size_line[20];
     if (chunked_) {
-      int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", data.size());
-      bufs[n++] = asio::buffer(size_line, static_cast<size_t>(len));
+      char* end = std::to_chars(size_line, size_line + 16, data.size(), 16).ptr;
+      *end++ = '\r';
+      *end++ = '\n';
+      bufs[n++] = asio::buffer(size_line, static_cast<size_t>(end - size_line));
       bufs[n++] = asio::buffer(data);
       bufs[n++] = asio::buffer("\r\n", 2);
     } else {
@@ -141,6 +147,18 @@ class ExchangeImpl final : public Exchange {
   bool response_started() const override { return started_; }
   bool response_complete() const override { return complete_; }
   void close_after() override { close_ = true; }
+  void abort() override {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    gone_ = true;
+    close_ = true;
+    complete_ = true;  // nothing more will be said on this connection
+  }
+  awaitable<bool> flush() override {
+    if (!head_pending_) co_return !gone_;
+    head_pending_ = false;
+    co_return co_await write(asio::buffer(head_));
+  }
   bool must_close() const { return close_; }
 
   void watch_disconnect(std::function<void()> fn) override {
@@ -148,24 +166,25 @@ class ExchangeImpl final : public Exchange {
     watch_ = std::make_shared<WatchState>();
     watch_->fn = std::move(fn);
     if (buffer_.size() > 0) return;  // pipelined bytes already here: the client is still talking
+    // A one-byte MSG_PEEK receive: it completes on EOF or reset (client gone) or when the next
+    // pipelined request arrives (left in the socket). Being a speculative read, it costs no system
+    // call while the socket is known to be drained, unlike async_wait (an epoll_ctl per call).
     auto state = watch_;
-    auto& sock = stream_.socket();
-    sock.async_wait(tcp::socket::wait_read,
-                    asio::bind_cancellation_slot(
-                        cancel_.slot(), [state, &sock](const boost::system::error_code& ec) {
-                          if (ec || state->done) return;
-                          char c;
-                          ssize_t n = ::recv(sock.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-                            state->gone = true;
-                            if (state->fn) state->fn();
-                          }
-                          // n > 0: a pipelined request arrived; the client is alive.
-                        }));
+    socket_.async_receive(
+        asio::buffer(&state->peek, 1), tcp::socket::message_peek,
+        asio::bind_cancellation_slot(cancel_.slot(),
+                                     [state](const boost::system::error_code& ec, size_t n) {
+                                       if (state->done || ec == asio::error::operation_aborted)
+                                         return;
+                                       if (ec || n == 0) {
+                                         state->gone = true;
+                                         if (state->fn) state->fn();
+                                       }
+                                     }));
   }
   bool client_gone() const override { return gone_ || (watch_ && watch_->gone); }
 
-  asio::any_io_executor executor() override { return stream_.get_executor(); }
+  asio::any_io_executor executor() override { return socket_.get_executor(); }
 
  private:
   void stop_watch() {
@@ -189,18 +208,11 @@ class ExchangeImpl final : public Exchange {
     }
   }
 
-  void append_length(uint64_t n) {
-    char buf[48];
-    int len = std::snprintf(buf, sizeof buf, "content-length: %llu\r\n",
-                            static_cast<unsigned long long>(n));
-    head_.append(buf, static_cast<size_t>(len));
-  }
-
   template <class Buffers>
   awaitable<bool> write(const Buffers& bufs) {
     if (gone_) co_return false;
-    stream_.expires_after(cfg_.read_timeout);
-    auto [ec, n] = co_await asio::async_write(stream_, bufs, kTuple);
+    deadline_.expires_after(cfg_.read_timeout);  // a client that stops reading is dropped
+    auto [ec, n] = co_await asio::async_write(socket_, bufs, kTuple);
     (void)n;
     if (ec) {
       gone_ = true;
@@ -210,7 +222,8 @@ class ExchangeImpl final : public Exchange {
     co_return true;
   }
 
-  beast::tcp_stream& stream_;
+  tcp::socket& socket_;
+  Deadline& deadline_;
   beast::flat_buffer& buffer_;
   Request& req_;
   const std::string& remote_;
@@ -230,7 +243,7 @@ class ExchangeImpl final : public Exchange {
 };
 
 // Writes a minimal error response on a connection whose request could not be read.
-awaitable<void> reject(beast::tcp_stream& stream, int status, std::string_view code,
+awaitable<void> reject(tcp::socket& socket, Deadline& deadline, int status, std::string_view code,
                        std::string_view message) {
   std::string body = R"({"error":{"type":"invalid_request_error","code":")" + std::string(code) +
                      R"(","message":")";
@@ -246,17 +259,17 @@ awaitable<void> reject(beast::tcp_stream& stream, int status, std::string_view c
   append_header(head, "connection", "close");
   head += "\r\n";
   std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(body)};
-  stream.expires_after(std::chrono::seconds(5));
-  co_await asio::async_write(stream, bufs, kTuple);
+  deadline.expires_after(std::chrono::seconds(5));
+  co_await asio::async_write(socket, bufs, kTuple);
 }
 
 bool is_quiet_close(const boost::system::error_code& ec) {
   return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-         ec == asio::error::connection_reset || ec == beast::error::timeout ||
+         ec == asio::error::connection_reset || ec == asio::error::bad_descriptor ||
          ec == asio::error::operation_aborted || ec == bhttp::error::partial_message;
 }
 
-awaitable<void> session(std::shared_ptr<Server::Impl> srv, tcp::socket socket) {
+awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket) {
   const ServerConfig& cfg = srv->config;
   boost::system::error_code ignored;
   socket.set_option(tcp::no_delay(true), ignored);
@@ -265,8 +278,9 @@ awaitable<void> session(std::shared_ptr<Server::Impl> srv, tcp::socket socket) {
     auto ep = socket.remote_endpoint(ignored);
     if (!ignored) remote = ep.address().to_string();
   }
-  beast::tcp_stream stream(std::move(socket));
+  Deadline deadline(socket.get_executor(), socket);
   beast::flat_buffer buffer;
+  buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
   std::string scratch;
   scratch.reserve(512);
 
@@ -274,36 +288,36 @@ awaitable<void> session(std::shared_ptr<Server::Impl> srv, tcp::socket socket) {
     bhttp::request_parser<PaddedStringBody> parser;
     parser.header_limit(static_cast<std::uint32_t>(cfg.header_limit));
     parser.body_limit(cfg.body_limit);
-    stream.expires_after(buffer.size() ? cfg.read_timeout : cfg.idle_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
+    deadline.expires_after(buffer.size() ? cfg.read_timeout : cfg.idle_timeout);
+    auto [ec, n] = co_await bhttp::async_read_header(socket, buffer, parser, kTuple);
     (void)n;
     if (!ec && !parser.is_done()) {
       if (http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
         static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-        stream.expires_after(cfg.read_timeout);
-        co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+        co_await asio::async_write(socket, asio::buffer(kContinue), kTuple);
       }
-      stream.expires_after(cfg.read_timeout);
-      std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kTuple);
+      deadline.expires_after(cfg.read_timeout);
+      std::tie(ec, n) = co_await bhttp::async_read(socket, buffer, parser, kTuple);
     }
     if (ec) {
       if (ec == bhttp::error::body_limit) {
-        co_await reject(stream, 413, "payload_too_large",
+        co_await reject(socket, deadline, 413, "payload_too_large",
                         "request body exceeds --max-payload-size (" +
                             std::to_string(cfg.body_limit) + " bytes)");
       } else if (ec == bhttp::error::header_limit) {
-        co_await reject(stream, 431, "headers_too_large",
+        co_await reject(socket, deadline, 431, "headers_too_large",
                         "request headers exceed " + std::to_string(cfg.header_limit) + " bytes");
       } else if (!is_quiet_close(ec)) {
-        co_await reject(stream, 400, "bad_http_request", "malformed HTTP request: " + ec.message());
+        co_await reject(socket, deadline, 400, "bad_http_request",
+                        "malformed HTTP request: " + ec.message());
       }
       break;
     }
-    stream.expires_never();
+    deadline.never();
     Request& req = parser.get();
     bool close = false;
     {
-      ExchangeImpl ex(stream, buffer, req, remote, cfg, scratch);
+      ExchangeImpl ex(socket, deadline, buffer, req, remote, cfg, scratch);
       try {
         co_await srv->handler(ex);
       } catch (const std::exception& e) {
@@ -323,12 +337,11 @@ awaitable<void> session(std::shared_ptr<Server::Impl> srv, tcp::socket socket) {
     }
     if (close || srv->stopping.load(std::memory_order_relaxed)) break;
   }
-  auto& sock = stream.socket();
-  sock.shutdown(tcp::socket::shutdown_send, ignored);
-  sock.close(ignored);
+  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.close(ignored);
 }
 
-awaitable<void> accept_loop(std::shared_ptr<Server::Impl> srv, tcp::acceptor* acceptor) {
+awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* acceptor) {
   for (;;) {
     auto [ec, socket] = co_await acceptor->async_accept(kTuple);
     if (srv->stopping.load()) co_return;
@@ -346,10 +359,10 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Impl> srv, tcp::acceptor* ac
 }  // namespace
 
 Server::Server(std::vector<asio::io_context*> contexts, ServerConfig config, Handler handler)
-    : impl_(std::make_shared<Impl>()) {
-  impl_->config = std::move(config);
-  impl_->handler = std::move(handler);
-  const auto& cfg = impl_->config;
+    : shared_(std::make_shared<Shared>()) {
+  shared_->config = std::move(config);
+  shared_->handler = std::move(handler);
+  const auto& cfg = shared_->config;
   boost::system::error_code ec;
   auto address = asio::ip::make_address(cfg.host, ec);
   if (ec) {
@@ -378,7 +391,7 @@ Server::Server(std::vector<asio::io_context*> contexts, ServerConfig config, Han
                                     : ""));
     }
     port = acc->local_endpoint().port();
-    impl_->acceptors.push_back(std::move(acc));
+    acceptors_.push_back(std::move(acc));
   }
   port_ = port;
 }
@@ -388,14 +401,14 @@ Server::~Server() {
 }
 
 void Server::start() {
-  for (auto& acc : impl_->acceptors) {
-    asio::co_spawn(acc->get_executor(), accept_loop(impl_, acc.get()), asio::detached);
+  for (auto& acc : acceptors_) {
+    asio::co_spawn(acc->get_executor(), accept_loop(shared_, acc.get()), asio::detached);
   }
 }
 
 void Server::stop() {
-  if (impl_->stopping.exchange(true)) return;
-  for (auto& acc : impl_->acceptors) {
+  if (shared_->stopping.exchange(true)) return;
+  for (auto& acc : acceptors_) {
     asio::post(acc->get_executor(), [a = acc.get()] {
       boost::system::error_code ignored;
       a->close(ignored);

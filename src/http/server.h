@@ -60,6 +60,10 @@ class Exchange {
   virtual bool response_complete() const = 0;
   // After an error mid-body: the connection is closed once the handler returns.
   virtual void close_after() = 0;
+  // Drops the connection now without (finishing) a response, as a crashing server would.
+  virtual void abort() = 0;
+  // Sends the status line and headers given to begin_body() now, before any body byte.
+  virtual awaitable<bool> flush() = 0;
 
   // Calls `fn` (on this exchange's executor) if the client closes its connection before the
   // response is complete. One watch per exchange; stopped automatically when the handler returns.
@@ -71,6 +75,8 @@ class Exchange {
 
 using Handler = std::function<awaitable<void>(Exchange&)>;
 
+// Destroy a Server only once its io_contexts have stopped running (or from their threads): its
+// acceptors belong to them. Connections in progress keep what they need alive on their own.
 class Server {
  public:
   // Binds one acceptor on each io_context. Throws std::runtime_error naming host:port and the
@@ -86,10 +92,11 @@ class Server {
   // Stops accepting; open connections finish their current exchange and close.
   void stop();
 
-  struct Impl;
+  struct Shared;  // what sessions share: config, handler, the stopping flag
 
  private:
-  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<Shared> shared_;
+  std::vector<std::unique_ptr<asio::ip::tcp::acceptor>> acceptors_;
   uint16_t port_ = 0;
 };
 

@@ -23,6 +23,7 @@ struct WorkerMetrics {
   metrics::Gauge* reported_load = nullptr;
   metrics::Counter* requests = nullptr;
   metrics::Counter* failures = nullptr;
+  metrics::Counter* selected = nullptr;  // chosen by the routing policy
 };
 
 class Worker {

@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench format tidy clean
+.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench fuzz format tidy clean
 
 all: build
 
@@ -42,6 +42,9 @@ demo: setup build
 
 bench: setup build
 	@scripts/bench
+
+fuzz:
+	@scripts/fuzz
 
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i

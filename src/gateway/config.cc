@@ -12,7 +12,6 @@ namespace {
 
 using K = flags::Knob<GatewayConfig>;
 using C = GatewayConfig;
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 constexpr std::string_view kWorkers = "Workers and listener";
 constexpr std::string_view kRouting = "Routing policy";

@@ -1,6 +1,9 @@
 // Integration tests of the kvgate binary's command line: --help, bad flags, startup errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "support/process.h"
 
 namespace kvgate::testing {
@@ -39,6 +42,31 @@ TEST(Cli, UnbindableAddressIsAClearError) {
                           "--host", "203.0.113.7", "--port", "1", "--prometheus-port", "0"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("cannot listen on 203.0.113.7:1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvgate::testing
+
+namespace kvgate::testing {
+namespace {
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && s[i] == '\n') ++i;
+  return s.substr(i);
+}
+
+TEST(Docs, ConfigurationMatchesBinaries) {
+  std::ifstream in(std::string(KVGATE_SOURCE_DIR) + "/docs/configuration.md");
+  std::stringstream doc;
+  doc << in.rdbuf();
+  for (const char* bin : {"kvgate", "kvgate-sim"}) {
+    auto r = run(bin, {"--help-markdown"});
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(doc.str().find(trimmed(r.output)), std::string::npos)
+        << "docs/configuration.md is out of date for " << bin << ": run scripts/gen-docs";
+  }
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i
 
 tidy: build
-	@git ls-files 'src/*.cc' 'sim/*.cc' | xargs clang-tidy -p build --quiet
+	@git ls-files 'src/*.cc' 'sim/*.cc' 'bench/*.cc' | xargs -P $(JOBS) -n 4 clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option
 
 clean:
 	@rm -rf build build-asan build-debug

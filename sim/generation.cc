@@ -24,7 +24,7 @@ std::string random_hex_id() {
   for (int half = 0; half < 2; ++half) {
     uint64_t v = rng.next();
     for (int i = 0; i < 16; ++i)
-      id[static_cast<size_t>(half * 16 + i)] = kHex[(v >> (4 * i)) & 0xf];
+      id[static_cast<size_t>(half) * 16 + static_cast<size_t>(i)] = kHex[(v >> (4 * i)) & 0xf];
   }
   return id;
 }
@@ -214,6 +214,7 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
   }
   if (!co_await wait_all(ex, *notifier, tracks, tok)) co_return;
   std::vector<OutputView> views;
+  views.reserve(tracks.size());
   for (const auto& t : tracks) views.push_back(t.view());
   std::string body;
   append_whole(body, req, c, views);

@@ -103,10 +103,10 @@ std::string get_stop_token_ids(const object& o, int32_t vocab, std::vector<int32
 // list of ids or a list of id lists (when `ids`). `what` names the field in errors.
 std::string get_prompts(const element& e, std::string_view what, bool text, bool ids,
                         const Tokenizer& tok, ParsedRequest& out) {
-  const std::string shape = quoted(what) + " must be " +
-                            (text && ids ? "a string, a list of strings, or token ids"
-                             : text      ? "a string or a list of strings"
-                                         : "a list of token ids or a list of such lists");
+  std::string shape = quoted(what) + " must be " +
+                      (text && ids ? "a string, a list of strings, or token ids"
+                       : text      ? "a string or a list of strings"
+                                   : "a list of token ids or a list of such lists");
   auto add = [&]() -> std::vector<int32_t>& { return out.prompts.emplace_back(); };
   std::string_view s;
   if (!e.get_string().get(s)) {

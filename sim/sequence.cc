@@ -7,7 +7,7 @@
 
 namespace kvgate::sim {
 
-Notifier::Notifier(asio::any_io_executor ex) : ex_(ex), timer_(ex) {}
+Notifier::Notifier(const asio::any_io_executor& ex) : ex_(ex), timer_(ex) {}
 
 void Notifier::notify() {
   asio::dispatch(ex_, [self = shared_from_this()] { self->signal(); });

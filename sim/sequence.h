@@ -48,7 +48,7 @@ struct FinishReason {
 // runs on the consumer's executor and returns at once when notified since the last wait.
 class Notifier : public std::enable_shared_from_this<Notifier> {
  public:
-  explicit Notifier(asio::any_io_executor ex);
+  explicit Notifier(const asio::any_io_executor& ex);
   void notify();
   awaitable<void> wait();
   const asio::any_io_executor& executor() const { return ex_; }

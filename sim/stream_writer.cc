@@ -54,6 +54,7 @@ class GenerateStream final : public StreamWriter {
 
 void emit_usage(const OpenAIContext& c, bool chat, const std::vector<Track>& tracks, Emitter& em) {
   std::vector<OutputView> views;
+  views.reserve(tracks.size());
   for (const auto& t : tracks) views.push_back(t.view());
   em.event([&](std::string& out) { append_usage_chunk(out, c, chat, views); });
 }

@@ -32,7 +32,7 @@ void BM_ParseRequest(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * body.size()));
 }
-BENCHMARK(BM_ParseRequest)->Arg(1024)->Arg(32 * 1024);
+BENCHMARK(BM_ParseRequest)->Arg(1024)->Arg(32L * 1024);
 
 struct Workers {
   explicit Workers(int n) {

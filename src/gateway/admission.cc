@@ -11,7 +11,8 @@ Admission::Admission(int64_t max_concurrent, size_t queue_size,
                      std::chrono::milliseconds queue_timeout)
     : max_(max_concurrent), queue_size_(queue_size), timeout_(queue_timeout) {}
 
-awaitable<Admission::Result> Admission::acquire(asio::any_io_executor ex) {
+awaitable<Admission::Result> Admission::acquire(
+    asio::any_io_executor ex) {  // NOLINT(performance-unnecessary-value-param)
   if (!enabled()) co_return Result::kAdmitted;
   std::shared_ptr<Waiter> w;
   {

@@ -19,7 +19,9 @@ class Admission {
 
   Admission(int64_t max_concurrent, size_t queue_size, std::chrono::milliseconds queue_timeout);
   bool enabled() const { return max_ > 0; }
-  awaitable<Result> acquire(asio::any_io_executor ex);
+  // By value: a coroutine must not keep references to its caller's temporaries.
+  awaitable<Result> acquire(
+      asio::any_io_executor ex);  // NOLINT(performance-unnecessary-value-param)
   void release();
   int64_t active() const;
   size_t queued() const;
@@ -28,7 +30,7 @@ class Admission {
 
  private:
   struct Waiter {
-    explicit Waiter(asio::any_io_executor ex) : executor(ex), timer(ex) {}
+    explicit Waiter(const asio::any_io_executor& ex) : executor(ex), timer(ex) {}
     asio::any_io_executor executor;
     asio::steady_timer timer;
     bool granted = false;

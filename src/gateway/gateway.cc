@@ -19,12 +19,88 @@ constexpr size_t kRelayBufferSize = 16384;
 constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
 constexpr http::Header kJsonType{"content-type", "application/json"};
 
-// Per request thread: the upstream keep-alive pool and spare relay buffers.
+// Watching a client for disconnects costs an I/O operation per request, so it starts only for
+// requests still running after kWatchDelay, found by one sweep timer per thread: short requests
+// never pay for it, long generations (the ones worth cancelling) are watched.
+constexpr auto kWatchDelay = std::chrono::milliseconds(20);
+
+struct PendingWatch {
+  PendingWatch* prev = this;
+  PendingWatch* next = this;
+  http::Exchange* ex = nullptr;
+  http::UpstreamCall** current = nullptr;
+  Clock::time_point since{};
+  void unlink() {
+    prev->next = next;
+    next->prev = prev;
+    prev = next = this;
+  }
+};
+
+// Per request thread: the upstream keep-alive pool, spare relay buffers, pending watches.
 struct ThreadState {
   explicit ThreadState(std::chrono::seconds connect_timeout)
       : pool(http::ConnectionPool::Options{512, std::chrono::seconds(30), connect_timeout}) {}
   http::ConnectionPool pool;
   std::vector<std::unique_ptr<char[]>> spare;
+  PendingWatch pending;  // list head
+  std::unique_ptr<asio::steady_timer> sweep;
+  bool sweeping = false;
+};
+
+void sweep_watches(ThreadState& ts) {
+  ts.sweep->expires_after(kWatchDelay);
+  ts.sweep->async_wait([&ts](const boost::system::error_code& ec) {
+    if (ec) {
+      ts.sweeping = false;
+      return;
+    }
+    auto due = Clock::now() - kWatchDelay;
+    for (PendingWatch* w = ts.pending.next; w != &ts.pending;) {
+      PendingWatch* next = w->next;
+      if (w->since <= due) {
+        w->ex->watch_disconnect([current = w->current] {
+          if (*current) (*current)->abort();
+        });
+        w->unlink();
+      }
+      w = next;
+    }
+    if (ts.pending.next == &ts.pending) {
+      ts.sweeping = false;
+    } else {
+      sweep_watches(ts);
+    }
+  });
+}
+
+// Registers a request for the sweep; on destruction stops its watch (whichever was set up).
+class WatchGuard {
+ public:
+  WatchGuard(ThreadState& ts, http::Exchange& ex, http::UpstreamCall** current) : ex_(ex) {
+    node_.ex = &ex;
+    node_.current = current;
+    node_.since = Clock::now();
+    node_.prev = ts.pending.prev;
+    node_.next = &ts.pending;
+    ts.pending.prev->next = &node_;
+    ts.pending.prev = &node_;
+    if (!ts.sweeping) {
+      if (!ts.sweep) ts.sweep = std::make_unique<asio::steady_timer>(ex.executor());
+      ts.sweeping = true;
+      sweep_watches(ts);
+    }
+  }
+  ~WatchGuard() {
+    node_.unlink();
+    ex_.unwatch_disconnect();
+  }
+  WatchGuard(const WatchGuard&) = delete;
+  WatchGuard& operator=(const WatchGuard&) = delete;
+
+ private:
+  http::Exchange& ex_;
+  PendingWatch node_;
 };
 
 ThreadState& thread_state(std::chrono::seconds connect_timeout) {
@@ -44,7 +120,7 @@ class RelayBuffer {
     }
   }
   ~RelayBuffer() {
-    if (ts_.spare.size() < 64) ts_.spare.push_back(std::move(buf_));
+    if (ts_.spare.size() < 1024) ts_.spare.push_back(std::move(buf_));
   }
   char* data() { return buf_.get(); }
 
@@ -272,20 +348,16 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   // Request headers forwarded upstream: all but hop-by-hop ones and those the client call sets.
   http::HeaderBuffer<24> fwd;
   ex.for_each_header([&](std::string_view name, std::string_view value) {
-    if (http::is_hop_by_hop(name) || http::iequals(name, "host") ||
-        http::iequals(name, "content-length") || http::iequals(name, "expect") ||
-        http::iequals(name, "x-request-id")) {
-      return;
+    auto kind = http::classify_header(name);
+    if (kind == http::HeaderKind::kOther || kind == http::HeaderKind::kContentType) {
+      fwd.push_back({name, value});  // not hop-by-hop, and not one the upstream call sets
     }
-    fwd.push_back({name, value});
   });
   fwd.push_back({"x-request-id", rid});
 
   ThreadState& ts = thread_state(std::chrono::seconds(config_.connect_timeout_secs));
   http::UpstreamCall* current = nullptr;
-  ex.watch_disconnect([&current] {
-    if (current) current->abort();
-  });
+  WatchGuard watch(ts, ex, &current);
 
   std::vector<uint64_t> failed;
   std::string last_worker;
@@ -405,12 +477,18 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     http::HeaderBuffer<24> out;
     bool sse = false;
     call.for_each_header([&](std::string_view name, std::string_view value) {
-      if (http::is_hop_by_hop(name) || http::iequals(name, "content-length") ||
-          http::iequals(name, "x-request-id")) {
-        return;
+      switch (http::classify_header(name)) {
+        case http::HeaderKind::kContentType:
+          sse = value.starts_with("text/event-stream");
+          [[fallthrough]];
+        case http::HeaderKind::kOther:
+        case http::HeaderKind::kHost:
+        case http::HeaderKind::kExpect:
+          out.push_back({name, value});
+          break;
+        default:  // hop-by-hop, content-length (we frame the body), x-request-id (ours)
+          break;
       }
-      if (http::iequals(name, "content-type") && value.starts_with("text/event-stream")) sse = true;
-      out.push_back({name, value});
     });
     out.push_back({"x-request-id", rid});
     std::string route_header, attempts_header;

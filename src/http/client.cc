@@ -24,7 +24,7 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 }
 
 struct Connection {
-  explicit Connection(asio::any_io_executor ex) : socket(ex), deadline(ex, socket) {
+  explicit Connection(const asio::any_io_executor& ex) : socket(ex), deadline(ex, socket) {
     buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
   }
   tcp::socket socket;
@@ -301,6 +301,24 @@ awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& erro
   error = CallError::kNone;
   if (done_ || !conn_ || !conn_->parser) co_return 0;
   auto& p = *conn_->parser;
+  // Body bytes that arrived with the head are parsed in place: no asynchronous round trip.
+  if (conn_->buffer.size() > 0) {
+    p.get().body().data = buf;
+    p.get().body().size = cap;
+    boost::system::error_code ec;
+    size_t used = p.put(conn_->buffer.data(), ec);
+    conn_->buffer.consume(used);
+    if (ec == bhttp::error::need_buffer || ec == bhttp::error::need_more) ec = {};
+    size_t got = cap - p.get().body().size;
+    if (p.is_done()) done_ = true;
+    if (ec) {
+      error = classify(ec);
+      conn_.reset();
+      done_ = false;
+      co_return got;
+    }
+    if (got > 0 || done_) co_return got;
+  }
   for (;;) {
     p.get().body().data = buf;
     p.get().body().size = cap;

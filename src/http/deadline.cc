@@ -4,7 +4,7 @@
 namespace kvgate::http {
 
 struct Deadline::State {
-  State(asio::any_io_executor ex, asio::ip::tcp::socket& s) : timer(ex), socket(&s) {}
+  State(const asio::any_io_executor& ex, asio::ip::tcp::socket& s) : timer(ex), socket(&s) {}
   asio::steady_timer timer;
   asio::ip::tcp::socket* socket;  // null once the owner is gone
   Clock::time_point deadline = Clock::time_point::max();
@@ -35,8 +35,8 @@ void arm(const std::shared_ptr<Deadline::State>& s, Clock::time_point at) {
 
 }  // namespace
 
-Deadline::Deadline(asio::any_io_executor ex, asio::ip::tcp::socket& socket)
-    : state_(std::make_shared<State>(std::move(ex), socket)) {}
+Deadline::Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket)
+    : state_(std::make_shared<State>(ex, socket)) {}
 
 Deadline::~Deadline() {
   state_->socket = nullptr;

@@ -12,7 +12,7 @@ namespace kvgate::http {
 
 class Deadline {
  public:
-  Deadline(asio::any_io_executor ex, asio::ip::tcp::socket& socket);
+  Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket);
   ~Deadline();
   Deadline(const Deadline&) = delete;
   Deadline& operator=(const Deadline&) = delete;

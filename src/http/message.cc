@@ -79,15 +79,40 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-bool is_hop_by_hop(std::string_view name) {
-  static constexpr std::array<std::string_view, 9> kHop = {
-      "connection",          "keep-alive", "proxy-authenticate",
-      "proxy-authorization", "te",         "trailer",
-      "transfer-encoding",   "upgrade",    "proxy-connection"};
-  for (auto h : kHop) {
-    if (iequals(name, h)) return true;
+HeaderKind classify_header(std::string_view n) {
+  switch (n.size()) {
+    case 2:
+      return iequals(n, "te") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+    case 4:
+      return iequals(n, "host") ? HeaderKind::kHost : HeaderKind::kOther;
+    case 6:
+      return iequals(n, "expect") ? HeaderKind::kExpect : HeaderKind::kOther;
+    case 7:
+      return iequals(n, "trailer") || iequals(n, "upgrade") ? HeaderKind::kHopByHop
+                                                            : HeaderKind::kOther;
+    case 10:
+      return iequals(n, "connection") || iequals(n, "keep-alive") ? HeaderKind::kHopByHop
+                                                                  : HeaderKind::kOther;
+    case 12:
+      if (iequals(n, "content-type")) return HeaderKind::kContentType;
+      return iequals(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
+    case 14:
+      return iequals(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
+    case 16:
+      return iequals(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+    case 17:
+      return iequals(n, "transfer-encoding") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+    case 18:
+      return iequals(n, "proxy-authenticate") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+    case 19:
+      return iequals(n, "proxy-authorization") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+    default:
+      return HeaderKind::kOther;
   }
-  return false;
+}
+
+bool is_hop_by_hop(std::string_view name) {
+  return classify_header(name) == HeaderKind::kHopByHop;
 }
 
 void append_status_line(std::string& out, int status, unsigned version) {

@@ -30,6 +30,18 @@ bool iequals(std::string_view a, std::string_view b);
 // Hop-by-hop headers (RFC 9110 7.6.1) that a proxy must not forward.
 bool is_hop_by_hop(std::string_view name);
 
+// What a proxy needs to know about a header name, found with one switch on its length.
+enum class HeaderKind {
+  kOther,
+  kHopByHop,  // connection, keep-alive, te, trailer, transfer-encoding, upgrade, proxy-*
+  kHost,
+  kContentLength,
+  kContentType,
+  kExpect,
+  kRequestId,  // x-request-id
+};
+HeaderKind classify_header(std::string_view name);
+
 // Appends "HTTP/1.1 <status> <reason>\r\n" + headers (without the final blank line).
 void append_status_line(std::string& out, int status, unsigned version = 11);
 void append_header(std::string& out, std::string_view name, std::string_view value);

@@ -52,7 +52,7 @@ class ExchangeImpl final : public Exchange {
         cfg_(cfg),
         head_(scratch) {}
 
-  ~ExchangeImpl() override { stop_watch(); }
+  ~ExchangeImpl() override { unwatch_disconnect(); }
 
   std::string_view method() const override { return req_.method_string(); }
   std::string_view target() const override { return req_.target(); }
@@ -184,16 +184,16 @@ class ExchangeImpl final : public Exchange {
   }
   bool client_gone() const override { return gone_ || (watch_ && watch_->gone); }
 
-  asio::any_io_executor executor() override { return socket_.get_executor(); }
-
- private:
-  void stop_watch() {
-    if (!watch_) return;
+  void unwatch_disconnect() override {
+    if (!watch_ || watch_->done) return;
     watch_->done = true;
     watch_->fn = nullptr;
     cancel_.emit(asio::cancellation_type::all);
   }
 
+  asio::any_io_executor executor() override { return socket_.get_executor(); }
+
+ private:
   void start_head(int status, HeaderList headers) {
     head_.clear();
     append_status_line(head_, status, req_.version() >= 11 ? 11 : 10);
@@ -211,7 +211,9 @@ class ExchangeImpl final : public Exchange {
   template <class Buffers>
   awaitable<bool> write(const Buffers& bufs) {
     if (gone_) co_return false;
-    deadline_.expires_after(cfg_.read_timeout);  // a client that stops reading is dropped
+    // A client that stops reading is dropped. The idle timeout, not the (longer) read timeout:
+    // the deadline then never moves earlier between requests, so the timer is not re-armed.
+    deadline_.expires_after(cfg_.idle_timeout);
     auto [ec, n] = co_await asio::async_write(socket_, bufs, kTuple);
     (void)n;
     if (ec) {
@@ -291,8 +293,14 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket)
     deadline.expires_after(buffer.size() ? cfg.read_timeout : cfg.idle_timeout);
     auto [ec, n] = co_await bhttp::async_read_header(socket, buffer, parser, kTuple);
     (void)n;
+    if (!ec && !parser.is_done() && buffer.size() > 0) {
+      // The body usually arrives with the head: parse it in place, no asynchronous round trip.
+      size_t used = parser.put(buffer.data(), ec);
+      buffer.consume(used);
+      if (ec == bhttp::error::need_more) ec = {};
+    }
     if (!ec && !parser.is_done()) {
-      if (http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
+      if (buffer.size() == 0 && http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
         static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
         co_await asio::async_write(socket, asio::buffer(kContinue), kTuple);
       }
@@ -358,7 +366,7 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
 
 }  // namespace
 
-Server::Server(std::vector<asio::io_context*> contexts, ServerConfig config, Handler handler)
+Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig config, Handler handler)
     : shared_(std::make_shared<Shared>()) {
   shared_->config = std::move(config);
   shared_->handler = std::move(handler);

@@ -19,11 +19,11 @@ namespace kvgate::http {
 
 struct ServerConfig {
   std::string host = "0.0.0.0";
-  uint16_t port = 0;                       // 0 = any free port (see Server::port())
-  size_t header_limit = 64 * 1024;         // request line + headers; more -> 431
-  uint64_t body_limit = 512ull << 20;      // more -> 413
-  std::chrono::seconds idle_timeout{75};   // keep-alive connection with no request
-  std::chrono::seconds read_timeout{300};  // receiving one whole request
+  uint16_t port = 0;                        // 0 = any free port (see Server::port())
+  size_t header_limit = size_t{64} * 1024;  // request line + headers; more -> 431
+  uint64_t body_limit = 512ull << 20;       // more -> 413
+  std::chrono::seconds idle_timeout{75};    // no request on a keep-alive connection; a write stuck
+  std::chrono::seconds read_timeout{300};   // receiving one whole request
   int backlog = 4096;
 };
 
@@ -66,8 +66,10 @@ class Exchange {
   virtual awaitable<bool> flush() = 0;
 
   // Calls `fn` (on this exchange's executor) if the client closes its connection before the
-  // response is complete. One watch per exchange; stopped automatically when the handler returns.
+  // response is complete. One watch per exchange; stopped by unwatch_disconnect() or, at the
+  // latest, when the handler returns.
   virtual void watch_disconnect(std::function<void()> fn) = 0;
+  virtual void unwatch_disconnect() = 0;
   virtual bool client_gone() const = 0;
 
   virtual asio::any_io_executor executor() = 0;
@@ -81,7 +83,7 @@ class Server {
  public:
   // Binds one acceptor on each io_context. Throws std::runtime_error naming host:port and the
   // reason when the address cannot be bound.
-  Server(std::vector<asio::io_context*> contexts, ServerConfig config, Handler handler);
+  Server(const std::vector<asio::io_context*>& contexts, ServerConfig config, Handler handler);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

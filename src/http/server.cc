@@ -361,6 +361,16 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
       continue;
     }
     asio::co_spawn(acceptor->get_executor(), session(srv, std::move(socket)), asio::detached);
+    // Take every connection already waiting (like nginx's multi_accept): on a busy loop each
+    // asynchronous accept waits its turn behind all other handlers, and a burst of new
+    // connections would otherwise trickle in one per turn.
+    for (int i = 0; i < 64; ++i) {
+      tcp::socket more(acceptor->get_executor());
+      boost::system::error_code aec;
+      acceptor->accept(more, aec);
+      if (aec) break;
+      asio::co_spawn(acceptor->get_executor(), session(srv, std::move(more)), asio::detached);
+    }
   }
 }
 
@@ -398,6 +408,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
                                     ? " (another process holds the port; pick another with --port)"
                                     : ""));
     }
+    if (!ec) acc->non_blocking(true, ec);  // accept() in the drain loop must not block
     port = acc->local_endpoint().port();
     acceptors_.push_back(std::move(acc));
   }

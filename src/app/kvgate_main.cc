@@ -118,6 +118,11 @@ int main(int argc, char** argv) {
   pc.prefix_token_count = cfg.prefix_token_count;
   pc.prefix_hash_load_factor = cfg.prefix_hash_load_factor;
   pc.max_idle_secs = cfg.max_idle_secs;
+  pc.manual_assignment_mode = cfg.manual_assignment_mode;
+  pc.chwbl_key_chars = cfg.chwbl_key_chars;
+  pc.chwbl_load_factor = cfg.chwbl_load_factor;
+  pc.bucket_refit_secs = cfg.bucket_refit_secs;
+  pc.registry = &registry;
   std::string err;
   auto policy = make_policy(pc, err);
   if (!policy) return fail("--policy: " + err);
@@ -180,6 +185,21 @@ int main(int argc, char** argv) {
   server->start();
   metrics_server->start();
   health.start();
+  // Policy upkeep (tree eviction, band refits, key expiry) on the control thread.
+  if (auto period = gateway.policy().period(); period.count() > 0) {
+    asio::co_spawn(
+        control,
+        [&gateway, period, &control]() -> awaitable<void> {
+          asio::steady_timer t(control);
+          for (;;) {
+            t.expires_after(period);
+            auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+            if (ec) co_return;
+            gateway.policy().on_period();
+          }
+        },
+        asio::detached);
+  }
   log::info("kvgate listening")
       .kv("address", cfg.host + ":" + std::to_string(server->port()))
       .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))

@@ -32,6 +32,10 @@ struct GatewayConfig {
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;
   int64_t max_idle_secs = 14400;
+  std::string manual_assignment_mode = "random";
+  int64_t chwbl_key_chars = 100;
+  double chwbl_load_factor = 1.25;
+  int64_t bucket_refit_secs = 5;
   bool dp_aware = false;
   int64_t policy_seed = 0;
   // PD disaggregation

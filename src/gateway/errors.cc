@@ -78,5 +78,16 @@ GatewayError upstream_failed(std::string_view worker, std::string_view detail) {
           "worker " + std::string(worker) + " failed mid-response: " + std::string(detail)};
 }
 
+GatewayError policy_refused(std::string_view policy, std::string_view branch) {
+  std::string why = branch == "target_invalid"
+                        ? "X-SMG-Target-Worker is not the index of a configured worker"
+                    : branch == "target_unavailable"
+                        ? "the worker X-SMG-Target-Worker names is not available (unhealthy or "
+                          "circuit open)"
+                        : std::string(branch);
+  return {503, "server_error", "no_available_workers",
+          "policy " + std::string(policy) + " found no worker for this request: " + why};
+}
+
 }  // namespace errors
 }  // namespace kvgate

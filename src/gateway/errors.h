@@ -29,6 +29,7 @@ GatewayError no_worker(size_t total);
 GatewayError upstream_unreachable(std::string_view worker, int attempts, std::string_view detail);
 GatewayError upstream_timeout(std::string_view worker, long seconds);
 GatewayError upstream_failed(std::string_view worker, std::string_view detail);
+GatewayError policy_refused(std::string_view policy, std::string_view branch);
 }  // namespace errors
 
 }  // namespace kvgate

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "gateway/errors.h"
+#include "gateway/usage_scanner.h"
 #include "http/client.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -167,7 +168,9 @@ Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
       admission_(config.max_concurrent_requests, static_cast<size_t>(config.queue_size),
                  std::chrono::seconds(config.queue_timeout_secs)),
       rid_headers_(request_id_header_names(config)),
-      timeout_(config.request_timeout_secs) {
+      timeout_(config.request_timeout_secs),
+      parse_options_(policy_->parse_options()),
+      wants_usage_(policy_->wants_usage()) {
   retry_.max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries);
   retry_.initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms);
   retry_.max_backoff = std::chrono::milliseconds(config.retry_max_backoff_ms);
@@ -306,7 +309,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   auto start = Clock::now();
   std::string_view route_label = to_string(route);
   RequestInfo info;
-  if (std::string err = parse_request(route, ex.body(), info); !err.empty()) {
+  if (std::string err = parse_request(route, ex.body(), info, parse_options_); !err.empty()) {
     co_await fail(ex, errors::bad_json(std::move(err)), rid);
     record(route_label, 400, "", false, start);
     co_return;
@@ -402,6 +405,12 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
     Decision d = policy_->select(candidates, ctx);
     Worker* w = d.worker;
+    if (w == nullptr) {
+      metrics_.branch_counter(policy_->name(), d.branch).inc();
+      co_await fail(ex, errors::policy_refused(policy_->name(), d.branch), rid);
+      record(route_label, 503, model, info.stream, start);
+      co_return;
+    }
     const auto& m = w->metrics();
     (void)m;
     if (w->metrics().selected) w->metrics().selected->inc();
@@ -441,7 +450,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         co_await fail(ex, errors::upstream_timeout(w->url(), static_cast<long>(timeout_.count())),
                       rid);
         record(route_label, 504, model, info.stream, start);
-        policy_->on_completed(d, Outcome{504, false, std::nullopt});
+        policy_->on_completed(d, ctx, Outcome{504, false, std::nullopt, std::nullopt});
         co_return;
       }
       failed.push_back(w->id());
@@ -501,6 +510,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
 
     int final_status = status;
+    UsageScanner usage;
+    bool scan_usage = wants_usage_ && status < 400;
     if (call.done()) {
       if (!co_await ex.respond(status, out, "")) final_status = kClientClosedStatus;
     } else {
@@ -511,6 +522,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       for (;;) {
         http::CallError re = http::CallError::kNone;
         size_t n = co_await call.read_some(buf.data(), kRelayBufferSize, re);
+        if (n > 0 && scan_usage) usage.feed(std::string_view(buf.data(), n));
         if (n > 0 && !co_await ex.write_body(std::string_view(buf.data(), n))) {
           call.abort();
           final_status = kClientClosedStatus;
@@ -552,7 +564,9 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       }
     }
     if (final_status == kClientClosedStatus) metrics_.client_disconnects.with({}).inc();
-    policy_->on_completed(d, Outcome{final_status, final_status < 400, std::nullopt});
+    policy_->on_completed(
+        d, ctx,
+        Outcome{final_status, final_status < 400, usage.cached_tokens(), usage.prompt_tokens()});
     record(route_label, final_status, model, info.stream, start);
     co_return;
   }

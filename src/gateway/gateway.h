@@ -50,6 +50,8 @@ class Gateway {
   RetryConfig retry_;
   std::vector<std::string> rid_headers_;
   std::chrono::seconds timeout_;
+  ParseOptions parse_options_;
+  bool wants_usage_;
   std::atomic<int64_t> in_flight_{0};
 };
 

@@ -4,6 +4,7 @@
 // completion.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -28,27 +29,38 @@ struct RouteContext {
 struct Decision {
   Worker* worker = nullptr;
   std::optional<int> dp_rank;
-  std::string_view branch;  // static string: why this worker
-  size_t predicted_cached_tokens = 0;
+  std::string_view branch;     // static string: why this worker
+  size_t predicted_chars = 0;  // prefix the policy expects the worker to hold (cache_aware)
 };
 
 struct Outcome {
   int status = 0;
   bool ok = false;
-  std::optional<int64_t> cached_tokens;  // as the worker reported it, when it did
+  // As the worker reported them (meta_info or usage), when it did.
+  std::optional<int64_t> cached_tokens;
+  std::optional<int64_t> prompt_tokens;
 };
 
 class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
-  // `available` is never empty.
+  // `available` is never empty. A policy with no worker it may use returns worker == nullptr
+  // and a branch naming why (the gateway answers 503).
   virtual Decision select(std::span<Worker* const> available, RouteContext& ctx) = 0;
   virtual void on_dispatched(const Decision&, RouteContext&) {}
-  virtual void on_completed(const Decision&, const Outcome&) {}
+  virtual void on_completed(const Decision&, RouteContext&, const Outcome&) {}
   virtual void on_workers_changed(const WorkerSet&) {}
+  // What the gateway must read from request bodies for this policy.
+  virtual ParseOptions parse_options() const { return {}; }
   // True when the policy compares the load workers report (the health plane then polls /get_load).
   virtual bool uses_reported_load() const { return false; }
+  // True when the policy learns from the cached_tokens / prompt_tokens workers report.
+  virtual bool wants_usage() const { return false; }
+  // Background upkeep (tree eviction, refits, expiry): on_period() runs every period() on the
+  // control thread, concurrently with select().
+  virtual std::chrono::milliseconds period() const { return std::chrono::milliseconds(0); }
+  virtual void on_period() {}
 };
 
 }  // namespace kvgate

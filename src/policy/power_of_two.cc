@@ -5,18 +5,9 @@ namespace kvgate {
 
 Decision PowerOfTwoPolicy::select(std::span<Worker* const> available, RouteContext&) {
   if (available.size() == 1) return Decision{available[0], std::nullopt, "only_candidate", 0};
-  uint64_t a, b;
-  auto draw = [&](Rng& rng) {
-    a = rng.below(available.size());
-    b = rng.below(available.size() - 1);
-    if (b >= a) ++b;
-  };
-  if (seed_ != 0) {
-    std::lock_guard lock(mu_);
-    draw(seeded_);
-  } else {
-    draw(thread_rng());
-  }
+  uint64_t a = rng_.below(available.size());
+  uint64_t b = rng_.below(available.size() - 1);
+  if (b >= a) ++b;
   Worker* x = available[a];
   Worker* y = available[b];
   int64_t lx = x->load(), ly = y->load();

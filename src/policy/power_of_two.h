@@ -2,24 +2,19 @@
 // (load = requests in flight through this gateway + the load the worker reports on /get_load).
 #pragma once
 
-#include <mutex>
-
-#include "policy/policy.h"
-#include "util/random.h"
+#include "policy/common.h"
 
 namespace kvgate {
 
 class PowerOfTwoPolicy final : public Policy {
  public:
-  explicit PowerOfTwoPolicy(uint64_t seed) : seed_(seed) {}
+  explicit PowerOfTwoPolicy(uint64_t seed) : rng_(seed) {}
   std::string_view name() const override { return "power_of_two"; }
   Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
   bool uses_reported_load() const override { return true; }
 
  private:
-  uint64_t seed_;
-  std::mutex mu_;
-  Rng seeded_{seed_};
+  PolicyRng rng_;
 };
 
 }  // namespace kvgate

@@ -1,23 +1,20 @@
 // policy/random: a uniformly random available worker.
 #pragma once
 
-#include <mutex>
-
-#include "policy/policy.h"
-#include "util/random.h"
+#include "policy/common.h"
 
 namespace kvgate {
 
 class RandomPolicy final : public Policy {
  public:
-  explicit RandomPolicy(uint64_t seed) : seed_(seed) {}
+  explicit RandomPolicy(uint64_t seed) : rng_(seed) {}
   std::string_view name() const override { return "random"; }
-  Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
+  Decision select(std::span<Worker* const> available, RouteContext&) override {
+    return Decision{available[rng_.below(available.size())], std::nullopt, "random", 0};
+  }
 
  private:
-  uint64_t seed_;
-  std::mutex mu_;  // only with a fixed seed (tests): one reproducible sequence
-  Rng seeded_{seed_};
+  PolicyRng rng_;
 };
 
 }  // namespace kvgate

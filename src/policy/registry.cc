@@ -3,7 +3,13 @@
 
 #include <vector>
 
+#include "policy/bucket.h"
+#include "policy/cache_aware.h"
+#include "policy/chwbl.h"
+#include "policy/consistent_hashing.h"
+#include "policy/manual.h"
 #include "policy/power_of_two.h"
+#include "policy/prefix_hash.h"
 #include "policy/random.h"
 #include "policy/round_robin.h"
 
@@ -17,12 +23,18 @@ std::span<const PolicyInfo> all_policies() {
        [](const PolicyConfig& c) { return std::make_unique<RandomPolicy>(c.seed); }},
       {"power_of_two", "the less loaded of two random workers",
        [](const PolicyConfig& c) { return std::make_unique<PowerOfTwoPolicy>(c.seed); }},
-      {"cache_aware", "approximate prefix tree + load balance (sgl-model-gateway's default)", {}},
-      {"prefix_hash", "hash of the prompt's first tokens on a bounded-load ring", {}},
-      {"manual", "X-SMG-Routing-Key sticky placement", {}},
-      {"consistent_hashing", "routing key / header hashing on a ring", {}},
-      {"bucket", "request-length bands per worker", {}},
-      {"chwbl", "consistent hashing with bounded loads", {}},
+      {"cache_aware", "approximate prefix tree + load balance (sgl-model-gateway's default)",
+       [](const PolicyConfig& c) { return std::make_unique<CacheAwarePolicy>(c); }},
+      {"prefix_hash", "hash of the prompt's first tokens on a bounded-load ring",
+       [](const PolicyConfig& c) { return std::make_unique<PrefixHashPolicy>(c); }},
+      {"manual", "X-SMG-Routing-Key sticky placement",
+       [](const PolicyConfig& c) { return std::make_unique<ManualPolicy>(c); }},
+      {"consistent_hashing", "routing key / header hashing on a ring",
+       [](const PolicyConfig& c) { return std::make_unique<ConsistentHashingPolicy>(c); }},
+      {"bucket", "request-length bands per worker",
+       [](const PolicyConfig& c) { return std::make_unique<BucketPolicy>(c); }},
+      {"chwbl", "consistent hashing with bounded loads",
+       [](const PolicyConfig& c) { return std::make_unique<ChwblPolicy>(c); }},
       {"kv_exact", "exact KV-event inventory, longest real prefix match", {}},
   };
   return kPolicies;

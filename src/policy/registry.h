@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "metrics/metrics.h"
 #include "policy/policy.h"
 
 namespace kvgate {
@@ -16,14 +17,25 @@ namespace kvgate {
 struct PolicyConfig {
   std::string name = "cache_aware";
   uint64_t seed = 0;  // 0: from the OS
+  // cache_aware (and bucket's imbalance override)
   double cache_threshold = 0.3;
   int64_t balance_abs_threshold = 64;
   double balance_rel_threshold = 1.5;
   int64_t eviction_interval_secs = 120;
   int64_t max_tree_size = 67108864;
+  // prefix_hash
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;
+  // manual
   int64_t max_idle_secs = 14400;
+  std::string manual_assignment_mode = "random";  // random, min_load, min_group
+  // chwbl
+  int64_t chwbl_key_chars = 100;
+  double chwbl_load_factor = 1.25;
+  // bucket
+  int64_t bucket_refit_secs = 5;
+  // Where policies register their own metrics (null in unit tests that do not look).
+  metrics::Registry* registry = nullptr;
 };
 
 struct PolicyInfo {

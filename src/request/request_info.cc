@@ -3,9 +3,13 @@
 
 #include <simdjson.h>
 
+#include <charconv>
+
 #include "http/message.h"
 
 namespace kvgate {
+
+using simdjson::dom::element;
 
 std::string_view to_string(ApiRoute r) {
   switch (r) {
@@ -23,12 +27,130 @@ std::string_view to_string(ApiRoute r) {
   return "?";
 }
 
-std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out) {
-  out = RequestInfo{};
+namespace {
+
+void append_ids(std::string& out, simdjson::dom::array ids) {
+  char buf[24];
+  bool first = true;
+  for (element v : ids) {
+    int64_t id = 0;
+    if (v.get_int64().get(id)) continue;
+    if (!first) out.push_back(',');
+    first = false;
+    out.append(buf, std::to_chars(buf, buf + sizeof buf, id).ptr);
+  }
+}
+
+// A prompt-like value: a string, a list of strings, token ids, or a list of token id lists.
+void append_prompt(std::string& out, element v, bool& token_ids) {
+  std::string_view s;
+  if (!v.get_string().get(s)) {
+    out.append(s);
+    return;
+  }
+  simdjson::dom::array a;
+  if (v.get_array().get(a) || a.size() == 0) return;
+  element first = a.at(0).value_unsafe();
+  if (first.is_int64() || first.is_uint64()) {
+    token_ids = true;
+    append_ids(out, a);
+    return;
+  }
+  bool sep = false;
+  for (element item : a) {
+    if (sep) out.push_back('\n');
+    sep = true;
+    if (!item.get_string().get(s)) {
+      out.append(s);
+    } else if (item.is_array()) {
+      token_ids = true;
+      append_ids(out, item.get_array().value_unsafe());
+    }
+  }
+}
+
+// The text of a chat message's content: a string, or the text parts of a list.
+void append_content(std::string& out, element content) {
+  std::string_view s;
+  if (!content.get_string().get(s)) {
+    out.append(s);
+    return;
+  }
+  simdjson::dom::array parts;
+  if (content.get_array().get(parts)) return;
+  for (element part : parts) {
+    std::string_view type, text;
+    if (!part["type"].get_string().get(type) && type == "text" &&
+        !part["text"].get_string().get(text)) {
+      out.append(text);
+    }
+  }
+}
+
+void extract_chat(simdjson::dom::array messages, RequestInfo& out) {
+  bool have_user = false;
+  for (element m : messages) {
+    std::string_view role;
+    if (m["role"].get_string().get(role)) role = "";
+    out.text.append(role).push_back('\n');
+    element content;
+    if (!m["content"].get(content)) {
+      size_t before = out.text.size();
+      append_content(out.text, content);
+      if (!have_user && role == "user") {
+        out.first_user_message.assign(out.text, before, std::string::npos);
+        have_user = true;
+      }
+    }
+    element calls;
+    if (!m["tool_calls"].get(calls) && !calls.is_null()) out.text.append(simdjson::minify(calls));
+    out.text.push_back('\n');
+  }
+}
+
+void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out) {
+  element v;
+  switch (route) {
+    case ApiRoute::kChatCompletions: {
+      simdjson::dom::array messages;
+      if (!obj["messages"].get_array().get(messages)) extract_chat(messages, out);
+      break;
+    }
+    case ApiRoute::kCompletions:
+      if (!obj["prompt"].get(v)) append_prompt(out.text, v, out.token_ids);
+      break;
+    case ApiRoute::kGenerate:
+      if (!obj["text"].get(v) && !v.is_null()) {
+        append_prompt(out.text, v, out.token_ids);
+      } else if (!obj["input_ids"].get(v)) {
+        append_prompt(out.text, v, out.token_ids);
+        out.token_ids = true;
+      }
+      break;
+    case ApiRoute::kEmbeddings:
+      if (!obj["input"].get(v)) append_prompt(out.text, v, out.token_ids);
+      break;
+    case ApiRoute::kRerank:
+      if (!obj["query"].get(v)) append_prompt(out.text, v, out.token_ids);
+      break;
+  }
+}
+
+}  // namespace
+
+std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out,
+                          ParseOptions options) {
   out.route = route;
+  out.model.clear();
+  out.stream = false;
+  out.rid.clear();
+  out.include_usage = false;
+  out.text.clear();
+  out.first_user_message.clear();
+  out.token_ids = false;
   if (body.empty()) return "request body is empty; send a JSON object";
   thread_local simdjson::dom::parser parser;
-  simdjson::dom::element doc;
+  element doc;
   simdjson::error_code err;
   if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
     err = parser.parse(body.data(), body.size(), false).get(doc);
@@ -63,8 +185,11 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     } else if (key == "stream_options") {
       bool u = false;
       if (!value["include_usage"].get_bool().get(u)) out.include_usage = u;
+    } else if (key == "messages" && route == ApiRoute::kChatCompletions && !value.is_array()) {
+      return "\"messages\" must be a list of message objects";
     }
   }
+  if (options.want_text) extract_text(route, obj, out);
   return "";
 }
 

@@ -1,6 +1,6 @@
 // request/request_info: what the gateway reads from a request body, parsed once per request with
-// simdjson: the model, the stream flag, the request id, and (for the routing policies) the text
-// the engine will see. The body itself is forwarded untouched.
+// simdjson: the model, the stream flag, the request id, and (for the routing policies that ask for
+// it) the text the engine will see. The body itself is forwarded untouched.
 #pragma once
 
 #include <string>
@@ -23,10 +23,22 @@ struct RequestInfo {
   bool stream = false;
   std::string rid;             // SGLang "rid" when given as a string
   bool include_usage = false;  // stream_options.include_usage
+  // Filled only when parse options ask for it (a policy routes on content):
+  // chat: every message in order as "role\ncontent\n" (text parts of list contents, tool calls as
+  // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:
+  // the input; rerank: the query. Batches are joined with "\n".
+  std::string text;
+  std::string first_user_message;  // chat: the text of the first user message
+  bool token_ids = false;          // text holds token ids, not characters
+};
+
+struct ParseOptions {
+  bool want_text = false;
 };
 
 // Parses `body` (which must have kBodyPadding spare capacity) into `out`.
 // Returns "" or a message naming the problem (for a 400 answer).
-std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out);
+std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out,
+                          ParseOptions options = {});
 
 }  // namespace kvgate

@@ -35,7 +35,7 @@ std::unique_ptr<Policy> make(const std::string& name, uint64_t seed = 42) {
 TEST(Registry, UnbuiltAndUnknownPoliciesAreClearErrors) {
   PolicyConfig c;
   std::string err;
-  c.name = "cache_aware";
+  c.name = "kv_exact";
   EXPECT_FALSE(make_policy(c, err));
   EXPECT_NE(err.find("not available in this build yet"), std::string::npos) << err;
   EXPECT_NE(err.find("round_robin"), std::string::npos) << err;

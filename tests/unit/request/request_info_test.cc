@@ -61,3 +61,64 @@ TEST(RequestInfo, UnpaddedBodyStillParses) {
 
 }  // namespace
 }  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+std::string text_of(ApiRoute route, const std::string& json, std::string* first_user = nullptr,
+                    bool* ids = nullptr) {
+  RequestInfo info;
+  std::string body = json;
+  body.reserve(body.size() + 64);
+  EXPECT_EQ(parse_request(route, body, info, {.want_text = true}), "");
+  if (first_user) *first_user = info.first_user_message;
+  if (ids) *ids = info.token_ids;
+  return info.text;
+}
+
+TEST(RequestText, ChatIsTheWholeConversationInOrder) {
+  std::string first;
+  std::string t = text_of(ApiRoute::kChatCompletions,
+                          R"({"messages":[{"role":"system","content":"Be brief."},
+                              {"role":"user","content":[{"type":"text","text":"Hi "},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
+                              {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+                              {"role":"user","content":"Thanks"}]})",
+                          &first);
+  EXPECT_EQ(t,
+            "system\nBe brief.\nuser\nHi there\nassistant\n"
+            R"([{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}])"
+            "\nuser\nThanks\n");
+  EXPECT_EQ(first, "Hi there");
+}
+
+TEST(RequestText, PromptsAndIds) {
+  bool ids = false;
+  EXPECT_EQ(text_of(ApiRoute::kCompletions, R"({"prompt":"Once upon"})"), "Once upon");
+  EXPECT_EQ(text_of(ApiRoute::kCompletions, R"({"prompt":["a","b"]})"), "a\nb");
+  EXPECT_EQ(text_of(ApiRoute::kGenerate, R"({"text":"hello"})"), "hello");
+  EXPECT_EQ(text_of(ApiRoute::kGenerate, R"({"input_ids":[1,22,333]})", nullptr, &ids), "1,22,333");
+  EXPECT_TRUE(ids);
+  EXPECT_EQ(text_of(ApiRoute::kGenerate, R"({"input_ids":[[1,2],[3]]})"), "1,2\n3");
+  EXPECT_EQ(text_of(ApiRoute::kEmbeddings, R"({"input":"vec me"})"), "vec me");
+  EXPECT_EQ(text_of(ApiRoute::kRerank, R"({"query":"q","documents":["a"]})"), "q");
+}
+
+TEST(RequestText, NotExtractedUnlessAsked) {
+  RequestInfo info;
+  std::string body = R"({"prompt":"x"})";
+  body.reserve(100);
+  ASSERT_EQ(parse_request(ApiRoute::kCompletions, body, info), "");
+  EXPECT_TRUE(info.text.empty());
+}
+
+TEST(RequestText, MessagesMustBeAList) {
+  RequestInfo info;
+  std::string body = R"({"messages":"hi"})";
+  body.reserve(100);
+  EXPECT_NE(
+      parse_request(ApiRoute::kChatCompletions, body, info).find("\"messages\" must be a list"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvgate

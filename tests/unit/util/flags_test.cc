@@ -129,6 +129,8 @@ TEST(Validate, RequiresWorkersAndBuiltPolicy) {
   GatewayConfig c;
   EXPECT_NE(validate(c).find("no workers"), std::string::npos);
   c.worker_urls = {"http://127.0.0.1:1"};
+  EXPECT_EQ(validate(c), "");  // cache_aware, the default
+  c.policy = "kv_exact";
   EXPECT_NE(validate(c).find("not available in this build yet"), std::string::npos);
   c.policy = "round_robin";
   EXPECT_EQ(validate(c), "");

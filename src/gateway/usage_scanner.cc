@@ -1,0 +1,54 @@
+// gateway/usage_scanner: see usage_scanner.h.
+#include "gateway/usage_scanner.h"
+
+#include <algorithm>
+
+namespace kvgate {
+namespace {
+
+constexpr std::string_view kCached = "\"cached_tokens\":";
+constexpr std::string_view kPrompt = "\"prompt_tokens\":";
+constexpr size_t kCarry = 40;  // longer than a key, optional spaces and a number
+
+// The integer after `pos` (optional spaces), or nullopt when the digits may continue past s.
+std::optional<int64_t> number_at(std::string_view s, size_t pos) {
+  while (pos < s.size() && s[pos] == ' ') ++pos;
+  size_t start = pos;
+  int64_t v = 0;
+  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9' && pos - start < 18) {
+    v = v * 10 + (s[pos] - '0');
+    ++pos;
+  }
+  if (pos == start || pos == s.size()) return std::nullopt;  // null, or cut at the end
+  return v;
+}
+
+}  // namespace
+
+void UsageScanner::scan(std::string_view s) {
+  for (auto [key, out] : {std::pair{kCached, &cached_}, std::pair{kPrompt, &prompt_}}) {
+    for (size_t pos = s.find(key); pos != std::string_view::npos; pos = s.find(key, pos + 1)) {
+      if (auto v = number_at(s, pos + key.size())) *out = v;
+    }
+  }
+}
+
+void UsageScanner::feed(std::string_view data) {
+  if (data.empty()) return;
+  if (!carry_.empty()) {
+    // Keys (or numbers) split across the boundary: scan the seam first; matches inside `data`
+    // found again below carry the same or a later value.
+    std::string seam = carry_;
+    seam.append(data.substr(0, std::min(data.size(), kCarry)));
+    scan(seam);
+  }
+  scan(data);
+  if (data.size() >= kCarry) {
+    carry_.assign(data.substr(data.size() - kCarry));
+  } else {
+    carry_.append(data);
+    if (carry_.size() > kCarry) carry_.erase(0, carry_.size() - kCarry);
+  }
+}
+
+}  // namespace kvgate

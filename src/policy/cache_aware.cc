@@ -1,0 +1,177 @@
+// policy/cache_aware: see cache_aware.h.
+#include "policy/cache_aware.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "util/log.h"
+
+namespace kvgate {
+
+CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
+    : config_(config), rng_(config.seed) {
+  if (config.registry) {
+    auto& r = *config.registry;
+    predicted_ = &r.counter("kvgate_prefix_predicted_tokens_total",
+                            "Prompt tokens the approximate tree expected each worker to have "
+                            "cached (counted when the worker reports cached_tokens)",
+                            {"worker"});
+    cached_ =
+        &r.counter("kvgate_prefix_cached_tokens_total",
+                   "Prompt tokens each worker reported as cached (cached_tokens)", {"worker"});
+    corrections_ = &r.counter("kvgate_prefix_tree_corrections_total",
+                              "Times a worker's report showed the tree overestimated its cache and "
+                              "the tree was corrected",
+                              {"worker"});
+    tree_chars_ = &r.gauge("kvgate_prefix_tree_chars",
+                           "Characters the approximate tree attributes to each worker (all models)",
+                           {"worker"});
+    tree_nodes_ = &r.gauge("kvgate_prefix_tree_nodes", "Nodes of the approximate trees");
+  }
+}
+
+prefix::ApproxTree& CacheAwarePolicy::tree(std::string_view model) {
+  {
+    std::shared_lock lock(trees_mu_);
+    auto it = trees_.find(model);
+    if (it != trees_.end()) return *it->second;
+  }
+  std::unique_lock lock(trees_mu_);
+  auto& slot = trees_[std::string(model)];
+  if (!slot) slot = std::make_unique<prefix::ApproxTree>();
+  return *slot;
+}
+
+Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  LoadSpread spread = load_spread(available, inflight_load);
+  if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
+    return {least_loaded(available, rng_, inflight_load), std::nullopt, "imbalanced", 0};
+  }
+  const std::string& text = ctx.request ? ctx.request->text : std::string();
+  std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
+  constexpr size_t kInline = 64;
+  prefix::Slot slots_buf[kInline];
+  size_t matched_buf[kInline];
+  std::vector<prefix::Slot> slots_vec;
+  std::vector<size_t> matched_vec;
+  std::span<prefix::Slot> slots(slots_buf, std::min(available.size(), kInline));
+  std::span<size_t> matched(matched_buf, slots.size());
+  if (available.size() > kInline) {
+    slots_vec.resize(available.size());
+    matched_vec.resize(available.size());
+    slots = slots_vec;
+    matched = matched_vec;
+  }
+  for (size_t i = 0; i < available.size(); ++i)
+    slots[i] = static_cast<prefix::Slot>(available[i]->id());
+  size_t total = tree(model).match(text, slots, matched);
+  size_t best = *std::max_element(matched.begin(), matched.end());
+  double rate = total == 0 ? 0.0 : static_cast<double>(best) / static_cast<double>(total);
+  if (rate > config_.cache_threshold) {
+    // The longest match; among workers holding as much, the least loaded (random among ties).
+    Worker* pick = nullptr;
+    int64_t best_load = 0;
+    uint64_t ties = 0;
+    for (size_t i = 0; i < available.size(); ++i) {
+      if (matched[i] != best) continue;
+      int64_t l = available[i]->inflight();
+      if (pick == nullptr || l < best_load) {
+        pick = available[i];
+        best_load = l;
+        ties = 1;
+      } else if (l == best_load && rng_.below(++ties) == 0) {
+        pick = available[i];
+      }
+    }
+    return {pick, std::nullopt, "cache_hit", best};
+  }
+  Worker* pick = least_loaded(available, rng_, inflight_load);
+  size_t predicted = 0;
+  for (size_t i = 0; i < available.size(); ++i) {
+    if (available[i] == pick) predicted = matched[i];
+  }
+  return {pick, std::nullopt, "cache_miss_min_load", predicted};
+}
+
+void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
+  if (!ctx.request || ctx.request->text.empty()) return;
+  tree(ctx.request->model).insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()));
+}
+
+void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& outcome) {
+  if (!ctx.request || !outcome.cached_tokens || !outcome.prompt_tokens ||
+      *outcome.prompt_tokens <= 0 || ctx.request->text.empty()) {
+    return;
+  }
+  const std::string& text = ctx.request->text;
+  size_t total = prefix::count_chars(text);
+  double chars_per_token = static_cast<double>(total) / static_cast<double>(*outcome.prompt_tokens);
+  auto predicted_tokens =
+      static_cast<uint64_t>(static_cast<double>(d.predicted_chars) / chars_per_token);
+  int64_t cached = std::max<int64_t>(0, *outcome.cached_tokens);
+  const std::string& url = d.worker->url();
+  if (predicted_) predicted_->with({url}).inc(predicted_tokens);
+  if (cached_) cached_->with({url}).inc(static_cast<uint64_t>(cached));
+  // The worker held less than the tree believed (its cache evicted it): the tree's claims past the
+  // point the worker really held are stale. The worker holds this prompt again now (it just
+  // computed it), so the path is re-recorded; the worker's other text below the cut goes.
+  auto held_chars = static_cast<size_t>(static_cast<double>(cached) * chars_per_token);
+  size_t slack = static_cast<size_t>(chars_per_token * 64) + d.predicted_chars / 10;
+  if (d.predicted_chars > held_chars + slack) {
+    auto& t = tree(ctx.request->model);
+    auto slot = static_cast<prefix::Slot>(d.worker->id());
+    t.truncate(text, slot, held_chars);
+    t.insert(text, slot);
+    if (corrections_) corrections_->with({url}).inc();
+    log::debug("approximate tree corrected")
+        .kv("worker", url)
+        .kv("predicted_chars", d.predicted_chars)
+        .kv("held_chars", held_chars);
+  }
+}
+
+void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
+  std::set<uint64_t> now;
+  for (const auto& w : set.workers) {
+    now.insert(w->id());
+    worker_urls_[w->id()] = w->url();
+  }
+  std::vector<uint64_t> gone;
+  std::set_difference(known_workers_.begin(), known_workers_.end(), now.begin(), now.end(),
+                      std::back_inserter(gone));
+  if (!gone.empty()) {
+    std::shared_lock lock(trees_mu_);
+    for (auto& [model, t] : trees_) {
+      for (uint64_t id : gone) t->remove_slot(static_cast<prefix::Slot>(id));
+    }
+  }
+  for (uint64_t id : gone) {
+    if (tree_chars_) tree_chars_->remove({worker_urls_[id]});
+    worker_urls_.erase(id);
+  }
+  known_workers_ = std::move(now);
+}
+
+std::chrono::milliseconds CacheAwarePolicy::period() const {
+  return std::chrono::seconds(config_.eviction_interval_secs);
+}
+
+void CacheAwarePolicy::on_period() {
+  std::shared_lock lock(trees_mu_);
+  size_t nodes = 0;
+  std::map<uint64_t, size_t> chars;
+  for (auto& [model, t] : trees_) {
+    size_t removed = t->evict(static_cast<size_t>(config_.max_tree_size));
+    if (removed > 0) log::debug("approximate tree evicted").kv("model", model).kv("chars", removed);
+    nodes += t->node_count();
+    for (const auto& [id, url] : worker_urls_)
+      chars[id] += t->chars_of(static_cast<prefix::Slot>(id));
+  }
+  if (tree_nodes_) tree_nodes_->with({}).set(static_cast<double>(nodes));
+  if (tree_chars_) {
+    for (const auto& [id, n] : chars)
+      tree_chars_->with({worker_urls_[id]}).set(static_cast<double>(n));
+  }
+}
+
+}  // namespace kvgate

@@ -1,0 +1,91 @@
+// policy/common: pieces several policies share: reproducible randomness, least-loaded choice with
+// random tie-breaking, the imbalance test of cache_aware and bucket, the routing-key header.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string_view>
+
+#include "policy/policy.h"
+#include "util/random.h"
+
+namespace kvgate {
+
+// Random numbers for a policy: a fixed seed gives one reproducible sequence (tests, benchmarks);
+// seed 0 uses the calling thread's generator (no lock).
+class PolicyRng {
+ public:
+  explicit PolicyRng(uint64_t seed) : seed_(seed), seeded_(seed) {}
+  uint64_t below(uint64_t n) {
+    if (seed_ == 0) return thread_rng().below(n);
+    std::lock_guard lock(mu_);
+    return seeded_.below(n);
+  }
+
+ private:
+  uint64_t seed_;
+  std::mutex mu_;
+  Rng seeded_;
+};
+
+// Load as cache_aware and friends count it: requests in flight through this gateway.
+inline int64_t inflight_load(const Worker* w) {
+  return w->inflight();
+}
+
+struct LoadSpread {
+  int64_t min = 0;
+  int64_t max = 0;
+};
+template <class LoadFn>
+LoadSpread load_spread(std::span<Worker* const> workers, LoadFn load) {
+  LoadSpread s{load(workers[0]), load(workers[0])};
+  for (Worker* w : workers) {
+    int64_t l = load(w);
+    s.min = std::min(s.min, l);
+    s.max = std::max(s.max, l);
+  }
+  return s;
+}
+
+// sgl-model-gateway's imbalance test: both the absolute gap and the ratio must be exceeded.
+inline bool imbalanced(LoadSpread s, int64_t abs_threshold, double rel_threshold) {
+  return s.max - s.min > abs_threshold &&
+         static_cast<double>(s.max) > static_cast<double>(s.min) * rel_threshold;
+}
+
+// The least loaded worker; among equals a random one (never always the first). Each load is
+// read once, so a load changing meanwhile cannot leave nothing picked.
+template <class LoadFn>
+Worker* least_loaded(std::span<Worker* const> workers, PolicyRng& rng, LoadFn load) {
+  Worker* pick = nullptr;
+  int64_t best = 0;
+  uint64_t ties = 0;
+  for (Worker* w : workers) {
+    int64_t l = load(w);
+    if (pick == nullptr || l < best) {
+      pick = w;
+      best = l;
+      ties = 1;
+    } else if (l == best && rng.below(++ties) == 0) {
+      pick = w;  // reservoir sampling: uniform among the ties
+    }
+  }
+  return pick;
+}
+
+// The available worker with this id, or null.
+inline Worker* find_available(std::span<Worker* const> available, uint64_t id) {
+  for (Worker* w : available) {
+    if (w->id() == id) return w;
+  }
+  return nullptr;
+}
+
+// X-SMG-Routing-Key, the sticky-session header of sgl-model-gateway.
+inline std::string_view routing_key(const RouteContext& ctx) {
+  return ctx.header("x-smg-routing-key");
+}
+
+}  // namespace kvgate

@@ -1,0 +1,44 @@
+// policy/manual: sticky sessions by X-SMG-Routing-Key. A new key is placed by
+// --manual-assignment-mode (random, min_load: fewest requests in flight, min_group: fewest keys);
+// it keeps up to two candidate workers: while the first is unavailable requests go to the second
+// (placed then), and they return to the first once it recovers. Keys idle longer than
+// --max-idle-secs are forgotten. Requests without a key go to a random worker.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "policy/common.h"
+#include "policy/registry.h"
+
+namespace kvgate {
+
+class ManualPolicy final : public Policy {
+ public:
+  explicit ManualPolicy(const PolicyConfig& c);
+  std::string_view name() const override { return "manual"; }
+  Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
+  std::chrono::milliseconds period() const override;
+  void on_period() override { expire(Clock::now()); }
+
+  void expire(Clock::time_point now);  // drops keys idle past max idle
+  size_t keys() const;
+
+ private:
+  struct Entry {
+    uint64_t candidates[2] = {0, 0};  // worker ids, 0 = none; [0] is the original placement
+    Clock::time_point last_access{};
+  };
+  Worker* place(std::span<Worker* const> available);
+
+  enum class Mode { kRandom, kMinLoad, kMinGroup };
+  Mode mode_;
+  std::chrono::seconds max_idle_;
+  PolicyRng rng_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> keys_;
+  std::unordered_map<uint64_t, int64_t> group_size_;  // keys whose first candidate is the worker
+};
+
+}  // namespace kvgate

@@ -1,0 +1,47 @@
+// policy/prefix_hash: see prefix_hash.h.
+#include "policy/prefix_hash.h"
+
+#include <cmath>
+
+#include "prefix/approx_tree.h"
+
+namespace kvgate {
+namespace {
+
+// The first `chars` characters of UTF-8 text.
+std::string_view first_chars(std::string_view s, size_t chars) {
+  size_t i = 0;
+  while (i < s.size() && chars > 0) {
+    ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) ++i;
+    --chars;
+  }
+  return s.substr(0, i);
+}
+
+}  // namespace
+
+Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  std::string_view text = ctx.request ? std::string_view(ctx.request->text) : std::string_view();
+  auto state = ring_.get();
+  if (text.empty() || state->ring.empty()) {
+    return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_text", 0};
+  }
+  uint64_t h = prefix::hash64(first_chars(text, prefix_));
+  Worker* owner = nullptr;
+  state->ring.walk(h, [&](size_t m) {
+    owner = find_available(available, state->ids[m]);
+    return owner != nullptr;
+  });
+  if (!owner) return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_owner", 0};
+  int64_t total = 0;
+  for (Worker* w : available) total += w->inflight();
+  double bound = static_cast<double>(total + 1) / static_cast<double>(available.size()) * factor_;
+  if (static_cast<double>(owner->inflight()) <= bound) return {owner, std::nullopt, "ring", 0};
+  // The owner is over the bound: the least loaded worker under it (there always is one: the
+  // average load is below the bound).
+  Worker* pick = least_loaded(available, rng_, inflight_load);
+  return {pick, std::nullopt, "overloaded", 0};
+}
+
+}  // namespace kvgate

@@ -1,0 +1,363 @@
+// prefix/approx_tree: see approx_tree.h.
+#include "prefix/approx_tree.h"
+
+#include <algorithm>
+#include <mutex>
+#include <queue>
+
+namespace kvgate::prefix {
+namespace {
+
+struct Tenant {
+  Slot slot;
+  uint64_t last;  // epoch of the last insert through this node for this slot
+};
+
+bool is_continuation(unsigned char c) {
+  return (c & 0xc0) == 0x80;
+}
+
+// First code point of s (s non-empty). Invalid bytes count as one code point each.
+uint32_t first_code_point(std::string_view s) {
+  auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  unsigned char c = b(0);
+  if (c < 0x80) return c;
+  size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+  if (n == 1 || n > s.size()) return 0x110000u + c;  // outside Unicode: an invalid byte
+  uint32_t cp = c & (0x7f >> n);
+  for (size_t i = 1; i < n; ++i) {
+    if (!is_continuation(b(i))) return 0x110000u + c;
+    cp = (cp << 6) | (b(i) & 0x3f);
+  }
+  return cp;
+}
+
+// Length in bytes of the longest common prefix of a and b that ends on a character boundary.
+size_t common_prefix(std::string_view a, std::string_view b) {
+  size_t n = std::min(a.size(), b.size());
+  size_t i = static_cast<size_t>(
+      std::mismatch(a.begin(), a.begin() + static_cast<ptrdiff_t>(n), b.begin()).first - a.begin());
+  if (i < a.size() && i < b.size()) {
+    while (i > 0 && is_continuation(static_cast<unsigned char>(a[i]))) --i;
+  }
+  return i;
+}
+
+// Byte offset of the character number `chars` in s (or s.size()).
+size_t byte_offset(std::string_view s, size_t chars) {
+  size_t i = 0;
+  while (i < s.size() && chars > 0) {
+    ++i;
+    while (i < s.size() && is_continuation(static_cast<unsigned char>(s[i]))) ++i;
+    --chars;
+  }
+  return i;
+}
+
+}  // namespace
+
+size_t count_chars(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += is_continuation(static_cast<unsigned char>(c)) ? 0 : 1;
+  return n;
+}
+
+struct ApproxTree::Node {
+  std::string label;
+  uint32_t chars = 0;
+  Node* parent = nullptr;
+  std::vector<uint32_t> keys;  // first code point of each child, parallel to children
+  std::vector<std::unique_ptr<Node>> children;
+  std::vector<Tenant> tenants;
+
+  int child_index(uint32_t cp) const {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == cp) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  Tenant* tenant(Slot s) {
+    for (auto& t : tenants) {
+      if (t.slot == s) return &t;
+    }
+    return nullptr;
+  }
+  bool holds(Slot s) const {
+    return std::any_of(tenants.begin(), tenants.end(),
+                       [s](const Tenant& t) { return t.slot == s; });
+  }
+  bool child_holds(Slot s) const {
+    return std::any_of(children.begin(), children.end(),
+                       [s](const auto& c) { return c->holds(s); });
+  }
+  void drop_tenant(Slot s) {
+    tenants.erase(std::remove_if(tenants.begin(), tenants.end(),
+                                 [s](const Tenant& t) { return t.slot == s; }),
+                  tenants.end());
+  }
+  std::unique_ptr<Node> detach(Node* child) {
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].get() == child) {
+        std::unique_ptr<Node> out = std::move(children[i]);
+        children.erase(children.begin() + static_cast<ptrdiff_t>(i));
+        keys.erase(keys.begin() + static_cast<ptrdiff_t>(i));
+        return out;
+      }
+    }
+    return nullptr;
+  }
+};
+
+ApproxTree::ApproxTree() : root_(std::make_unique<Node>()) {}
+
+ApproxTree::~ApproxTree() {
+  // Iterative teardown: a deep tree must not recurse once per level.
+  std::vector<std::unique_ptr<Node>> stack;
+  stack.push_back(std::move(root_));
+  while (!stack.empty()) {
+    std::unique_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    for (auto& c : n->children) stack.push_back(std::move(c));
+  }
+}
+
+size_t& ApproxTree::count_of(Slot slot) {
+  if (slot >= slot_chars_.size()) slot_chars_.resize(size_t{slot} + 1, 0);
+  return slot_chars_[slot];
+}
+
+size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
+                         std::span<size_t> matched) const {
+  std::fill(matched.begin(), matched.end(), 0);
+  std::shared_lock lock(mu_);
+  const Node* n = root_.get();
+  size_t pos = 0, depth = 0;
+  while (pos < text.size()) {
+    int i = n->child_index(first_code_point(text.substr(pos)));
+    if (i < 0) break;
+    const Node* c = n->children[static_cast<size_t>(i)].get();
+    size_t common = common_prefix(text.substr(pos), c->label);
+    depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
+    for (const Tenant& t : c->tenants) {
+      for (size_t k = 0; k < slots.size(); ++k) {
+        if (slots[k] == t.slot) matched[k] = depth;
+      }
+    }
+    if (common < c->label.size()) break;
+    pos += common;
+    n = c;
+  }
+  lock.unlock();
+  return count_chars(text);
+}
+
+void ApproxTree::insert(std::string_view text, Slot slot) {
+  std::unique_lock lock(mu_);
+  uint64_t now = ++epoch_;
+  size_t& held = count_of(slot);
+  Node* n = root_.get();
+  size_t pos = 0;
+  while (pos < text.size()) {
+    std::string_view rest = text.substr(pos);
+    uint32_t cp = first_code_point(rest);
+    int i = n->child_index(cp);
+    if (i < 0) {
+      auto leaf = std::make_unique<Node>();
+      leaf->label.assign(rest);
+      leaf->chars = static_cast<uint32_t>(count_chars(rest));
+      leaf->parent = n;
+      leaf->tenants.push_back({slot, now});
+      held += leaf->chars;
+      stored_chars_ += leaf->chars;
+      ++nodes_;
+      n->keys.push_back(cp);
+      n->children.push_back(std::move(leaf));
+      return;
+    }
+    auto& owned = n->children[static_cast<size_t>(i)];
+    Node* c = owned.get();
+    size_t common = common_prefix(rest, c->label);
+    if (common < c->label.size()) {
+      // Split c: the shared part becomes a new node holding c's tenants, c keeps the rest.
+      auto mid = std::make_unique<Node>();
+      mid->label.assign(c->label, 0, common);
+      mid->chars = static_cast<uint32_t>(count_chars(mid->label));
+      mid->parent = n;
+      mid->tenants = c->tenants;
+      c->label.erase(0, common);
+      c->chars -= mid->chars;
+      c->parent = mid.get();
+      mid->keys.push_back(first_code_point(c->label));
+      mid->children.push_back(std::move(owned));
+      owned = std::move(mid);
+      c = owned.get();
+      ++nodes_;
+    }
+    if (Tenant* t = c->tenant(slot)) {
+      t->last = now;
+    } else {
+      c->tenants.push_back({slot, now});
+      held += c->chars;
+    }
+    pos += common;
+    n = c;
+  }
+}
+
+void ApproxTree::remove_from_subtree(Node* top, Slot slot) {
+  // Remove the slot everywhere below (and at) top, then delete nodes left with no slot at all:
+  // a node without tenants has descendants without tenants, so whole subtrees go at once.
+  std::vector<Node*> stack{top};
+  size_t& held = count_of(slot);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (!n->holds(slot)) continue;  // the slot is on no node below either
+    n->drop_tenant(slot);
+    held -= n->chars;
+    for (auto& c : n->children) stack.push_back(c.get());
+  }
+  prune(top);
+}
+
+void ApproxTree::prune(Node* n) {
+  while (n != root_.get() && n->tenants.empty()) {
+    Node* parent = n->parent;
+    std::unique_ptr<Node> gone = parent->detach(n);
+    // Count what goes with it (its subtree holds no tenant either).
+    std::vector<Node*> stack{gone.get()};
+    while (!stack.empty()) {
+      Node* x = stack.back();
+      stack.pop_back();
+      stored_chars_ -= x->chars;
+      --nodes_;
+      for (auto& c : x->children) stack.push_back(c.get());
+    }
+    std::vector<std::unique_ptr<Node>> drop;
+    drop.push_back(std::move(gone));
+    while (!drop.empty()) {
+      std::unique_ptr<Node> x = std::move(drop.back());
+      drop.pop_back();
+      for (auto& c : x->children) drop.push_back(std::move(c));
+    }
+    if (!parent->children.empty()) break;
+    n = parent;
+  }
+}
+
+void ApproxTree::truncate(std::string_view text, Slot slot, size_t keep_chars) {
+  std::unique_lock lock(mu_);
+  Node* n = root_.get();
+  size_t pos = 0, depth = 0;
+  while (pos < text.size()) {
+    int i = n->child_index(first_code_point(text.substr(pos)));
+    if (i < 0) return;
+    Node* c = n->children[static_cast<size_t>(i)].get();
+    if (!c->holds(slot)) return;  // the slot's part of this path ends before the cut
+    size_t common = common_prefix(text.substr(pos), c->label);
+    if (depth + c->chars <= keep_chars && common == c->label.size()) {
+      depth += c->chars;
+      pos += common;
+      n = c;
+      continue;
+    }
+    size_t keep_here = keep_chars > depth ? keep_chars - depth : 0;
+    if (keep_here > 0) {
+      // Split c so the kept part stays attributed to the slot.
+      size_t bytes = byte_offset(c->label, keep_here);
+      auto& owned = n->children[static_cast<size_t>(i)];
+      auto mid = std::make_unique<Node>();
+      mid->label.assign(c->label, 0, bytes);
+      mid->chars = static_cast<uint32_t>(keep_here);
+      mid->parent = n;
+      mid->tenants = c->tenants;
+      c->label.erase(0, bytes);
+      c->chars -= mid->chars;
+      c->parent = mid.get();
+      mid->keys.push_back(first_code_point(c->label));
+      mid->children.push_back(std::move(owned));
+      owned = std::move(mid);
+      ++nodes_;
+    }
+    remove_from_subtree(c, slot);
+    return;
+  }
+}
+
+size_t ApproxTree::evict(size_t max_chars) {
+  std::unique_lock lock(mu_);
+  size_t removed = 0;
+  for (size_t s = 0; s < slot_chars_.size(); ++s) {
+    if (slot_chars_[s] <= max_chars) continue;
+    Slot slot = static_cast<Slot>(s);
+    using Entry = std::pair<uint64_t, Node*>;
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> leaves;
+    std::vector<Node*> stack;
+    for (auto& c : root_->children) stack.push_back(c.get());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      const Tenant* t = n->tenant(slot);
+      if (!t) continue;
+      if (!n->child_holds(slot)) leaves.push({t->last, n});
+      for (auto& c : n->children) stack.push_back(c.get());
+    }
+    while (slot_chars_[s] > max_chars && !leaves.empty()) {
+      Node* n = leaves.top().second;
+      leaves.pop();
+      Node* parent = n->parent;
+      n->drop_tenant(slot);
+      slot_chars_[s] -= n->chars;
+      removed += n->chars;
+      if (n->tenants.empty() && n->children.empty()) prune(n);
+      if (parent != root_.get()) {
+        if (const Tenant* pt = parent->tenant(slot); pt && !parent->child_holds(slot)) {
+          leaves.push({pt->last, parent});
+        }
+      }
+    }
+  }
+  return removed;
+}
+
+void ApproxTree::remove_slot(Slot slot) {
+  std::unique_lock lock(mu_);
+  std::vector<Node*> tops;
+  for (auto& c : root_->children) tops.push_back(c.get());
+  for (Node* t : tops) remove_from_subtree(t, slot);
+  if (slot < slot_chars_.size()) slot_chars_[slot] = 0;
+}
+
+size_t ApproxTree::chars_of(Slot slot) const {
+  std::shared_lock lock(mu_);
+  return slot < slot_chars_.size() ? slot_chars_[slot] : 0;
+}
+
+size_t ApproxTree::stored_chars() const {
+  std::shared_lock lock(mu_);
+  return stored_chars_;
+}
+
+size_t ApproxTree::node_count() const {
+  std::shared_lock lock(mu_);
+  return nodes_;
+}
+
+size_t ApproxTree::memory_bytes() const {
+  std::shared_lock lock(mu_);
+  size_t bytes = 0;
+  std::vector<const Node*> stack{root_.get()};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    bytes += sizeof(Node) + sizeof(std::unique_ptr<Node>);
+    if (n->label.capacity() > 15) bytes += n->label.capacity() + 1;
+    bytes += n->keys.capacity() * sizeof(uint32_t) +
+             n->children.capacity() * sizeof(std::unique_ptr<Node>) +
+             n->tenants.capacity() * sizeof(Tenant);
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+  return bytes;
+}
+
+}  // namespace kvgate::prefix

@@ -1,0 +1,68 @@
+// prefix/approx_tree: cache_aware's approximate radix tree of request text. It records which
+// workers ("slots", small integers chosen by the policy) were sent which text, character by
+// character (Unicode code points; edges are stored as UTF-8 and split only at code point
+// boundaries), with a last-access epoch per slot per node for LRU eviction. A slot present on a
+// node is present on all its ancestors, so a slot's match length is the depth of the deepest node
+// on the text's path that holds it.
+//
+// Thread-safe: matches share a reader lock, changes take the writer lock, each for the length of
+// one walk down the tree (microseconds), never across a request.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace kvgate::prefix {
+
+using Slot = uint32_t;  // a worker id
+
+class ApproxTree {
+ public:
+  ApproxTree();
+  ~ApproxTree();
+  ApproxTree(const ApproxTree&) = delete;
+  ApproxTree& operator=(const ApproxTree&) = delete;
+
+  // For each slot in `slots`, the number of characters of `text` it matches (written to
+  // `matched`, same order). Returns the number of characters in `text`.
+  size_t match(std::string_view text, std::span<const Slot> slots, std::span<size_t> matched) const;
+  // Records `text` as sent to `slot` (now the most recently used).
+  void insert(std::string_view text, Slot slot);
+  // `slot` does not hold `text` beyond its first `keep_chars` characters: it is removed from that
+  // point of the path on, with everything below it (a cache cannot hold an extension of a prefix
+  // it lost).
+  void truncate(std::string_view text, Slot slot, size_t keep_chars);
+  // Removes least-recently-used leaves of every slot holding more than `max_chars` characters
+  // until it holds at most that many. Returns the characters removed.
+  size_t evict(size_t max_chars);
+  // Forgets a slot entirely (its worker left the pool).
+  void remove_slot(Slot slot);
+
+  size_t chars_of(Slot slot) const;  // characters attributed to slot
+  size_t stored_chars() const;       // characters in all edges (each stored once)
+  size_t node_count() const;
+  size_t memory_bytes() const;  // approximate heap bytes held
+
+  struct Node;
+
+ private:
+  void remove_from_subtree(Node* n, Slot slot);
+  void prune(Node* n);  // deletes n (and empty ancestors) when it holds no slot and no children
+  size_t& count_of(Slot slot);
+
+  mutable std::shared_mutex mu_;
+  std::unique_ptr<Node> root_;
+  std::vector<size_t> slot_chars_;
+  uint64_t epoch_ = 0;
+  size_t nodes_ = 1;
+  size_t stored_chars_ = 0;
+};
+
+// Number of code points in UTF-8 text (continuation bytes are not counted).
+size_t count_chars(std::string_view s);
+
+}  // namespace kvgate::prefix

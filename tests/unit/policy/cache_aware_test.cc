@@ -1,0 +1,199 @@
+// Tests for policy/cache_aware: the imbalance test at its exact edges, cache hits above the
+// threshold, least-loaded random ties below it, insertion, the ground-truth correction, eviction
+// and worker removal.
+#include "policy/cache_aware.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "unit/policy/policy_fixture.h"
+
+namespace kvgate {
+namespace {
+
+using testing::Pool;
+using testing::Req;
+
+PolicyConfig config(uint64_t seed = 7) {
+  PolicyConfig c;
+  c.name = "cache_aware";
+  c.seed = seed;
+  return c;
+}
+
+Decision route(Policy& p, Pool& pool, const std::string& text) {
+  Req r(text);
+  Decision d = p.select(pool.ptrs, r.ctx);
+  p.on_dispatched(d, r.ctx);
+  return d;
+}
+
+TEST(CacheAware, ImbalanceEdgesAbs64Rel1_5) {
+  Pool pool(2);
+  auto p = testing::make(config(), pool);
+  Worker* a = pool.ptrs[0];
+  Worker* b = pool.ptrs[1];
+  // Give b the cache so that, balanced, it would win.
+  for (int i = 0; i < 3; ++i) {
+    Req r("a long shared system prompt that b has seen many times before");
+    p->on_dispatched(Decision{b, std::nullopt, "x", 0}, r.ctx);
+  }
+  auto pick = [&] {
+    Req r("a long shared system prompt that b has seen many times before, and more");
+    return p->select(pool.ptrs, r.ctx);
+  };
+  // Gap 64 (not > 64): balanced, the cache wins.
+  pool.set_inflight(a, 0);
+  pool.set_inflight(b, 64);
+  EXPECT_EQ(pick().branch, "cache_hit");
+  // Gap 65 and 65 > 0 * 1.5: imbalanced, least loaded.
+  pool.set_inflight(b, 65);
+  Decision d = pick();
+  EXPECT_EQ(d.branch, "imbalanced");
+  EXPECT_EQ(d.worker, a);
+  // Gap 100 but ratio 200 / 100 = 2 > 1.5: imbalanced.
+  pool.set_inflight(a, 100);
+  pool.set_inflight(b, 200);
+  EXPECT_EQ(pick().branch, "imbalanced");
+  // Gap 100 but ratio 300 / 200 = 1.5 (not > 1.5): balanced.
+  pool.set_inflight(a, 200);
+  pool.set_inflight(b, 300);
+  EXPECT_EQ(pick().branch, "cache_hit");
+}
+
+TEST(CacheAware, HitAboveThresholdMissBelow) {
+  Pool pool(3);
+  auto p = testing::make(config(), pool);
+  Decision first =
+      route(*p, pool, "You are a helpful assistant. User: what is the capital of France?");
+  EXPECT_EQ(first.branch, "cache_miss_min_load");
+  // Turn 2 of the same conversation: most of the text matches -> the same worker.
+  Decision second = route(*p, pool,
+                          "You are a helpful assistant. User: what is the capital of France? "
+                          "Assistant: Paris. User: and Italy?");
+  EXPECT_EQ(second.branch, "cache_hit");
+  EXPECT_EQ(second.worker, first.worker);
+  EXPECT_EQ(second.predicted_chars, 65u);
+  // Match rate exactly at the threshold is not above it: 3 of 10 characters = 0.3.
+  Pool pool2(2);
+  auto q = testing::make(config(), pool2);
+  route(*q, pool2, "abc");
+  Req r("abcdefghij");
+  EXPECT_EQ(q->select(pool2.ptrs, r.ctx).branch, "cache_miss_min_load");
+  Req r2("abcdefghi");  // 3 / 9 > 0.3
+  EXPECT_EQ(q->select(pool2.ptrs, r2.ctx).branch, "cache_hit");
+}
+
+TEST(CacheAware, MissTiesAreRandomNotAlwaysTheFirst) {
+  Pool pool(4);
+  auto p = testing::make(config(123), pool);
+  std::map<Worker*, int> counts;
+  for (int i = 0; i < 4000; ++i) {
+    Req r("unique request " + std::to_string(i));
+    counts[p->select(pool.ptrs, r.ctx).worker]++;  // not dispatched: loads stay equal
+  }
+  ASSERT_EQ(counts.size(), 4u);
+  for (const auto& [w, n] : counts) {
+    EXPECT_GT(n, 850) << w->url();
+    EXPECT_LT(n, 1150) << w->url();
+  }
+}
+
+TEST(CacheAware, MissPicksTheLeastLoaded) {
+  Pool pool(3);
+  auto p = testing::make(config(), pool);
+  pool.set_inflight(pool.ptrs[0], 5);
+  pool.set_inflight(pool.ptrs[1], 2);
+  pool.set_inflight(pool.ptrs[2], 9);
+  Req r("never seen");
+  EXPECT_EQ(p->select(pool.ptrs, r.ctx).worker, pool.ptrs[1]);
+}
+
+TEST(CacheAware, OnlyAvailableWorkersCount) {
+  Pool pool(2);
+  auto p = testing::make(config(), pool);
+  Decision d = route(*p, pool, "a conversation that lives on one worker only");
+  Worker* other = d.worker == pool.ptrs[0] ? pool.ptrs[1] : pool.ptrs[0];
+  Worker* only[] = {other};
+  Req r("a conversation that lives on one worker only, continued");
+  Decision e = p->select(only, r.ctx);
+  EXPECT_EQ(e.worker, other);
+  EXPECT_EQ(e.branch, "cache_miss_min_load");
+}
+
+TEST(CacheAware, GroundTruthCorrectsTheTree) {
+  metrics::Registry reg;
+  Pool pool(2);
+  PolicyConfig c = config();
+  c.registry = &reg;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  std::string turn1(400, 'x');
+  Decision d1 = route(*p, pool, turn1);
+  std::string other = turn1 + std::string(400, 'o');
+  route(*p, pool, other);  // another branch below turn1 on the same worker
+  std::string turn2 = turn1 + std::string(400, 'y');
+  Req r(turn2);
+  Decision d2 = p->select(pool.ptrs, r.ctx);
+  ASSERT_EQ(d2.worker, d1.worker);
+  ASSERT_EQ(d2.predicted_chars, 400u);
+  p->on_dispatched(d2, r.ctx);
+  // The worker reports a miss: 0 of 200 prompt tokens cached (4 chars per token).
+  p->on_completed(d2, r.ctx, Outcome{200, true, 0, 200});
+  std::vector<prefix::Slot> slots{static_cast<prefix::Slot>(d1.worker->id())};
+  std::vector<size_t> m(1);
+  ca.tree("m").match(other, slots, m);
+  EXPECT_EQ(m[0], 400u) << "the stale branch below the lost prefix is gone (only the part "
+                           "shared with the prompt just computed is held)";
+  ca.tree("m").match(turn2, slots, m);
+  EXPECT_EQ(m[0], 800u) << "the prompt just computed is held again";
+  std::string text = reg.expose();
+  std::string url = d1.worker->url();
+  EXPECT_NE(text.find("kvgate_prefix_predicted_tokens_total{worker=\"" + url + "\"} 100"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kvgate_prefix_cached_tokens_total{worker=\"" + url + "\"} 0"),
+            std::string::npos);
+  EXPECT_NE(text.find("kvgate_prefix_tree_corrections_total{worker=\"" + url + "\"} 1"),
+            std::string::npos);
+  // A report that matches the prediction corrects nothing.
+  Req r3(turn2 + "z");
+  Decision d3 = p->select(pool.ptrs, r3.ctx);
+  p->on_completed(d3, r3.ctx, Outcome{200, true, 200, 201});
+  EXPECT_NE(reg.expose().find("kvgate_prefix_tree_corrections_total{worker=\"" + url + "\"} 1"),
+            std::string::npos);
+}
+
+TEST(CacheAware, PeriodicEvictionAndWorkerRemoval) {
+  Pool pool(2);
+  PolicyConfig c = config();
+  c.max_tree_size = 100;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  for (int i = 0; i < 20; ++i)
+    route(*p, pool, "text number " + std::to_string(i) + std::string(50, 'q'));
+  p->on_period();
+  for (Worker* w : pool.ptrs)
+    EXPECT_LE(ca.tree("m").chars_of(static_cast<prefix::Slot>(w->id())), 100u);
+  Worker* gone = pool.ptrs[0];
+  auto id = static_cast<prefix::Slot>(gone->id());
+  pool.remove(gone);
+  p->on_workers_changed(pool.set());
+  EXPECT_EQ(ca.tree("m").chars_of(id), 0u);
+}
+
+TEST(CacheAware, OneTreePerModel) {
+  Pool pool(2);
+  auto p = testing::make(config(), pool);
+  Req a("same text", "model-a");
+  Decision d = p->select(pool.ptrs, a.ctx);
+  p->on_dispatched(d, a.ctx);
+  Req b("same text", "model-b");
+  EXPECT_EQ(p->select(pool.ptrs, b.ctx).branch, "cache_miss_min_load");
+  Req a2("same text", "model-a");
+  EXPECT_EQ(p->select(pool.ptrs, a2.ctx).branch, "cache_hit");
+}
+
+}  // namespace
+}  // namespace kvgate

@@ -1,0 +1,138 @@
+// Tests for prefix/approx_tree: matching per worker, Unicode splits, LRU eviction to size, worker
+// removal, truncation (ground-truth correction), accounting, concurrent use.
+#include "prefix/approx_tree.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+
+namespace kvgate::prefix {
+namespace {
+
+std::vector<size_t> match(const ApproxTree& t, std::string_view text, std::vector<Slot> slots) {
+  std::vector<size_t> out(slots.size());
+  t.match(text, slots, out);
+  return out;
+}
+
+TEST(ApproxTree, MatchesPerSlot) {
+  ApproxTree t;
+  t.insert("hello world", 1);
+  t.insert("hello there", 2);
+  EXPECT_EQ(match(t, "hello world and more", {1, 2, 3}), (std::vector<size_t>{11, 6, 0}));
+  EXPECT_EQ(match(t, "hello", {1, 2}), (std::vector<size_t>{5, 5}));
+  EXPECT_EQ(match(t, "help", {1, 2}), (std::vector<size_t>{3, 3}));
+  EXPECT_EQ(match(t, "xyz", {1, 2}), (std::vector<size_t>{0, 0}));
+  std::vector<size_t> out(1);
+  EXPECT_EQ(t.match("héllo", std::vector<Slot>{1}, out), 5u);  // characters, not bytes
+}
+
+TEST(ApproxTree, CountsCharactersNotBytesAndSplitsOnlyAtCodePoints) {
+  ApproxTree t;
+  t.insert("日本語のテキスト", 1);
+  t.insert("日本人", 2);  // shares 2 characters (6 bytes)
+  EXPECT_EQ(match(t, "日本語の", {1, 2}), (std::vector<size_t>{4, 2}));
+  // é (C3 A9) and è (C3 A8) share their first byte but no character.
+  t.insert("café", 3);
+  EXPECT_EQ(match(t, "cafè", {3}), (std::vector<size_t>{3}));
+  EXPECT_EQ(t.chars_of(1), 8u);
+  EXPECT_EQ(t.chars_of(2), 3u);
+  EXPECT_EQ(t.chars_of(3), 4u);
+  EXPECT_EQ(t.stored_chars(), 8u + 1u + 4u);  // "日本" shared, "人" and "café" new
+}
+
+TEST(ApproxTree, SplitKeepsEveryTenantsCount) {
+  ApproxTree t;
+  t.insert("abcdef", 1);
+  t.insert("abcxyz", 2);
+  t.insert("abc", 1);
+  EXPECT_EQ(t.chars_of(1), 6u);
+  EXPECT_EQ(t.chars_of(2), 6u);
+  EXPECT_EQ(t.node_count(), 4u);  // root, "abc", "def", "xyz"
+}
+
+TEST(ApproxTree, EvictsLeastRecentlyUsedLeavesToSize) {
+  ApproxTree t;
+  t.insert("prefix-old-conversation-one", 1);  // oldest
+  t.insert("prefix-new-conversation-two", 1);
+  t.insert("another-text-entirely", 1);  // newest
+  size_t before = t.chars_of(1);
+  size_t removed = t.evict(before - 10);
+  EXPECT_GE(removed, 10u);
+  EXPECT_LE(t.chars_of(1), before - 10);
+  // The oldest leaf ("old-conversation-one") went first; the newest text is intact.
+  EXPECT_EQ(match(t, "another-text-entirely", {1})[0], 21u);
+  EXPECT_EQ(match(t, "prefix-new-conversation-two", {1})[0], 27u);
+  EXPECT_LT(match(t, "prefix-old-conversation-one", {1})[0], 27u);
+}
+
+TEST(ApproxTree, EvictionIsPerSlotAndKeepsSharedNodes) {
+  ApproxTree t;
+  t.insert("shared prefix then a", 1);
+  t.insert("shared prefix then b", 2);
+  t.evict(0);  // slot 1 and 2 both over 0: everything of theirs goes
+  EXPECT_EQ(t.chars_of(1), 0u);
+  EXPECT_EQ(t.chars_of(2), 0u);
+  EXPECT_EQ(t.node_count(), 1u);
+  EXPECT_EQ(t.stored_chars(), 0u);
+}
+
+TEST(ApproxTree, RemoveSlotForgetsAWorker) {
+  ApproxTree t;
+  t.insert("common start one", 1);
+  t.insert("common start two", 2);
+  t.remove_slot(1);
+  EXPECT_EQ(t.chars_of(1), 0u);
+  EXPECT_EQ(match(t, "common start one", {1, 2}), (std::vector<size_t>{0, 13}));
+  EXPECT_EQ(t.stored_chars(), 16u);  // "common start t" + "wo": slot 1's "one" is gone
+}
+
+TEST(ApproxTree, TruncateRemovesTheSlotBeyondTheCut) {
+  ApproxTree t;
+  t.insert("system prompt. user: hi. assistant: hello.", 1);
+  t.insert("system prompt. user: other question", 1);
+  t.insert("system prompt. user: hi. assistant: hello.", 2);
+  t.truncate("system prompt. user: hi. assistant: hello.", 1, 10);
+  auto m = match(t, "system prompt. user: hi. assistant: hello.", {1, 2});
+  EXPECT_EQ(m[0], 10u);
+  EXPECT_EQ(m[1], 42u);
+  // Slot 1's other text below the cut is gone too (an extension of a lost prefix is lost).
+  EXPECT_EQ(match(t, "system prompt. user: other question", {1})[0], 10u);
+  EXPECT_EQ(t.chars_of(1), 10u);
+}
+
+TEST(ApproxTree, MemoryPerStoredCharacter) {
+  ApproxTree t;
+  std::string base(3500, 'a');
+  for (size_t i = 0; i < base.size(); ++i) base[i] = static_cast<char>('a' + (i * 7919) % 26);
+  for (int i = 0; i < 200; ++i) {
+    std::string text = base + std::to_string(i) + std::string(500, static_cast<char>('A' + i % 26));
+    t.insert(text, static_cast<Slot>(1 + i % 8));
+  }
+  double per_char = static_cast<double>(t.memory_bytes()) / static_cast<double>(t.stored_chars());
+  EXPECT_LT(per_char, 2.0) << t.memory_bytes() << " bytes for " << t.stored_chars() << " chars";
+}
+
+TEST(ApproxTree, ConcurrentInsertAndMatch) {
+  ApproxTree t;
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&t, th] {
+      for (int i = 0; i < 500; ++i) {
+        std::string text = "conversation " + std::to_string(i % 50) + " turn " + std::to_string(i);
+        t.insert(text, static_cast<Slot>(th + 1));
+        std::vector<Slot> slots{1, 2, 3, 4};
+        std::vector<size_t> out(4);
+        t.match(text, slots, out);
+        EXPECT_EQ(out[static_cast<size_t>(th)], count_chars(text));
+        if (i % 100 == 99) t.evict(2000);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (Slot s = 1; s <= 4; ++s) EXPECT_LE(t.chars_of(s), 2000u + 200u);
+}
+
+}  // namespace
+}  // namespace kvgate::prefix

@@ -85,7 +85,16 @@ TEST(ApproxTree, RemoveSlotForgetsAWorker) {
   t.remove_slot(1);
   EXPECT_EQ(t.chars_of(1), 0u);
   EXPECT_EQ(match(t, "common start one", {1, 2}), (std::vector<size_t>{0, 13}));
-  EXPECT_EQ(t.stored_chars(), 16u);  // "common start t" + "wo": slot 1's "one" is gone
+  EXPECT_EQ(t.stored_chars(), 16u);  // "common start " + "two": slot 1's "one" is gone
+  // A slot alone on a deep path: removing it deletes the whole path and its accounting.
+  t.insert("solo path / a / b", 3);
+  t.insert("solo path / a / c", 3);
+  t.insert("solo path / d", 3);
+  EXPECT_EQ(t.chars_of(3), 17u + 1u + 1u);
+  t.remove_slot(3);
+  EXPECT_EQ(t.chars_of(3), 0u);
+  EXPECT_EQ(t.stored_chars(), 16u);
+  EXPECT_EQ(t.node_count(), 3u);
 }
 
 TEST(ApproxTree, TruncateRemovesTheSlotBeyondTheCut) {

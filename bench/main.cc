@@ -1,158 +1,397 @@
-// bench/main: the kvgate-bench binary. `kvgate-bench run` drives an endpoint (kvgate or a server)
-// with a closed-loop load and prints latency, time to first byte and where each request went.
-#include <cstdio>
-#include <iostream>
+// bench/main: the kvgate-bench binary.
+//   kvgate-bench run --url URL [workload flags]      drive one endpoint, print the summary
+//   kvgate-bench compare --policies a,b [flags]      start sims, run every policy, print a table
+//   kvgate-bench bound --workload trace --trace F    the upper bound of a trace, from its hash ids
+#include <unistd.h>
 
-#include "bench/load.h"
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "bench/compare.h"
+#include "bench/report.h"
 #include "util/flags.h"
 
 using namespace kvgate;
+using namespace kvgate::bench;
 
 namespace {
 
-struct RunConfig {
+struct Config {
+  // Target
   std::string url = "http://127.0.0.1:30000";
   std::string api = "chat";
-  std::string model = "default";
-  int64_t requests = 16;
-  int64_t concurrency = 4;
-  int64_t max_tokens = 16;
-  bool stream = false;
+  std::string model = "kvgate-sim";
+  int64_t timeout_secs = 120;
+  // Workload
+  std::string workload = "multiturn";
+  int64_t seed = 1;
+  int64_t users = 8;
+  int64_t turns = 4;
+  int64_t system_words = 0;
+  int64_t user_words = 64;
+  int64_t output_tokens = 32;
+  double think_ms = 0;
+  double rate = 0;
+  int64_t concurrency = 0;
+  int64_t groups = 64;
+  int64_t prompts_per_group = 16;
+  int64_t system_tokens = 2048;
+  int64_t question_tokens = 128;
+  int64_t prefix_output_tokens = 256;
+  double scale = 8;
+  std::string trace;
+  double trace_time_scale = 1;
+  double trace_length_scale = 1;
+  int64_t max_requests = 0;
+  // Upper bound
+  std::string tokenizer_path;
+  int64_t page_size = 1;
+  // Compare
+  std::string policies = "round_robin,power_of_two,cache_aware,chwbl";
+  int64_t sims = 4;
+  int64_t sim_cache_tokens = 0;
+  double sim_time_scale = 0;
+  std::vector<std::string> sim_args;
+  std::vector<std::string> gateway_args;
+  // Output
+  std::string json;
   bool print_each = false;
-  int64_t timeout_secs = 60;
-  std::string prompt = "Tell me about request";
+  bool quiet = false;
 };
 
-using K = flags::Knob<RunConfig>;
-const std::vector<K>& run_knobs() {
+using K = flags::Knob<Config>;
+using C = Config;
+
+const std::vector<K>& knobs() {
   static const std::vector<K> k = {
-      {.name = "url",
-       .group = "Target",
-       .value_name = "URL",
-       .help = "Endpoint to drive (kvgate or a server)",
-       .field = &RunConfig::url},
-      {.name = "api",
-       .group = "Target",
-       .value_name = "API",
-       .help = "Request shape",
-       .field = &RunConfig::api,
-       .choices = {"chat", "completions", "generate"}},
-      {.name = "model",
-       .group = "Target",
-       .value_name = "NAME",
-       .help = "Model name sent in the body",
-       .field = &RunConfig::model},
-      {.name = "requests",
-       .group = "Load",
-       .value_name = "N",
-       .help = "Requests in all",
-       .field = &RunConfig::requests,
-       .min = 1},
-      {.name = "concurrency",
-       .group = "Load",
-       .value_name = "N",
-       .help = "Clients sending at once (closed loop)",
-       .field = &RunConfig::concurrency,
-       .min = 1,
-       .max = 100000},
-      {.name = "max-tokens",
-       .group = "Load",
-       .value_name = "N",
-       .help = "Output tokens per request",
-       .field = &RunConfig::max_tokens,
-       .min = 1},
-      {.name = "stream",
-       .group = "Load",
-       .help = "Ask for streamed (SSE) responses",
-       .field = &RunConfig::stream},
-      {.name = "prompt",
-       .group = "Load",
-       .value_name = "TEXT",
-       .help = "Prompt prefix (the request number is appended)",
-       .field = &RunConfig::prompt},
-      {.name = "timeout-secs",
-       .group = "Load",
-       .value_name = "SECS",
-       .help = "Per-request timeout",
-       .field = &RunConfig::timeout_secs,
-       .min = 1},
-      {.name = "print-each",
-       .group = "Output",
-       .help = "Print one line per request: status, worker, latency",
-       .field = &RunConfig::print_each},
+      {.name = "url", .group = "Target (run)", .value_name = "URL", .help = "Endpoint to drive: kvgate, or a server directly", .field = &C::url},
+      {.name = "api", .group = "Target (run)", .value_name = "API", .help = "Request shape (streamed)", .field = &C::api, .choices = {"chat", "completions", "generate"}},
+      {.name = "model", .group = "Target (run)", .value_name = "NAME", .help = "Model name sent in the body", .field = &C::model},
+      {.name = "timeout-secs", .group = "Target (run)", .value_name = "SECS", .help = "Per-request timeout", .field = &C::timeout_secs, .min = 1},
+
+      {.name = "workload", .group = "Workload", .value_name = "NAME", .help = "What to send", .field = &C::workload, .choices = {"multiturn", "shared-prefix", "trace"}},
+      {.name = "seed", .group = "Workload", .value_name = "N", .help = "Same seed, same requests", .field = &C::seed, .min = 0},
+      {.name = "users", .group = "Workload", .value_name = "N", .help = "multiturn: conversations", .field = &C::users, .min = 1},
+      {.name = "turns", .group = "Workload", .value_name = "N", .help = "multiturn: turns per conversation", .field = &C::turns, .min = 1},
+      {.name = "system-words", .group = "Workload", .value_name = "N", .help = "multiturn: words of a per-user system prompt (0 = none)", .field = &C::system_words, .min = 0},
+      {.name = "user-words", .group = "Workload", .value_name = "N", .help = "multiturn: words of each user message", .field = &C::user_words, .min = 1},
+      {.name = "output-tokens", .group = "Workload", .value_name = "N", .help = "multiturn: tokens of each reply", .field = &C::output_tokens, .min = 1},
+      {.name = "think-ms", .group = "Workload", .value_name = "MS", .help = "multiturn: pause between a reply and the next turn", .field = &C::think_ms, .min = 0},
+      {.name = "rate", .group = "Workload", .value_name = "R", .help = "Open loop: sessions start at R per second (Poisson); 0 = closed loop", .field = &C::rate, .min = 0},
+      {.name = "concurrency", .group = "Workload", .value_name = "N", .help = "Closed loop: sessions at once (0 = every user)", .field = &C::concurrency, .min = 0},
+      {.name = "groups", .group = "Workload", .value_name = "N", .help = "shared-prefix: groups sharing a system prompt", .field = &C::groups, .min = 1},
+      {.name = "prompts-per-group", .group = "Workload", .value_name = "N", .help = "shared-prefix: prompts per group", .field = &C::prompts_per_group, .min = 1},
+      {.name = "system-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: system prompt tokens (before --scale)", .field = &C::system_tokens, .min = 1},
+      {.name = "question-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: question tokens (before --scale)", .field = &C::question_tokens, .min = 1},
+      {.name = "prefix-output-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: output tokens (before --scale)", .field = &C::prefix_output_tokens, .min = 1},
+      {.name = "scale", .group = "Workload", .value_name = "R", .help = "shared-prefix: every size is divided by R", .field = &C::scale, .min = 1},
+      {.name = "trace", .group = "Workload", .value_name = "FILE", .help = "trace: a Mooncake-format JSONL file", .field = &C::trace},
+      {.name = "trace-time-scale", .group = "Workload", .value_name = "R", .help = "trace: replay R times faster", .field = &C::trace_time_scale, .min = 1e-3},
+      {.name = "trace-length-scale", .group = "Workload", .value_name = "R", .help = "trace: token counts divided by R", .field = &C::trace_length_scale, .min = 1},
+      {.name = "max-requests", .group = "Workload", .value_name = "N", .help = "trace: replay only the first N requests (0 = all)", .field = &C::max_requests, .min = 0},
+
+      {.name = "tokenizer-path", .group = "Upper bound", .value_name = "DIR", .help = "Tokenizer the servers use (the sim's stand-in when empty)", .field = &C::tokenizer_path},
+      {.name = "page-size", .group = "Upper bound", .value_name = "N", .help = "Tokens per cache page of the servers (only full pages are reused)", .field = &C::page_size, .min = 1},
+
+      {.name = "policies", .group = "Compare", .value_name = "A,B,...", .help = "Routing policies to compare, in order", .field = &C::policies},
+      {.name = "sims", .group = "Compare", .value_name = "N", .help = "kvgate-sim servers to start", .field = &C::sims, .min = 1, .max = 64},
+      {.name = "sim-cache-tokens", .group = "Compare", .value_name = "N", .help = "KV cache size of each sim (--max-total-tokens; 0 = the sim's default)", .field = &C::sim_cache_tokens, .min = 0},
+      {.name = "sim-time-scale", .group = "Compare", .value_name = "R", .help = "Simulated time multiplier of each sim (--time-scale; 0 = the sim's default)", .field = &C::sim_time_scale, .min = 0},
+      {.name = "sim-arg", .group = "Compare", .value_name = "ARG", .help = "One more argument for every sim (repeat the flag)", .field = &C::sim_args, .arity = flags::Arity::kAppend},
+      {.name = "gateway-arg", .group = "Compare", .value_name = "ARG", .help = "One more argument for every kvgate (repeat the flag)", .field = &C::gateway_args, .arity = flags::Arity::kAppend},
+
+      {.name = "json", .group = "Output", .value_name = "FILE", .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)", .field = &C::json},
+      {.name = "print-each", .group = "Output", .help = "One line per request: worker, status, TTFT", .field = &C::print_each},
+      {.name = "quiet", .group = "Output", .help = "No progress output", .field = &C::quiet},
   };
   return k;
 }
 
-constexpr std::string_view kUsage = "kvgate-bench run --url URL [options]";
+constexpr std::string_view kUsage = "kvgate-bench run|compare|bound [flags]";
 constexpr std::string_view kIntro =
-    "kvgate-bench: load generator and benchmark driver for kvgate.\n"
-    "  run   closed-loop load against one endpoint; prints latency, time to first byte and the\n"
-    "        spread over workers (from kvgate's x-kvgate-worker header, with --debug-headers).";
+    "kvgate-bench: workloads, load and the policy comparison for kvgate.\n"
+    "  run       drive one endpoint (--url) with a workload, streamed; print TTFT, ITL, hit rate\n"
+    "  compare   start --sims kvgate-sim servers, and for each of --policies a fresh kvgate in\n"
+    "            front of them; run the same workload; print one table, write JSON/Markdown/SVG\n"
+    "  bound     the upper bound of reuse of a --trace (from its hash ids)";
 
-int cmd_run(const std::vector<std::string>& args) {
-  RunConfig cfg;
-  auto parsed = flags::parse(std::span<const K>(run_knobs()), args, cfg, "");
-  if (!parsed.ok) {
-    std::fprintf(stderr, "kvgate-bench run: %s\n", parsed.error.c_str());
-    return 2;
+std::string build_workload(const Config& c, Workload& w) {
+  if (c.workload == "multiturn") {
+    MultiturnOptions o;
+    o.users = static_cast<int>(c.users);
+    o.turns = static_cast<int>(c.turns);
+    o.system_words = static_cast<int>(c.system_words);
+    o.user_words = static_cast<int>(c.user_words);
+    o.output_tokens = static_cast<int>(c.output_tokens);
+    o.think_s = c.think_ms / 1000.0;
+    o.rate = c.rate;
+    o.concurrency = static_cast<int>(c.concurrency);
+    o.seed = static_cast<uint64_t>(c.seed);
+    w = multiturn(o);
+    return "";
   }
-  if (parsed.help) {
-    std::cout << flags::help(std::span<const K>(run_knobs()), kUsage, kIntro);
-    return 0;
+  if (c.workload == "shared-prefix") {
+    SharedPrefixOptions o;
+    o.groups = static_cast<int>(c.groups);
+    o.prompts = static_cast<int>(c.prompts_per_group);
+    o.system_tokens = static_cast<int>(c.system_tokens);
+    o.question_tokens = static_cast<int>(c.question_tokens);
+    o.output_tokens = static_cast<int>(c.prefix_output_tokens);
+    o.scale = c.scale;
+    o.rate = c.rate;
+    o.concurrency = c.concurrency > 0 ? static_cast<int>(c.concurrency) : 16;
+    o.seed = static_cast<uint64_t>(c.seed);
+    w = shared_prefix(o);
+    return "";
   }
-  bench::LoadConfig lc;
-  lc.url = cfg.url;
-  lc.api = cfg.api == "chat"          ? bench::Api::kChat
-           : cfg.api == "completions" ? bench::Api::kCompletions
-                                      : bench::Api::kGenerate;
-  lc.model = cfg.model;
-  lc.requests = static_cast<int>(cfg.requests);
-  lc.concurrency = static_cast<int>(cfg.concurrency);
-  lc.max_tokens = static_cast<int>(cfg.max_tokens);
-  lc.stream = cfg.stream;
-  lc.timeout = std::chrono::seconds(cfg.timeout_secs);
-  lc.prompt = [&](int i) { return cfg.prompt + " " + std::to_string(i); };
-  auto report = bench::run_load(lc, [&](const bench::RequestResult& r) {
-    if (!cfg.print_each) return;
-    std::printf("request %3d -> %-28s status %3d  %7.1f ms%s%s\n", r.index,
-                r.worker.empty() ? "(no x-kvgate-worker)" : r.worker.c_str(), r.status,
-                r.latency_ms, r.error.empty() ? "" : "  ", r.error.c_str());
-  });
-  std::printf("\n%d requests in %.2f s (%.1f req/s), %d errors\n",
-              static_cast<int>(report.results.size()), report.wall_seconds,
-              static_cast<double>(report.results.size()) / std::max(report.wall_seconds, 1e-9),
-              report.errors());
-  std::printf("latency ms: p50 %.1f  p90 %.1f  p99 %.1f   first byte ms: p50 %.1f  p99 %.1f\n",
-              report.percentile_latency(50), report.percentile_latency(90),
-              report.percentile_latency(99), report.percentile_ttfb(50),
-              report.percentile_ttfb(99));
-  auto spread = report.per_worker();
-  if (!spread.empty()) {
-    std::printf("requests per worker:\n");
-    for (const auto& [w, n] : spread) std::printf("  %-30s %d\n", w.c_str(), n);
+  if (c.trace.empty()) return "--workload trace needs --trace FILE (e.g. ../shared/data/mooncake/conversation_trace.jsonl)";
+  TraceOptions o;
+  o.path = c.trace;
+  o.time_scale = c.trace_time_scale;
+  o.length_scale = c.trace_length_scale;
+  o.max_requests = static_cast<size_t>(c.max_requests);
+  return trace(o, w);
+}
+
+// Progress on a terminal: one line rewritten in place; otherwise a line every 10%.
+class Progress {
+ public:
+  Progress(size_t total, bool quiet) : total_(total), quiet_(quiet), tty_(::isatty(STDERR_FILENO)) {}
+  void set_label(std::string label) {
+    label_ = std::move(label);
+    last_decile_ = -1;
   }
-  for (const auto& r : report.results) {
-    if (!r.error.empty()) {
-      std::printf("first error: request %d: %s\n", r.index, r.error.c_str());
-      break;
+  void update(size_t done, size_t errors) {
+    if (quiet_ || total_ == 0) return;
+    int decile = static_cast<int>(done * 10 / total_);
+    if (tty_) {
+      int width = 30, filled = static_cast<int>(done * static_cast<size_t>(width) / total_);
+      std::fprintf(stderr, "\r  %-14s [%s%s] %zu/%zu%s", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                   std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total_,
+                   errors ? (" errors " + std::to_string(errors)).c_str() : "");
+      if (done == total_) std::fprintf(stderr, "\n");
+    } else if (decile != last_decile_) {
+      std::fprintf(stderr, "  %s: %zu/%zu requests%s\n", label_.c_str(), done, total_,
+                   errors ? (", " + std::to_string(errors) + " errors").c_str() : "");
+      last_decile_ = decile;
     }
   }
-  return report.errors() == 0 ? 0 : 1;
+
+ private:
+  size_t total_;
+  bool quiet_;
+  bool tty_;
+  std::string label_;
+  int last_decile_ = -1;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  if (auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+  }
+  std::ofstream out(path);
+  out << text;
+  return static_cast<bool>(out);
+}
+
+std::string stem(const std::string& json) {
+  return json.size() > 5 && json.ends_with(".json") ? json.substr(0, json.size() - 5) : json;
+}
+
+int cmd_run(const Config& c) {
+  Workload w;
+  if (std::string e = build_workload(c, w); !e.empty()) {
+    std::fprintf(stderr, "kvgate-bench run: %s\n", e.c_str());
+    return 2;
+  }
+  std::string note, err;
+  auto tok = sim::make_tokenizer(c.tokenizer_path, note, err);
+  if (!tok) {
+    std::fprintf(stderr, "kvgate-bench run: --tokenizer-path: %s\n", err.c_str());
+    return 2;
+  }
+  PrefixOracle oracle(std::move(tok), sim::make_chat_template(c.tokenizer_path), static_cast<int>(c.page_size));
+  DriverConfig dc;
+  dc.url = c.url;
+  dc.api = parse_api(c.api);
+  dc.model = c.model;
+  dc.timeout = std::chrono::seconds(c.timeout_secs);
+  dc.oracle = &oracle;
+  Progress progress(w.requests(), c.quiet || c.print_each);
+  progress.set_label(w.name);
+  size_t done = 0, errors = 0;
+  dc.on_done = [&](const RequestRecord& r) {
+    ++done;
+    errors += r.ok() ? 0 : 1;
+    progress.update(done, errors);
+    if (c.print_each) {
+      std::printf("session %3d turn %d -> %-26s status %3d  TTFT %7.1f ms  e2e %7.1f ms  cached %lld/%lld%s%s\n",
+                  r.session, r.turn, r.worker.empty() ? "(no x-kvgate-worker)" : r.worker.c_str(), r.status,
+                  r.ttft_ms, r.e2e_ms, static_cast<long long>(r.cached_tokens),
+                  static_cast<long long>(r.prompt_tokens), r.error.empty() ? "" : "  ", r.error.c_str());
+    }
+  };
+  std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
+  RunResult run = run_workload(w, dc);
+  if (!run.fatal.empty()) {
+    std::fprintf(stderr, "kvgate-bench run: %s\n", run.fatal.c_str());
+    return 2;
+  }
+  Summary s = summarize("run", run, oracle.upper_bound(), -1);
+  std::printf("\n%zu requests in %.2f s, %zu errors\n", s.requests, s.wall_s, s.errors);
+  std::printf("TTFT ms p50 %.1f p90 %.1f p99 %.1f | ITL ms p50 %.1f p99 %.1f | e2e ms p50 %.1f p99 %.1f\n",
+              s.ttft_p50, s.ttft_p90, s.ttft_p99, s.itl_p50, s.itl_p99, s.e2e_p50, s.e2e_p99);
+  std::printf("output %.0f tok/s | hit rate %s (upper bound %.1f%%) | spread max/mean %.2f requests, %.2f tokens\n",
+              s.output_tokens_per_s, s.hit_rate < 0 ? "-" : (std::to_string(s.hit_rate * 100).substr(0, 4) + "%").c_str(),
+              s.upper_bound * 100, s.spread_requests, s.spread_tokens);
+  if (!s.worker_requests.empty()) {
+    std::printf("requests per worker:\n");
+    for (const auto& [wkr, n] : s.worker_requests) std::printf("  %-30s %zu\n", wkr.c_str(), n);
+  }
+  if (!s.first_error.empty()) std::printf("first error: %s\n", s.first_error.c_str());
+  if (!c.json.empty() && !write_file(c.json, to_json({s}, w.name, w.description))) {
+    std::fprintf(stderr, "kvgate-bench: cannot write %s\n", c.json.c_str());
+    return 2;
+  }
+  return s.errors == 0 ? 0 : 1;
+}
+
+int cmd_compare(const Config& c, const std::string& argv0) {
+  Workload w;
+  if (std::string e = build_workload(c, w); !e.empty()) {
+    std::fprintf(stderr, "kvgate-bench compare: %s\n", e.c_str());
+    return 2;
+  }
+  CompareOptions o;
+  o.policies = split_list(c.policies);
+  if (o.policies.empty()) {
+    std::fprintf(stderr, "kvgate-bench compare: --policies is empty\n");
+    return 2;
+  }
+  o.sims = static_cast<int>(c.sims);
+  if (c.sim_cache_tokens > 0) {
+    o.sim_args.insert(o.sim_args.end(), {"--max-total-tokens", std::to_string(c.sim_cache_tokens)});
+  }
+  if (c.sim_time_scale > 0) o.sim_args.insert(o.sim_args.end(), {"--time-scale", std::to_string(c.sim_time_scale)});
+  if (c.page_size > 1) o.sim_args.insert(o.sim_args.end(), {"--page-size", std::to_string(c.page_size)});
+  if (!c.tokenizer_path.empty()) o.sim_args.insert(o.sim_args.end(), {"--tokenizer-path", c.tokenizer_path});
+  o.sim_args.insert(o.sim_args.end(), c.sim_args.begin(), c.sim_args.end());
+  o.gateway_args = c.gateway_args;
+  o.bin_dir = std::filesystem::absolute(argv0).parent_path().string();
+  std::string out = c.json.empty() ? "out/compare/compare.json" : c.json;
+  o.log_dir = std::filesystem::path(stem(out) + "-logs").string();
+  std::error_code ec;
+  std::filesystem::create_directories(o.log_dir, ec);
+  o.page_size = static_cast<int>(c.page_size);
+  o.tokenizer_path = c.tokenizer_path;
+  o.driver.api = parse_api(c.api);
+  o.driver.model = c.model;
+  o.driver.timeout = std::chrono::seconds(c.timeout_secs);
+  Progress progress(w.requests(), c.quiet);
+  size_t errors = 0;
+  std::string current;
+  o.on_request = [&](const std::string& policy, const RequestRecord& r, size_t done) {
+    if (policy != current) {
+      current = policy;
+      errors = 0;
+      progress.set_label(policy);
+    }
+    errors += r.ok() ? 0 : 1;
+    progress.update(done, errors);
+  };
+  o.on_status = [&](const std::string& line) {
+    if (!c.quiet) std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
+  std::string error;
+  std::vector<Summary> rows = compare(w, o, error);
+  if (!error.empty()) {
+    std::fprintf(stderr, "kvgate-bench compare: %s\n", error.c_str());
+    return 2;
+  }
+  std::printf("\n%s", table(rows, true).c_str());
+  if (!rows.empty() && rows.front().upper_bound >= 0) {
+    std::printf("upper bound of the workload (infinite cache, perfect routing): %.1f%% of prompt tokens\n",
+                rows.front().upper_bound * 100);
+  }
+  std::string setup = std::to_string(o.sims) + " kvgate-sim servers";
+  for (const auto& a : o.sim_args) setup += " " + a;
+  std::string base = stem(out);
+  bool ok = write_file(base + ".json", to_json(rows, w.name, w.description)) &&
+            write_file(base + ".md", to_markdown(rows, w.name, w.description, setup)) &&
+            write_file(base + ".svg", to_svg(rows, "kvgate-bench compare: " + w.name + " (" + w.description + ")"));
+  if (!ok) {
+    std::fprintf(stderr, "kvgate-bench: cannot write %s.{json,md,svg}\n", base.c_str());
+    return 2;
+  }
+  std::printf("report: %s.md, chart: %s.svg, data: %s.json\n", base.c_str(), base.c_str(), base.c_str());
+  size_t total_errors = 0;
+  for (const auto& r : rows) total_errors += r.errors;
+  return total_errors == 0 ? 0 : 1;
+}
+
+int cmd_bound(const Config& c) {
+  if (c.trace.empty()) {
+    std::fprintf(stderr, "kvgate-bench bound: needs --trace FILE\n");
+    return 2;
+  }
+  TraceOptions o;
+  o.path = c.trace;
+  o.max_requests = static_cast<size_t>(c.max_requests);
+  std::string error;
+  double b = trace_upper_bound(o, error);
+  if (!error.empty()) {
+    std::fprintf(stderr, "kvgate-bench bound: %s\n", error.c_str());
+    return 2;
+  }
+  std::printf("%s: %.1f%% of input tokens lie in leading 512-token blocks seen before\n",
+              c.trace.c_str(), b * 100);
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  auto k = std::span<const K>(knobs());
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << flags::help(std::span<const K>(run_knobs()), kUsage, kIntro);
+    std::cout << flags::help(k, kUsage, kIntro);
     return args.empty() ? 2 : 0;
   }
   std::string cmd = args[0];
   args.erase(args.begin());
-  if (cmd == "run") return cmd_run(args);
-  std::fprintf(stderr, "kvgate-bench: unknown command '%s' (commands: run; see --help)\n",
+  Config c;
+  auto parsed = flags::parse(k, args, c, "");
+  if (!parsed.ok) {
+    std::fprintf(stderr, "kvgate-bench %s: %s\n", cmd.c_str(), parsed.error.c_str());
+    return 2;
+  }
+  if (parsed.help) {
+    std::cout << flags::help(k, kUsage, kIntro);
+    return 0;
+  }
+  if (parsed.help_markdown) {
+    std::cout << flags::markdown(k);
+    return 0;
+  }
+  if (cmd == "run") return cmd_run(c);
+  if (cmd == "compare") return cmd_compare(c, argv[0]);
+  if (cmd == "bound") return cmd_bound(c);
+  std::fprintf(stderr, "kvgate-bench: unknown command '%s' (commands: run, compare, bound; see --help)\n",
                cmd.c_str());
   return 2;
 }

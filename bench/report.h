@@ -1,0 +1,44 @@
+// bench/report: what a run measured, summarized, and the outputs of kvgate-bench: a text table for
+// the terminal, JSON for machines, Markdown for people and an SVG chart (TTFT distribution and hit
+// rate per policy).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/driver.h"
+
+namespace kvgate::bench {
+
+struct Summary {
+  std::string label;  // the policy (compare) or "run"
+  size_t requests = 0;
+  size_t errors = 0;
+  double wall_s = 0;
+  double output_tokens_per_s = 0;
+  double ttft_p50 = 0, ttft_p90 = 0, ttft_p99 = 0;  // ms
+  double itl_p50 = 0, itl_p99 = 0;
+  double e2e_p50 = 0, e2e_p99 = 0;
+  double hit_rate = -1;         // sum cached / sum prompt tokens the workers reported
+  double server_hit_rate = -1;  // from the servers' /metrics counters
+  double upper_bound = -1;      // the workload's own bound (infinite cache, perfect routing)
+  double spread_requests = 0;   // max / mean requests per worker
+  double spread_tokens = 0;     // max / mean prompt tokens per worker
+  std::map<std::string, size_t> worker_requests;
+  std::vector<double> ttft_ms;  // sorted samples (for the chart)
+  std::string first_error;
+};
+
+double percentile(std::vector<double> v, double p);  // p in [0, 100]
+Summary summarize(const std::string& label, const RunResult& run, double upper_bound,
+                  double server_hit_rate);
+
+std::string table(const std::vector<Summary>& rows, bool with_bound);
+std::string to_json(const std::vector<Summary>& rows, const std::string& workload,
+                    const std::string& description);
+std::string to_markdown(const std::vector<Summary>& rows, const std::string& workload,
+                        const std::string& description, const std::string& setup);
+std::string to_svg(const std::vector<Summary>& rows, const std::string& title);
+
+}  // namespace kvgate::bench

@@ -74,7 +74,8 @@ class Child {
   void stop() {
     if (!running()) return;
     ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 200 && running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 200 && running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (running()) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
@@ -99,7 +100,9 @@ http::FetchResult fetch_sync(const std::string& url, std::string_view method, st
   asio::io_context ctx(1);
   asio::co_spawn(
       ctx,
-      [&]() -> awaitable<void> { out = co_await http::fetch(ctx.get_executor(), t, method, path, timeout); },
+      [&]() -> awaitable<void> {
+        out = co_await http::fetch(ctx.get_executor(), t, method, path, timeout);
+      },
       asio::detached);
   ctx.run();
   return out;
@@ -161,14 +164,16 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
   std::vector<std::string> sim_urls;
   for (int i = 0; i < o.sims; ++i) {
     int port = free_port();
-    std::vector<std::string> args = {"--host", "127.0.0.1", "--port", std::to_string(port),
+    std::vector<std::string> args = {"--host",           "127.0.0.1",
+                                     "--port",           std::to_string(port),
                                      "--enable-metrics", "--enable-cache-report"};
     args.insert(args.end(), o.sim_args.begin(), o.sim_args.end());
     std::string url = "http://127.0.0.1:" + std::to_string(port);
     sims.push_back(std::make_unique<Child>(o.bin_dir + "/kvgate-sim", args,
                                            o.log_dir + "/sim-" + std::to_string(i) + ".log"));
     if (!wait_status(url, "/health", 200, *sims.back(), std::chrono::seconds(30))) {
-      error = "kvgate-sim did not start (log " + sims.back()->log() + "):\n" + last_lines(sims.back()->log());
+      error = "kvgate-sim did not start (log " + sims.back()->log() + "):\n" +
+              last_lines(sims.back()->log());
       return {};
     }
     sim_urls.push_back(url);
@@ -186,11 +191,22 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     std::vector<ServerCounters> before;
     for (const auto& url : sim_urls) before.push_back(scrape(url));
     int port = free_port(), metrics_port = free_port();
-    std::vector<std::string> args = {"--host", "127.0.0.1", "--port", std::to_string(port),
-                                     "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                                     std::to_string(metrics_port), "--policy", policy,
-                                     "--debug-headers", "--log-level", "warn",
-                                     "--health-check-interval-secs", "5", "--worker-urls"};
+    std::vector<std::string> args = {"--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(port),
+                                     "--prometheus-host",
+                                     "127.0.0.1",
+                                     "--prometheus-port",
+                                     std::to_string(metrics_port),
+                                     "--policy",
+                                     policy,
+                                     "--debug-headers",
+                                     "--log-level",
+                                     "warn",
+                                     "--health-check-interval-secs",
+                                     "5",
+                                     "--worker-urls"};
     args.insert(args.end(), sim_urls.begin(), sim_urls.end());
     args.insert(args.end(), o.gateway_args.begin(), o.gateway_args.end());
     Child gateway(o.bin_dir + "/kvgate", args, o.log_dir + "/kvgate-" + policy + ".log");
@@ -211,8 +227,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         error = "--tokenizer-path: " + err;
         return {};
       }
-      oracle = std::make_unique<PrefixOracle>(std::move(tok), sim::make_chat_template(o.tokenizer_path),
-                                              o.page_size);
+      oracle = std::make_unique<PrefixOracle>(
+          std::move(tok), sim::make_chat_template(o.tokenizer_path), o.page_size);
       dc.oracle = oracle.get();
     }
     size_t done = 0;
@@ -233,7 +249,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       delta.prompt_tokens += after.prompt_tokens - before[i].prompt_tokens;
       delta.cached_tokens += after.cached_tokens - before[i].cached_tokens;
     }
-    double server_hit = have && delta.prompt_tokens > 0 ? delta.cached_tokens / delta.prompt_tokens : -1;
+    double server_hit =
+        have && delta.prompt_tokens > 0 ? delta.cached_tokens / delta.prompt_tokens : -1;
     double bound = oracle ? oracle->upper_bound() : out.front().upper_bound;
     out.push_back(summarize(policy, run, bound, server_hit));
     gateway.stop();

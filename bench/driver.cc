@@ -21,9 +21,12 @@ Api parse_api(std::string_view name) {
 
 std::string_view to_string(Api api) {
   switch (api) {
-    case Api::kChat: return "chat";
-    case Api::kCompletions: return "completions";
-    case Api::kGenerate: return "generate";
+    case Api::kChat:
+      return "chat";
+    case Api::kCompletions:
+      return "completions";
+    case Api::kGenerate:
+      return "generate";
   }
   return "?";
 }
@@ -32,9 +35,12 @@ namespace {
 
 std::string_view path_of(Api api) {
   switch (api) {
-    case Api::kChat: return "/v1/chat/completions";
-    case Api::kCompletions: return "/v1/completions";
-    case Api::kGenerate: return "/generate";
+    case Api::kChat:
+      return "/v1/chat/completions";
+    case Api::kCompletions:
+      return "/v1/completions";
+    case Api::kGenerate:
+      return "/generate";
   }
   return "/";
 }
@@ -82,12 +88,13 @@ std::string request_body(const DriverConfig& c, const History& h, size_t turn) {
     b += R"(],"max_tokens":)" + std::to_string(max_tokens) +
          R"(,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})";
   } else if (c.api == Api::kCompletions) {
-    b = R"({"model":)" + json::quote(c.model) + R"(,"prompt":)" + json::quote(plain_prompt(h, turn)) +
-        R"(,"max_tokens":)" + std::to_string(max_tokens) +
+    b = R"({"model":)" + json::quote(c.model) + R"(,"prompt":)" +
+        json::quote(plain_prompt(h, turn)) + R"(,"max_tokens":)" + std::to_string(max_tokens) +
         R"(,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})";
   } else {
-    b = R"({"text":)" + json::quote(plain_prompt(h, turn)) + R"(,"sampling_params":{"max_new_tokens":)" +
-        std::to_string(max_tokens) + R"(,"ignore_eos":true},"stream":true})";
+    b = R"({"text":)" + json::quote(plain_prompt(h, turn)) +
+        R"(,"sampling_params":{"max_new_tokens":)" + std::to_string(max_tokens) +
+        R"(,"ignore_eos":true},"stream":true})";
   }
   return b;
 }
@@ -170,7 +177,9 @@ struct Runner {
     static constexpr http::Header kHeaders[] = {{"content-type", "application/json"}};
     http::UpstreamCall call(ctx.get_executor(), pool, target, 1);
     call.set_deadline(start + c.timeout);
-    auto ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+    auto ms = [&] {
+      return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    };
     auto err = co_await call.start("POST", path_of(c.api), kHeaders, body);
     std::string reply;
     if (err != http::CallError::kNone) {
@@ -214,7 +223,8 @@ struct Runner {
           pending.erase(0, pos + 2);
         }
       }
-      if (r.status != 200 && r.error.empty()) r.error = "status " + std::to_string(r.status) + ": " + pending.substr(0, 300);
+      if (r.status != 200 && r.error.empty())
+        r.error = "status " + std::to_string(r.status) + ": " + pending.substr(0, 300);
     }
     r.e2e_ms = ms();
     if (r.ttft_ms == 0) r.ttft_ms = r.e2e_ms;
@@ -237,7 +247,8 @@ struct Runner {
     asio::steady_timer timer(ctx);
     for (size_t t = 0; t < h.session->turns.size(); ++t) {
       if (double think = h.session->turns[t].think_s; think > 0) {
-        timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(think)));
+        timer.expires_after(
+            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(think)));
         co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
       }
       RequestRecord r = co_await one(h, index, t);
@@ -266,7 +277,8 @@ struct Runner {
   awaitable<void> open_loop() {
     asio::steady_timer timer(ctx);
     for (size_t i = 0; i < w.sessions.size(); ++i) {
-      auto at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(w.sessions[i].arrival_s));
+      auto at = t0 + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(w.sessions[i].arrival_s));
       timer.expires_at(at);
       co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
       asio::co_spawn(ctx, session(static_cast<int>(i)), asio::detached);
@@ -276,7 +288,8 @@ struct Runner {
   const Workload& w;
   const DriverConfig& c;
   asio::io_context ctx{1};
-  http::ConnectionPool pool{http::ConnectionPool::Options{4096, std::chrono::seconds(30), std::chrono::seconds(10)}};
+  http::ConnectionPool pool{
+      http::ConnectionPool::Options{4096, std::chrono::seconds(30), std::chrono::seconds(10)}};
   http::Target target;
   Clock::time_point t0;
   size_t next = 0;

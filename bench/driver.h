@@ -21,10 +21,10 @@ std::string_view to_string(Api api);
 struct RequestRecord {
   int session = 0;
   int turn = 0;
-  double start_s = 0;    // from the beginning of the run
-  double ttft_ms = 0;    // first generated text
+  double start_s = 0;  // from the beginning of the run
+  double ttft_ms = 0;  // first generated text
   double e2e_ms = 0;
-  std::vector<float> itl_ms;  // gaps between streamed tokens
+  std::vector<float> itl_ms;   // gaps between streamed tokens
   int64_t prompt_tokens = -1;  // as reported; -1 when not
   int64_t completion_tokens = -1;
   int64_t cached_tokens = -1;

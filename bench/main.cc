@@ -2,6 +2,7 @@
 //   kvgate-bench run --url URL [workload flags]      drive one endpoint, print the summary
 //   kvgate-bench compare --policies a,b [flags]      start sims, run every policy, print a table
 //   kvgate-bench bound --workload trace --trace F    the upper bound of a trace, from its hash ids
+//   kvgate-bench rate --url URL --rate R --body F    latency at a fixed request rate (open loop)
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "bench/compare.h"
+#include "bench/rate.h"
 #include "bench/report.h"
 #include "util/flags.h"
 
@@ -56,6 +58,11 @@ struct Config {
   double sim_time_scale = 0;
   std::vector<std::string> sim_args;
   std::vector<std::string> gateway_args;
+  // Rate
+  double rate_rps = 1000;
+  double rate_secs = 5;
+  std::string body_file;
+  std::string path = "/v1/chat/completions";
   // Output
   std::string json;
   bool print_each = false;
@@ -67,44 +74,230 @@ using C = Config;
 
 const std::vector<K>& knobs() {
   static const std::vector<K> k = {
-      {.name = "url", .group = "Target (run)", .value_name = "URL", .help = "Endpoint to drive: kvgate, or a server directly", .field = &C::url},
-      {.name = "api", .group = "Target (run)", .value_name = "API", .help = "Request shape (streamed)", .field = &C::api, .choices = {"chat", "completions", "generate"}},
-      {.name = "model", .group = "Target (run)", .value_name = "NAME", .help = "Model name sent in the body", .field = &C::model},
-      {.name = "timeout-secs", .group = "Target (run)", .value_name = "SECS", .help = "Per-request timeout", .field = &C::timeout_secs, .min = 1},
+      {.name = "url",
+       .group = "Target (run)",
+       .value_name = "URL",
+       .help = "Endpoint to drive: kvgate, or a server directly",
+       .field = &C::url},
+      {.name = "api",
+       .group = "Target (run)",
+       .value_name = "API",
+       .help = "Request shape (streamed)",
+       .field = &C::api,
+       .choices = {"chat", "completions", "generate"}},
+      {.name = "model",
+       .group = "Target (run)",
+       .value_name = "NAME",
+       .help = "Model name sent in the body",
+       .field = &C::model},
+      {.name = "timeout-secs",
+       .group = "Target (run)",
+       .value_name = "SECS",
+       .help = "Per-request timeout",
+       .field = &C::timeout_secs,
+       .min = 1},
 
-      {.name = "workload", .group = "Workload", .value_name = "NAME", .help = "What to send", .field = &C::workload, .choices = {"multiturn", "shared-prefix", "trace"}},
-      {.name = "seed", .group = "Workload", .value_name = "N", .help = "Same seed, same requests", .field = &C::seed, .min = 0},
-      {.name = "users", .group = "Workload", .value_name = "N", .help = "multiturn: conversations", .field = &C::users, .min = 1},
-      {.name = "turns", .group = "Workload", .value_name = "N", .help = "multiturn: turns per conversation", .field = &C::turns, .min = 1},
-      {.name = "system-words", .group = "Workload", .value_name = "N", .help = "multiturn: words of a per-user system prompt (0 = none)", .field = &C::system_words, .min = 0},
-      {.name = "user-words", .group = "Workload", .value_name = "N", .help = "multiturn: words of each user message", .field = &C::user_words, .min = 1},
-      {.name = "output-tokens", .group = "Workload", .value_name = "N", .help = "multiturn: tokens of each reply", .field = &C::output_tokens, .min = 1},
-      {.name = "think-ms", .group = "Workload", .value_name = "MS", .help = "multiturn: pause between a reply and the next turn", .field = &C::think_ms, .min = 0},
-      {.name = "rate", .group = "Workload", .value_name = "R", .help = "Open loop: sessions start at R per second (Poisson); 0 = closed loop", .field = &C::rate, .min = 0},
-      {.name = "concurrency", .group = "Workload", .value_name = "N", .help = "Closed loop: sessions at once (0 = every user)", .field = &C::concurrency, .min = 0},
-      {.name = "groups", .group = "Workload", .value_name = "N", .help = "shared-prefix: groups sharing a system prompt", .field = &C::groups, .min = 1},
-      {.name = "prompts-per-group", .group = "Workload", .value_name = "N", .help = "shared-prefix: prompts per group", .field = &C::prompts_per_group, .min = 1},
-      {.name = "system-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: system prompt tokens (before --scale)", .field = &C::system_tokens, .min = 1},
-      {.name = "question-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: question tokens (before --scale)", .field = &C::question_tokens, .min = 1},
-      {.name = "prefix-output-tokens", .group = "Workload", .value_name = "N", .help = "shared-prefix: output tokens (before --scale)", .field = &C::prefix_output_tokens, .min = 1},
-      {.name = "scale", .group = "Workload", .value_name = "R", .help = "shared-prefix: every size is divided by R", .field = &C::scale, .min = 1},
-      {.name = "trace", .group = "Workload", .value_name = "FILE", .help = "trace: a Mooncake-format JSONL file", .field = &C::trace},
-      {.name = "trace-time-scale", .group = "Workload", .value_name = "R", .help = "trace: replay R times faster", .field = &C::trace_time_scale, .min = 1e-3},
-      {.name = "trace-length-scale", .group = "Workload", .value_name = "R", .help = "trace: token counts divided by R", .field = &C::trace_length_scale, .min = 1},
-      {.name = "max-requests", .group = "Workload", .value_name = "N", .help = "trace: replay only the first N requests (0 = all)", .field = &C::max_requests, .min = 0},
+      {.name = "workload",
+       .group = "Workload",
+       .value_name = "NAME",
+       .help = "What to send",
+       .field = &C::workload,
+       .choices = {"multiturn", "shared-prefix", "trace"}},
+      {.name = "seed",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "Same seed, same requests",
+       .field = &C::seed,
+       .min = 0},
+      {.name = "users",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "multiturn: conversations",
+       .field = &C::users,
+       .min = 1},
+      {.name = "turns",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "multiturn: turns per conversation",
+       .field = &C::turns,
+       .min = 1},
+      {.name = "system-words",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "multiturn: words of a per-user system prompt (0 = none)",
+       .field = &C::system_words,
+       .min = 0},
+      {.name = "user-words",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "multiturn: words of each user message",
+       .field = &C::user_words,
+       .min = 1},
+      {.name = "output-tokens",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "multiturn: tokens of each reply",
+       .field = &C::output_tokens,
+       .min = 1},
+      {.name = "think-ms",
+       .group = "Workload",
+       .value_name = "MS",
+       .help = "multiturn: pause between a reply and the next turn",
+       .field = &C::think_ms,
+       .min = 0},
+      {.name = "rate",
+       .group = "Workload",
+       .value_name = "R",
+       .help = "Open loop: sessions start at R per second (Poisson); 0 = closed loop",
+       .field = &C::rate,
+       .min = 0},
+      {.name = "concurrency",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "Closed loop: sessions at once (0 = every user)",
+       .field = &C::concurrency,
+       .min = 0},
+      {.name = "groups",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "shared-prefix: groups sharing a system prompt",
+       .field = &C::groups,
+       .min = 1},
+      {.name = "prompts-per-group",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "shared-prefix: prompts per group",
+       .field = &C::prompts_per_group,
+       .min = 1},
+      {.name = "system-tokens",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "shared-prefix: system prompt tokens (before --scale)",
+       .field = &C::system_tokens,
+       .min = 1},
+      {.name = "question-tokens",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "shared-prefix: question tokens (before --scale)",
+       .field = &C::question_tokens,
+       .min = 1},
+      {.name = "prefix-output-tokens",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "shared-prefix: output tokens (before --scale)",
+       .field = &C::prefix_output_tokens,
+       .min = 1},
+      {.name = "scale",
+       .group = "Workload",
+       .value_name = "R",
+       .help = "shared-prefix: every size is divided by R",
+       .field = &C::scale,
+       .min = 1},
+      {.name = "trace",
+       .group = "Workload",
+       .value_name = "FILE",
+       .help = "trace: a Mooncake-format JSONL file",
+       .field = &C::trace},
+      {.name = "trace-time-scale",
+       .group = "Workload",
+       .value_name = "R",
+       .help = "trace: replay R times faster",
+       .field = &C::trace_time_scale,
+       .min = 1e-3},
+      {.name = "trace-length-scale",
+       .group = "Workload",
+       .value_name = "R",
+       .help = "trace: token counts divided by R",
+       .field = &C::trace_length_scale,
+       .min = 1},
+      {.name = "max-requests",
+       .group = "Workload",
+       .value_name = "N",
+       .help = "trace: replay only the first N requests (0 = all)",
+       .field = &C::max_requests,
+       .min = 0},
 
-      {.name = "tokenizer-path", .group = "Upper bound", .value_name = "DIR", .help = "Tokenizer the servers use (the sim's stand-in when empty)", .field = &C::tokenizer_path},
-      {.name = "page-size", .group = "Upper bound", .value_name = "N", .help = "Tokens per cache page of the servers (only full pages are reused)", .field = &C::page_size, .min = 1},
+      {.name = "tokenizer-path",
+       .group = "Upper bound",
+       .value_name = "DIR",
+       .help = "Tokenizer the servers use (the sim's stand-in when empty)",
+       .field = &C::tokenizer_path},
+      {.name = "page-size",
+       .group = "Upper bound",
+       .value_name = "N",
+       .help = "Tokens per cache page of the servers (only full pages are reused)",
+       .field = &C::page_size,
+       .min = 1},
 
-      {.name = "policies", .group = "Compare", .value_name = "A,B,...", .help = "Routing policies to compare, in order", .field = &C::policies},
-      {.name = "sims", .group = "Compare", .value_name = "N", .help = "kvgate-sim servers to start", .field = &C::sims, .min = 1, .max = 64},
-      {.name = "sim-cache-tokens", .group = "Compare", .value_name = "N", .help = "KV cache size of each sim (--max-total-tokens; 0 = the sim's default)", .field = &C::sim_cache_tokens, .min = 0},
-      {.name = "sim-time-scale", .group = "Compare", .value_name = "R", .help = "Simulated time multiplier of each sim (--time-scale; 0 = the sim's default)", .field = &C::sim_time_scale, .min = 0},
-      {.name = "sim-arg", .group = "Compare", .value_name = "ARG", .help = "One more argument for every sim (repeat the flag)", .field = &C::sim_args, .arity = flags::Arity::kAppend},
-      {.name = "gateway-arg", .group = "Compare", .value_name = "ARG", .help = "One more argument for every kvgate (repeat the flag)", .field = &C::gateway_args, .arity = flags::Arity::kAppend},
+      {.name = "policies",
+       .group = "Compare",
+       .value_name = "A,B,...",
+       .help = "Routing policies to compare, in order",
+       .field = &C::policies},
+      {.name = "sims",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "kvgate-sim servers to start",
+       .field = &C::sims,
+       .min = 1,
+       .max = 64},
+      {.name = "sim-cache-tokens",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "KV cache size of each sim (--max-total-tokens; 0 = the sim's default)",
+       .field = &C::sim_cache_tokens,
+       .min = 0},
+      {.name = "sim-time-scale",
+       .group = "Compare",
+       .value_name = "R",
+       .help = "Simulated time multiplier of each sim (--time-scale; 0 = the sim's default)",
+       .field = &C::sim_time_scale,
+       .min = 0},
+      {.name = "sim-arg",
+       .group = "Compare",
+       .value_name = "ARG",
+       .help = "One more argument for every sim (repeat the flag)",
+       .field = &C::sim_args,
+       .arity = flags::Arity::kAppend},
+      {.name = "gateway-arg",
+       .group = "Compare",
+       .value_name = "ARG",
+       .help = "One more argument for every kvgate (repeat the flag)",
+       .field = &C::gateway_args,
+       .arity = flags::Arity::kAppend},
 
-      {.name = "json", .group = "Output", .value_name = "FILE", .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)", .field = &C::json},
-      {.name = "print-each", .group = "Output", .help = "One line per request: worker, status, TTFT", .field = &C::print_each},
+      {.name = "rps",
+       .group = "Rate",
+       .value_name = "R",
+       .help = "rate: requests per second, evenly spaced",
+       .field = &C::rate_rps,
+       .min = 1},
+      {.name = "secs",
+       .group = "Rate",
+       .value_name = "S",
+       .help = "rate: duration",
+       .field = &C::rate_secs,
+       .min = 0.1},
+      {.name = "body",
+       .group = "Rate",
+       .value_name = "FILE",
+       .help = "rate: the request body to POST",
+       .field = &C::body_file},
+      {.name = "path",
+       .group = "Rate",
+       .value_name = "PATH",
+       .help = "rate: the path to POST to",
+       .field = &C::path},
+
+      {.name = "json",
+       .group = "Output",
+       .value_name = "FILE",
+       .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)",
+       .field = &C::json},
+      {.name = "print-each",
+       .group = "Output",
+       .help = "One line per request: worker, status, TTFT",
+       .field = &C::print_each},
       {.name = "quiet", .group = "Output", .help = "No progress output", .field = &C::quiet},
   };
   return k;
@@ -116,7 +309,9 @@ constexpr std::string_view kIntro =
     "  run       drive one endpoint (--url) with a workload, streamed; print TTFT, ITL, hit rate\n"
     "  compare   start --sims kvgate-sim servers, and for each of --policies a fresh kvgate in\n"
     "            front of them; run the same workload; print one table, write JSON/Markdown/SVG\n"
-    "  bound     the upper bound of reuse of a --trace (from its hash ids)";
+    "  bound     the upper bound of reuse of a --trace (from its hash ids)\n"
+    "  rate      POST --body at a fixed --rps for --secs; print latency p50/p90/p99 in "
+    "microseconds";
 
 std::string build_workload(const Config& c, Workload& w) {
   if (c.workload == "multiturn") {
@@ -147,7 +342,9 @@ std::string build_workload(const Config& c, Workload& w) {
     w = shared_prefix(o);
     return "";
   }
-  if (c.trace.empty()) return "--workload trace needs --trace FILE (e.g. ../shared/data/mooncake/conversation_trace.jsonl)";
+  if (c.trace.empty())
+    return "--workload trace needs --trace FILE (e.g. "
+           "../shared/data/mooncake/conversation_trace.jsonl)";
   TraceOptions o;
   o.path = c.trace;
   o.time_scale = c.trace_time_scale;
@@ -159,7 +356,8 @@ std::string build_workload(const Config& c, Workload& w) {
 // Progress on a terminal: one line rewritten in place; otherwise a line every 10%.
 class Progress {
  public:
-  Progress(size_t total, bool quiet) : total_(total), quiet_(quiet), tty_(::isatty(STDERR_FILENO)) {}
+  Progress(size_t total, bool quiet)
+      : total_(total), quiet_(quiet), tty_(::isatty(STDERR_FILENO)) {}
   void set_label(std::string label) {
     label_ = std::move(label);
     last_decile_ = -1;
@@ -169,7 +367,8 @@ class Progress {
     int decile = static_cast<int>(done * 10 / total_);
     if (tty_) {
       int width = 30, filled = static_cast<int>(done * static_cast<size_t>(width) / total_);
-      std::fprintf(stderr, "\r  %-14s [%s%s] %zu/%zu%s", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+      std::fprintf(stderr, "\r  %-14s [%s%s] %zu/%zu%s", label_.c_str(),
+                   std::string(static_cast<size_t>(filled), '#').c_str(),
                    std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total_,
                    errors ? (" errors " + std::to_string(errors)).c_str() : "");
       if (done == total_) std::fprintf(stderr, "\n");
@@ -224,7 +423,8 @@ int cmd_run(const Config& c) {
     std::fprintf(stderr, "kvgate-bench run: --tokenizer-path: %s\n", err.c_str());
     return 2;
   }
-  PrefixOracle oracle(std::move(tok), sim::make_chat_template(c.tokenizer_path), static_cast<int>(c.page_size));
+  PrefixOracle oracle(std::move(tok), sim::make_chat_template(c.tokenizer_path),
+                      static_cast<int>(c.page_size));
   DriverConfig dc;
   dc.url = c.url;
   dc.api = parse_api(c.api);
@@ -239,10 +439,12 @@ int cmd_run(const Config& c) {
     errors += r.ok() ? 0 : 1;
     progress.update(done, errors);
     if (c.print_each) {
-      std::printf("session %3d turn %d -> %-26s status %3d  TTFT %7.1f ms  e2e %7.1f ms  cached %lld/%lld%s%s\n",
-                  r.session, r.turn, r.worker.empty() ? "(no x-kvgate-worker)" : r.worker.c_str(), r.status,
-                  r.ttft_ms, r.e2e_ms, static_cast<long long>(r.cached_tokens),
-                  static_cast<long long>(r.prompt_tokens), r.error.empty() ? "" : "  ", r.error.c_str());
+      std::printf(
+          "session %3d turn %d -> %-26s status %3d  TTFT %7.1f ms  e2e %7.1f ms  cached "
+          "%lld/%lld%s%s\n",
+          r.session, r.turn, r.worker.empty() ? "(no x-kvgate-worker)" : r.worker.c_str(), r.status,
+          r.ttft_ms, r.e2e_ms, static_cast<long long>(r.cached_tokens),
+          static_cast<long long>(r.prompt_tokens), r.error.empty() ? "" : "  ", r.error.c_str());
     }
   };
   std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
@@ -253,11 +455,15 @@ int cmd_run(const Config& c) {
   }
   Summary s = summarize("run", run, oracle.upper_bound(), -1);
   std::printf("\n%zu requests in %.2f s, %zu errors\n", s.requests, s.wall_s, s.errors);
-  std::printf("TTFT ms p50 %.1f p90 %.1f p99 %.1f | ITL ms p50 %.1f p99 %.1f | e2e ms p50 %.1f p99 %.1f\n",
-              s.ttft_p50, s.ttft_p90, s.ttft_p99, s.itl_p50, s.itl_p99, s.e2e_p50, s.e2e_p99);
-  std::printf("output %.0f tok/s | hit rate %s (upper bound %.1f%%) | spread max/mean %.2f requests, %.2f tokens\n",
-              s.output_tokens_per_s, s.hit_rate < 0 ? "-" : (std::to_string(s.hit_rate * 100).substr(0, 4) + "%").c_str(),
-              s.upper_bound * 100, s.spread_requests, s.spread_tokens);
+  std::printf(
+      "TTFT ms p50 %.1f p90 %.1f p99 %.1f | ITL ms p50 %.1f p99 %.1f | e2e ms p50 %.1f p99 %.1f\n",
+      s.ttft_p50, s.ttft_p90, s.ttft_p99, s.itl_p50, s.itl_p99, s.e2e_p50, s.e2e_p99);
+  std::printf(
+      "output %.0f tok/s | hit rate %s (upper bound %.1f%%) | spread max/mean %.2f requests, %.2f "
+      "tokens\n",
+      s.output_tokens_per_s,
+      s.hit_rate < 0 ? "-" : (std::to_string(s.hit_rate * 100).substr(0, 4) + "%").c_str(),
+      s.upper_bound * 100, s.spread_requests, s.spread_tokens);
   if (!s.worker_requests.empty()) {
     std::printf("requests per worker:\n");
     for (const auto& [wkr, n] : s.worker_requests) std::printf("  %-30s %zu\n", wkr.c_str(), n);
@@ -286,9 +492,12 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   if (c.sim_cache_tokens > 0) {
     o.sim_args.insert(o.sim_args.end(), {"--max-total-tokens", std::to_string(c.sim_cache_tokens)});
   }
-  if (c.sim_time_scale > 0) o.sim_args.insert(o.sim_args.end(), {"--time-scale", std::to_string(c.sim_time_scale)});
-  if (c.page_size > 1) o.sim_args.insert(o.sim_args.end(), {"--page-size", std::to_string(c.page_size)});
-  if (!c.tokenizer_path.empty()) o.sim_args.insert(o.sim_args.end(), {"--tokenizer-path", c.tokenizer_path});
+  if (c.sim_time_scale > 0)
+    o.sim_args.insert(o.sim_args.end(), {"--time-scale", std::to_string(c.sim_time_scale)});
+  if (c.page_size > 1)
+    o.sim_args.insert(o.sim_args.end(), {"--page-size", std::to_string(c.page_size)});
+  if (!c.tokenizer_path.empty())
+    o.sim_args.insert(o.sim_args.end(), {"--tokenizer-path", c.tokenizer_path});
   o.sim_args.insert(o.sim_args.end(), c.sim_args.begin(), c.sim_args.end());
   o.gateway_args = c.gateway_args;
   o.bin_dir = std::filesystem::absolute(argv0).parent_path().string();
@@ -325,20 +534,23 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   }
   std::printf("\n%s", table(rows, true).c_str());
   if (!rows.empty() && rows.front().upper_bound >= 0) {
-    std::printf("upper bound of the workload (infinite cache, perfect routing): %.1f%% of prompt tokens\n",
-                rows.front().upper_bound * 100);
+    std::printf(
+        "upper bound of the workload (infinite cache, perfect routing): %.1f%% of prompt tokens\n",
+        rows.front().upper_bound * 100);
   }
   std::string setup = std::to_string(o.sims) + " kvgate-sim servers";
   for (const auto& a : o.sim_args) setup += " " + a;
   std::string base = stem(out);
   bool ok = write_file(base + ".json", to_json(rows, w.name, w.description)) &&
             write_file(base + ".md", to_markdown(rows, w.name, w.description, setup)) &&
-            write_file(base + ".svg", to_svg(rows, "kvgate-bench compare: " + w.name + " (" + w.description + ")"));
+            write_file(base + ".svg", to_svg(rows, "kvgate-bench compare: " + w.name + " (" +
+                                                       w.description + ")"));
   if (!ok) {
     std::fprintf(stderr, "kvgate-bench: cannot write %s.{json,md,svg}\n", base.c_str());
     return 2;
   }
-  std::printf("report: %s.md, chart: %s.svg, data: %s.json\n", base.c_str(), base.c_str(), base.c_str());
+  std::printf("report: %s.md, chart: %s.svg, data: %s.json\n", base.c_str(), base.c_str(),
+              base.c_str());
   size_t total_errors = 0;
   for (const auto& r : rows) total_errors += r.errors;
   return total_errors == 0 ? 0 : 1;
@@ -361,6 +573,44 @@ int cmd_bound(const Config& c) {
   std::printf("%s: %.1f%% of input tokens lie in leading 512-token blocks seen before\n",
               c.trace.c_str(), b * 100);
   return 0;
+}
+
+int cmd_rate(const Config& c) {
+  RateOptions o;
+  o.url = c.url;
+  o.path = c.path;
+  o.rate = c.rate_rps;
+  o.seconds = c.rate_secs;
+  if (c.body_file.empty()) {
+    std::fprintf(stderr, "kvgate-bench rate: needs --body FILE\n");
+    return 2;
+  }
+  std::ifstream in(c.body_file);
+  if (!in) {
+    std::fprintf(stderr, "kvgate-bench rate: cannot read %s\n", c.body_file.c_str());
+    return 2;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  o.body = ss.str();
+  RateResult r = run_rate(o);
+  if (!r.fatal.empty()) {
+    std::fprintf(stderr, "kvgate-bench rate: %s\n", r.fatal.c_str());
+    return 2;
+  }
+  auto p = [&](double q) {
+    return r.latency_us.empty()
+               ? 0.0
+               : r.latency_us[std::min(
+                     r.latency_us.size() - 1,
+                     static_cast<size_t>(q / 100 * static_cast<double>(r.latency_us.size())))];
+  };
+  std::printf(
+      "sent %zu at %.0f req/s, %zu errors, %zu dropped; latency us p50 %.0f p90 %.0f p99 %.0f max "
+      "%.0f\n",
+      r.sent, r.achieved_rate, r.errors, r.dropped, p(50), p(90), p(99),
+      r.latency_us.empty() ? 0.0 : r.latency_us.back());
+  return r.errors == 0 && r.dropped == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -391,7 +641,10 @@ int main(int argc, char** argv) {
   if (cmd == "run") return cmd_run(c);
   if (cmd == "compare") return cmd_compare(c, argv[0]);
   if (cmd == "bound") return cmd_bound(c);
-  std::fprintf(stderr, "kvgate-bench: unknown command '%s' (commands: run, compare, bound; see --help)\n",
-               cmd.c_str());
+  if (cmd == "rate") return cmd_rate(c);
+  std::fprintf(
+      stderr,
+      "kvgate-bench: unknown command '%s' (commands: run, compare, bound, rate; see --help)\n",
+      cmd.c_str());
   return 2;
 }

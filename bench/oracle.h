@@ -38,7 +38,9 @@ class PrefixOracle {
   uint64_t prompt_tokens() const { return prompt_tokens_; }
   uint64_t reusable_tokens() const { return reusable_tokens_; }
   double upper_bound() const {
-    return prompt_tokens_ ? static_cast<double>(reusable_tokens_) / static_cast<double>(prompt_tokens_) : 0;
+    return prompt_tokens_
+               ? static_cast<double>(reusable_tokens_) / static_cast<double>(prompt_tokens_)
+               : 0;
   }
 
  private:

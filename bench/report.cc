@@ -38,7 +38,9 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string pct(double v) { return v < 0 ? "-" : fmt("%.1f%%", v * 100); }
+std::string pct(double v) {
+  return v < 0 ? "-" : fmt("%.1f%%", v * 100);
+}
 
 }  // namespace
 
@@ -62,7 +64,8 @@ Summary summarize(const std::string& label, const RunResult& run, double upper_b
     s.ttft_ms.push_back(r.ttft_ms);
     e2e.push_back(r.e2e_ms);
     for (float g : r.itl_ms) itl.push_back(g);
-    out_tokens += static_cast<double>(r.completion_tokens >= 0 ? r.completion_tokens : r.streamed_tokens);
+    out_tokens +=
+        static_cast<double>(r.completion_tokens >= 0 ? r.completion_tokens : r.streamed_tokens);
     if (r.prompt_tokens > 0 && r.cached_tokens >= 0) {
       prompt += static_cast<double>(r.prompt_tokens);
       cached += static_cast<double>(r.cached_tokens);
@@ -96,13 +99,12 @@ std::string table(const std::vector<Summary>& rows, bool with_bound) {
                 "ITL p50", "out tok/s", "spread", "errors");
   out += line;
   for (const auto& s : rows) {
-    std::string of = with_bound && s.upper_bound > 0 && s.hit_rate >= 0
-                         ? pct(s.hit_rate / s.upper_bound)
-                         : "";
-    std::snprintf(line, sizeof line, "%-16s %9s %8s %9s %7.0fms %7.0fms %7.1fms %10.0f %7.2f %7zu\n",
-                  s.label.c_str(), pct(s.hit_rate).c_str(), of.c_str(),
-                  pct(s.server_hit_rate).c_str(), s.ttft_p50, s.ttft_p99, s.itl_p50,
-                  s.output_tokens_per_s, s.spread_requests, s.errors);
+    std::string of =
+        with_bound && s.upper_bound > 0 && s.hit_rate >= 0 ? pct(s.hit_rate / s.upper_bound) : "";
+    std::snprintf(line, sizeof line,
+                  "%-16s %9s %8s %9s %7.0fms %7.0fms %7.1fms %10.0f %7.2f %7zu\n", s.label.c_str(),
+                  pct(s.hit_rate).c_str(), of.c_str(), pct(s.server_hit_rate).c_str(), s.ttft_p50,
+                  s.ttft_p99, s.itl_p50, s.output_tokens_per_s, s.spread_requests, s.errors);
     out += line;
   }
   return out;
@@ -110,8 +112,8 @@ std::string table(const std::vector<Summary>& rows, bool with_bound) {
 
 std::string to_json(const std::vector<Summary>& rows, const std::string& workload,
                     const std::string& description) {
-  std::string o = "{\"workload\":" + json::quote(workload) + ",\"description\":" +
-                  json::quote(description) + ",\"results\":[";
+  std::string o = "{\"workload\":" + json::quote(workload) +
+                  ",\"description\":" + json::quote(description) + ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Summary& s = rows[i];
     if (i) o += ",";
@@ -122,11 +124,12 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
          ",\"ttft_ms\":{\"p50\":" + num(s.ttft_p50) + ",\"p90\":" + num(s.ttft_p90) +
          ",\"p99\":" + num(s.ttft_p99) + "},\"itl_ms\":{\"p50\":" + num(s.itl_p50) +
          ",\"p99\":" + num(s.itl_p99) + "},\"e2e_ms\":{\"p50\":" + num(s.e2e_p50) +
-         ",\"p99\":" + num(s.e2e_p99) + "},\"hit_rate\":" + (s.hit_rate < 0 ? "null" : num(s.hit_rate)) +
+         ",\"p99\":" + num(s.e2e_p99) +
+         "},\"hit_rate\":" + (s.hit_rate < 0 ? "null" : num(s.hit_rate)) +
          ",\"server_hit_rate\":" + (s.server_hit_rate < 0 ? "null" : num(s.server_hit_rate)) +
          ",\"upper_bound\":" + (s.upper_bound < 0 ? "null" : num(s.upper_bound)) +
-         ",\"spread_requests\":" + num(s.spread_requests) + ",\"spread_tokens\":" +
-         num(s.spread_tokens) + ",\"workers\":{";
+         ",\"spread_requests\":" + num(s.spread_requests) +
+         ",\"spread_tokens\":" + num(s.spread_tokens) + ",\"workers\":{";
     bool first = true;
     for (const auto& [w, n] : s.worker_requests) {
       if (!first) o += ",";
@@ -143,35 +146,39 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
 
 std::string to_markdown(const std::vector<Summary>& rows, const std::string& workload,
                         const std::string& description, const std::string& setup) {
-  std::string o = "# kvgate-bench compare: " + workload + "\n\n" + description + "\n\n" + setup + "\n\n";
-  o += "| policy | hit rate | of upper bound | server hit rate | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
+  std::string o =
+      "# kvgate-bench compare: " + workload + "\n\n" + description + "\n\n" + setup + "\n\n";
+  o += "| policy | hit rate | of upper bound | server hit rate | TTFT p50 ms | TTFT p90 ms | TTFT "
+       "p99 ms "
        "| ITL p50 ms | ITL p99 ms | e2e p50 ms | output tok/s | spread max/mean | errors |\n";
   o += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& s : rows) {
     o += "| " + s.label + " | " + pct(s.hit_rate) + " | " +
          (s.upper_bound > 0 && s.hit_rate >= 0 ? pct(s.hit_rate / s.upper_bound) : "-") + " | " +
-         pct(s.server_hit_rate) + " | " + fmt("%.0f", s.ttft_p50) + " | " + fmt("%.0f", s.ttft_p90) +
-         " | " + fmt("%.0f", s.ttft_p99) + " | " + fmt("%.1f", s.itl_p50) + " | " +
-         fmt("%.1f", s.itl_p99) + " | " + fmt("%.0f", s.e2e_p50) + " | " + fmt("%.0f", s.e2e_p99) +
-         " | " + fmt("%.0f", s.output_tokens_per_s) + " | " + fmt("%.2f", s.spread_requests) +
-         " | " + std::to_string(s.errors) + " |\n";
+         pct(s.server_hit_rate) + " | " + fmt("%.0f", s.ttft_p50) + " | " +
+         fmt("%.0f", s.ttft_p90) + " | " + fmt("%.0f", s.ttft_p99) + " | " +
+         fmt("%.1f", s.itl_p50) + " | " + fmt("%.1f", s.itl_p99) + " | " + fmt("%.0f", s.e2e_p50) +
+         " | " + fmt("%.0f", s.e2e_p99) + " | " + fmt("%.0f", s.output_tokens_per_s) + " | " +
+         fmt("%.2f", s.spread_requests) + " | " + std::to_string(s.errors) + " |\n";
   }
   if (!rows.empty() && rows.front().upper_bound >= 0) {
-    o += "\nUpper bound (an infinite cache with perfect routing): " + pct(rows.front().upper_bound) +
-         " of prompt tokens.\n";
+    o +=
+        "\nUpper bound (an infinite cache with perfect routing): " + pct(rows.front().upper_bound) +
+        " of prompt tokens.\n";
   }
   return o;
 }
 
 std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
   // Left: TTFT CDF per policy (log x axis). Right: hit rate bars against the upper bound.
-  static const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd",
-                                  "#8c564b", "#e377c2", "#17becf"};
+  static const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e",
+                                  "#9467bd", "#8c564b", "#e377c2", "#17becf"};
   const double W = 960, H = 420, L = 60, T = 50, PW = 520, PH = 300, BX = 680, BW = 240;
   std::string s = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" ", W) +
                   fmt("height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", H);
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += fmt("<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">", L) + title + "</text>\n";
+  s += fmt("<text x=\"%.0f\" y=\"24\" font-size=\"16\" font-weight=\"bold\">", L) + title +
+       "</text>\n";
   double max_ttft = 1, min_ttft = 1e9;
   for (const auto& r : rows) {
     if (!r.ttft_ms.empty()) {
@@ -199,7 +206,8 @@ std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
     s += fmt("<text x=\"%.0f\" ", L - 6) + fmt("y=\"%.1f\" text-anchor=\"end\">", y + 4) +
          fmt("%.0f%%", q * 25.0) + "</text>\n";
   }
-  s += fmt("<text x=\"%.0f\" ", L + PW / 2) + fmt("y=\"%.0f\" text-anchor=\"middle\">", T + PH + 34) +
+  s += fmt("<text x=\"%.0f\" ", L + PW / 2) +
+       fmt("y=\"%.0f\" text-anchor=\"middle\">", T + PH + 34) +
        "time to first token (CDF of requests, log scale)</text>\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& v = rows[i].ttft_ms;
@@ -211,29 +219,33 @@ std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
       path += fmt("%.1f,", x_of(v[k])) + fmt("%.1f ", y);
     }
     path += fmt("%.1f,", x_of(v.back())) + fmt("%.1f", static_cast<double>(T));
-    s += "<path d=\"" + path + "\" fill=\"none\" stroke-width=\"2\" stroke=\"" +
-         kColors[i % 8] + "\"/>\n";
+    s += "<path d=\"" + path + "\" fill=\"none\" stroke-width=\"2\" stroke=\"" + kColors[i % 8] +
+         "\"/>\n";
   }
   // Bars.
   double bar_w = BW / static_cast<double>(std::max<size_t>(rows.size(), 1));
-  s += fmt("<text x=\"%.0f\" ", BX) + fmt("y=\"%.0f\">prompt tokens served from cache</text>\n", T - 8);
+  s += fmt("<text x=\"%.0f\" ", BX) +
+       fmt("y=\"%.0f\">prompt tokens served from cache</text>\n", T - 8);
   s += fmt("<line x1=\"%.0f\" ", BX) + fmt("x2=\"%.0f\" ", BX + BW) + fmt("y1=\"%.0f\" ", T + PH) +
        fmt("y2=\"%.0f\" stroke=\"#888\"/>\n", T + PH);
   if (!rows.empty() && rows.front().upper_bound > 0) {
     double y = T + PH - PH * rows.front().upper_bound;
     s += fmt("<line x1=\"%.0f\" ", BX) + fmt("x2=\"%.0f\" ", BX + BW) + fmt("y1=\"%.1f\" ", y) +
          fmt("y2=\"%.1f\" stroke=\"#444\" stroke-dasharray=\"4 3\"/>\n", y);
-    s += fmt("<text x=\"%.0f\" ", BX + BW) + fmt("y=\"%.1f\" text-anchor=\"end\">upper bound ", y - 4) +
-         pct(rows.front().upper_bound) + "</text>\n";
+    s += fmt("<text x=\"%.0f\" ", BX + BW) +
+         fmt("y=\"%.1f\" text-anchor=\"end\">upper bound ", y - 4) + pct(rows.front().upper_bound) +
+         "</text>\n";
   }
   for (size_t i = 0; i < rows.size(); ++i) {
     double hr = std::max(0.0, rows[i].hit_rate);
     double x = BX + bar_w * static_cast<double>(i) + bar_w * 0.15;
     double h = PH * hr;
-    s += fmt("<rect x=\"%.1f\" ", x) + fmt("y=\"%.1f\" ", T + PH - h) + fmt("width=\"%.1f\" ", bar_w * 0.7) +
-         fmt("height=\"%.1f\" fill=\"", h) + kColors[i % 8] + "\"/>\n";
-    s += fmt("<text x=\"%.1f\" ", x + bar_w * 0.35) + fmt("y=\"%.1f\" text-anchor=\"middle\">", T + PH - h - 4) +
-         pct(rows[i].hit_rate) + "</text>\n";
+    s += fmt("<rect x=\"%.1f\" ", x) + fmt("y=\"%.1f\" ", T + PH - h) +
+         fmt("width=\"%.1f\" ", bar_w * 0.7) + fmt("height=\"%.1f\" fill=\"", h) + kColors[i % 8] +
+         "\"/>\n";
+    s += fmt("<text x=\"%.1f\" ", x + bar_w * 0.35) +
+         fmt("y=\"%.1f\" text-anchor=\"middle\">", T + PH - h - 4) + pct(rows[i].hit_rate) +
+         "</text>\n";
     s += fmt("<text x=\"%.1f\" ", x + bar_w * 0.35) +
          fmt("y=\"%.0f\" text-anchor=\"middle\" font-size=\"10\">", T + PH + 16) + rows[i].label +
          "</text>\n";

@@ -33,9 +33,13 @@ std::string word_text(uint64_t seed, size_t n) {
 namespace {
 
 // Exponential inter-arrival times for a Poisson process of `rate` per second.
-double next_gap(Rng& rng, double rate) { return -std::log(1.0 - rng.uniform()) / rate; }
+double next_gap(Rng& rng, double rate) {
+  return -std::log(1.0 - rng.uniform()) / rate;
+}
 
-int scaled(int v, double scale) { return std::max(1, static_cast<int>(std::lround(v / scale))); }
+int scaled(int v, double scale) {
+  return std::max(1, static_cast<int>(std::lround(v / scale)));
+}
 
 }  // namespace
 
@@ -47,10 +51,12 @@ Workload multiturn(const MultiturnOptions& o) {
   for (int u = 0; u < o.users; ++u) {
     Session s;
     uint64_t user_seed = o.seed * 1000003ull + static_cast<uint64_t>(u);
-    if (o.system_words > 0) s.system = word_text(user_seed ^ 0x5157, static_cast<size_t>(o.system_words));
+    if (o.system_words > 0)
+      s.system = word_text(user_seed ^ 0x5157, static_cast<size_t>(o.system_words));
     for (int k = 0; k < o.turns; ++k) {
       Turn turn;
-      turn.user = word_text(user_seed * 31 + static_cast<uint64_t>(k), static_cast<size_t>(o.user_words));
+      turn.user =
+          word_text(user_seed * 31 + static_cast<uint64_t>(k), static_cast<size_t>(o.user_words));
       turn.max_tokens = o.output_tokens;
       turn.think_s = k == 0 ? 0 : o.think_s;
       s.turns.push_back(std::move(turn));
@@ -63,11 +69,12 @@ Workload multiturn(const MultiturnOptions& o) {
   }
   w.open_loop = o.rate > 0;
   w.concurrency = o.concurrency > 0 ? o.concurrency : o.users;
-  w.description = std::to_string(o.users) + " users x " + std::to_string(o.turns) +
-                  " turns, " + std::to_string(o.user_words) + " words per message, " +
-                  std::to_string(o.output_tokens) + " output tokens" +
-                  (o.system_words ? ", " + std::to_string(o.system_words) + "-word system prompt" : "") +
-                  (o.rate > 0 ? ", open loop" : ", closed loop");
+  w.description =
+      std::to_string(o.users) + " users x " + std::to_string(o.turns) + " turns, " +
+      std::to_string(o.user_words) + " words per message, " + std::to_string(o.output_tokens) +
+      " output tokens" +
+      (o.system_words ? ", " + std::to_string(o.system_words) + "-word system prompt" : "") +
+      (o.rate > 0 ? ", open loop" : ", closed loop");
   return w;
 }
 
@@ -78,13 +85,15 @@ Workload shared_prefix(const SharedPrefixOptions& o) {
   int out = scaled(o.output_tokens, o.scale);
   std::vector<Session> all;
   for (int g = 0; g < o.groups; ++g) {
-    std::string system = word_text(o.seed * 7919 + static_cast<uint64_t>(g), static_cast<size_t>(sys));
+    std::string system =
+        word_text(o.seed * 7919 + static_cast<uint64_t>(g), static_cast<size_t>(sys));
     for (int p = 0; p < o.prompts; ++p) {
       Session s;
       s.system = system;
       Turn turn;
-      turn.user = word_text(o.seed * 104729 + static_cast<uint64_t>(g) * 100003 + static_cast<uint64_t>(p),
-                            static_cast<size_t>(q));
+      turn.user =
+          word_text(o.seed * 104729 + static_cast<uint64_t>(g) * 100003 + static_cast<uint64_t>(p),
+                    static_cast<size_t>(q));
       turn.max_tokens = out;
       s.turns.push_back(std::move(turn));
       all.push_back(std::move(s));
@@ -173,7 +182,8 @@ std::string trace(const TraceOptions& o, Workload& w) {
     for (size_t b = 0; b < l.hash_ids.size() && words > 0; ++b) {
       int take = std::min(words, block_words);
       if (!prompt.empty()) prompt.push_back(' ');
-      std::string block = word_text(l.hash_ids[b] * 2654435761ull + 17, static_cast<size_t>(block_words));
+      std::string block =
+          word_text(l.hash_ids[b] * 2654435761ull + 17, static_cast<size_t>(block_words));
       // Keep `take` words of the block.
       size_t pos = 0;
       for (int k = 0; k < take && pos != std::string::npos; ++k) pos = block.find(' ', pos + 1);
@@ -183,7 +193,8 @@ std::string trace(const TraceOptions& o, Workload& w) {
     Session s;
     Turn turn;
     turn.user = std::move(prompt);
-    turn.max_tokens = scaled(static_cast<int>(std::max<int64_t>(1, l.output_length)), o.length_scale);
+    turn.max_tokens =
+        scaled(static_cast<int>(std::max<int64_t>(1, l.output_length)), o.length_scale);
     s.turns.push_back(std::move(turn));
     s.arrival_s = (l.timestamp_ms - t0) / 1000.0 / o.time_scale;
     w.sessions.push_back(std::move(s));

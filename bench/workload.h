@@ -17,22 +17,22 @@
 namespace kvgate::bench {
 
 struct Turn {
-  std::string user;               // the new user message
-  int max_tokens = 16;            // output tokens asked for
-  double think_s = 0;             // pause before this turn (after the previous reply)
+  std::string user;     // the new user message
+  int max_tokens = 16;  // output tokens asked for
+  double think_s = 0;   // pause before this turn (after the previous reply)
 };
 
 struct Session {
-  std::string system;             // system prompt ("" = none)
+  std::string system;  // system prompt ("" = none)
   std::vector<Turn> turns;
-  double arrival_s = 0;           // open loop: start time from the beginning of the run
+  double arrival_s = 0;  // open loop: start time from the beginning of the run
 };
 
 struct Workload {
   std::string name;
-  std::string description;        // one line: sizes and shape
+  std::string description;  // one line: sizes and shape
   std::vector<Session> sessions;
-  bool open_loop = false;         // sessions start at arrival_s; else `concurrency` users loop
+  bool open_loop = false;  // sessions start at arrival_s; else `concurrency` users loop
   int concurrency = 1;
   size_t requests() const;
 };
@@ -43,25 +43,25 @@ std::string word_text(uint64_t seed, size_t n);
 struct MultiturnOptions {
   int users = 8;
   int turns = 4;
-  int system_words = 0;   // a per-user system prompt (0 = none)
-  int user_words = 64;    // each new user message
+  int system_words = 0;  // a per-user system prompt (0 = none)
+  int user_words = 64;   // each new user message
   int output_tokens = 32;
   double think_s = 0;
-  double rate = 0;        // > 0: open loop, users arrive at this rate (Poisson), else closed loop
-  int concurrency = 0;    // closed loop: users at once (0 = all)
+  double rate = 0;      // > 0: open loop, users arrive at this rate (Poisson), else closed loop
+  int concurrency = 0;  // closed loop: users at once (0 = all)
   uint64_t seed = 1;
 };
 Workload multiturn(const MultiturnOptions& o);
 
 struct SharedPrefixOptions {
   int groups = 64;
-  int prompts = 16;        // per group
+  int prompts = 16;  // per group
   int system_tokens = 2048;
   int question_tokens = 128;
   int output_tokens = 256;
-  double scale = 1;        // sizes are divided by this
+  double scale = 1;  // sizes are divided by this
   int concurrency = 16;
-  double rate = 0;         // > 0: open loop at this request rate
+  double rate = 0;  // > 0: open loop at this request rate
   uint64_t seed = 1;
 };
 Workload shared_prefix(const SharedPrefixOptions& o);

@@ -1,6 +1,8 @@
 // sim/chat_template: see chat_template.h.
 #include "sim/chat_template.h"
 
+#include "tokenizer/chat_template.h"
+
 namespace kvgate::sim {
 
 void ChatMLTemplate::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
@@ -12,7 +14,47 @@ void ChatMLTemplate::render(std::span<const ChatMessage> messages, bool add_gene
   if (add_generation_prompt) out.append("<|im_start|>assistant\n");
 }
 
-std::unique_ptr<ChatTemplate> make_chat_template(std::string_view /*tokenizer_path*/) {
+namespace {
+
+class ModelChatTemplate final : public ChatTemplate {
+ public:
+  explicit ModelChatTemplate(std::unique_ptr<tokenizer::ChatTemplate> t) : t_(std::move(t)) {}
+  std::string_view name() const override { return "model chat template"; }
+  void render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+              std::string& out) const override {
+    tokenizer::ChatTemplate::Input in;
+    std::vector<tokenizer::jinja::Value> list;
+    list.reserve(messages.size());
+    for (const auto& m : messages) {
+      tokenizer::jinja::Value msg = tokenizer::jinja::Value::object();
+      msg.obj_mut().set("role", tokenizer::jinja::Value(m.role));
+      msg.obj_mut().set("content", tokenizer::jinja::Value(m.content));
+      list.push_back(std::move(msg));
+    }
+    in.messages = tokenizer::jinja::Value::array(std::move(list));
+    in.add_generation_prompt = add_generation_prompt;
+    std::string rendered, error;
+    if (t_->render(in, rendered, error)) {
+      out.append(rendered);
+    } else {
+      fallback_.render(messages, add_generation_prompt, out);
+    }
+  }
+
+ private:
+  std::unique_ptr<tokenizer::ChatTemplate> t_;
+  ChatMLTemplate fallback_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatTemplate> make_chat_template(std::string_view tokenizer_path) {
+  if (!tokenizer_path.empty()) {
+    std::string error;
+    if (auto t = tokenizer::ChatTemplate::load(std::string(tokenizer_path), error)) {
+      return std::make_unique<ModelChatTemplate>(std::move(t));
+    }
+  }
   return std::make_unique<ChatMLTemplate>();
 }
 

@@ -1,6 +1,7 @@
 // sim/chat_template: turns chat messages into the prompt text the model sees. The interface is what
-// the chat route uses; the ChatML stand-in below serves until the tokenizer issue brings the
-// model's real Jinja template (tokenizer_config.json) behind the same interface.
+// the chat route uses; behind it, the model's own Jinja template (src/tokenizer/chat_template:
+// tokenizer_config.json, as transformers renders it) when --tokenizer-path names one, else the
+// ChatML stand-in.
 #pragma once
 
 #include <memory>
@@ -33,7 +34,10 @@ class ChatMLTemplate final : public ChatTemplate {
               std::string& out) const override;
 };
 
-// The template for --tokenizer-path (the ChatML stand-in until real templates land).
+// The template for --tokenizer-path: the model's chat template when the directory has one, else
+// the ChatML stand-in. A conversation the model's template rejects (its raise_exception, e.g.
+// roles that do not alternate) renders with the ChatML stand-in instead: this interface has no
+// error path.
 std::unique_ptr<ChatTemplate> make_chat_template(std::string_view tokenizer_path);
 
 }  // namespace kvgate::sim

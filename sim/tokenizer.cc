@@ -4,6 +4,7 @@
 #include <array>
 
 #include "sim/words.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvgate::sim {
 namespace {
@@ -115,16 +116,49 @@ void StandInTokenizer::decode_token(int32_t id, std::string& out) const {
   }
 }
 
+namespace {
+
+// The model's tokenizer behind the sim's interface.
+class HfTokenizer final : public Tokenizer {
+ public:
+  explicit HfTokenizer(std::unique_ptr<tokenizer::Tokenizer> t)
+      : t_(std::move(t)), name_("tokenizer.json: " + t_->description()) {
+    eos_ = t_->eos_token_id().value_or(-1);
+  }
+  std::string_view name() const override { return name_; }
+  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+    t_->encode(text, false, out);
+  }
+  void decode_token(int32_t id, std::string& out) const override {
+    if (id < 0 || id >= t_->vocab_size()) return;
+    t_->append_token_bytes(id, out);
+  }
+  int32_t vocab_size() const override { return t_->vocab_size(); }
+  int32_t eos_token_id() const override { return eos_; }
+  bool is_special(int32_t id) const override { return t_->is_special(id); }
+
+ private:
+  std::unique_ptr<tokenizer::Tokenizer> t_;
+  std::string name_;
+  int32_t eos_ = -1;
+};
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view path, std::string& note,
                                           std::string& error) {
   error.clear();
   note.clear();
-  if (!path.empty()) {
-    note = "--tokenizer-path " + std::string(path) +
-           " is accepted, but real tokenizers are not built yet: prompts are counted with the "
-           "byte-level stand-in";
+  if (path.empty()) return std::make_unique<StandInTokenizer>();
+  auto t = tokenizer::Tokenizer::load(std::string(path), error);
+  if (!t) return nullptr;
+  if (!t->eos_token_id()) {
+    error = std::string(path) + ": tokenizer_config.json names no eos_token in the vocabulary";
+    return nullptr;
   }
-  return std::make_unique<StandInTokenizer>();
+  auto hf = std::make_unique<HfTokenizer>(std::move(t));
+  note = std::string(hf->name());
+  return hf;
 }
 
 }  // namespace kvgate::sim

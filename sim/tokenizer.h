@@ -1,6 +1,6 @@
 // sim/tokenizer: the Tokenizer interface every part of the sim counts and generates tokens through,
-// and its byte-level stand-in. A later issue adds the real tokenizer.json BPE behind the same
-// interface (selected by --tokenizer-path); nothing else in sim/ knows which one runs.
+// its byte-level stand-in, and the model's real tokenizer (src/tokenizer: tokenizer.json, ids as
+// HF tokenizers) selected by --tokenizer-path; nothing else in sim/ knows which one runs.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +58,10 @@ class StandInTokenizer final : public Tokenizer {
   std::unique_ptr<WordTable> words_;
 };
 
-// The tokenizer for --tokenizer-path. Until real tokenizers land every path gets the stand-in;
-// `note` then says so (for a startup log line). Returns nullptr with `error` set on failure.
+// The tokenizer for --tokenizer-path: the stand-in when the path is empty, else the model's
+// tokenizer.json (encode without added special tokens, as SGLang encodes a rendered chat prompt).
+// `note` names what was loaded (for a startup log line). Returns nullptr with `error` set when the
+// directory holds no tokenizer this build can run exactly.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view path, std::string& note,
                                           std::string& error);
 

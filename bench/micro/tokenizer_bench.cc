@@ -51,7 +51,8 @@ const std::vector<std::string>& corpus() {
         "for (size_t i = 0; i < n; ++i) {\n  sum += v[i] * w[i];\n}\n",
         "人工智能正在改变我们的生活方式。大型语言模型可以理解和生成自然语言。",
         "東京の天気は晴れです。 인공지능은 우리의 삶을 변화시키고 있습니다. ",
-        "Great job! 🎉🎉 👍🏽 👨‍👩‍👧 Order #48213 shipped on 2024-03-17, total $1,299.99. ",
+        "Great job! 🎉🎉 👍🏽 👨‍👩‍👧 Order #48213 shipped on 2024-03-17, total "
+        "$1,299.99. ",
         "        \n\t\t\n   def handler(request):\n    return {\"ok\": True}\n",
     };
     uint32_t s = 12345;

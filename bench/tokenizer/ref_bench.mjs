@@ -6,7 +6,8 @@
 // Rust core (@anush008/tokenizers, one call in flight: single-threaded), repeating for SECONDS,
 // and prints one JSON line: tokens/s for 4 KB requests and for the whole corpus as one document,
 // the FNV-1a checksum of all ids (to check both sides produce the same output), and the
-// @huggingface/jinja render time of a 20-turn chat.
+// @huggingface/jinja render time of a 20-turn chat, and the load time and RSS growth of loading
+// the tokenizer.
 import { createRequire } from "module";
 import fs from "fs";
 import path from "path";
@@ -17,7 +18,11 @@ const { Template } = require("@huggingface/jinja");
 
 const [modelDir, corpusFile, secsArg] = process.argv.slice(2);
 const secs = Number(secsArg ?? 3);
+const rssBefore = process.memoryUsage().rss;
+const loadStart = process.hrtime.bigint();
 const tok = Tokenizer.fromFile(path.join(modelDir, "tokenizer.json"));
+const load_ms = Number(process.hrtime.bigint() - loadStart) / 1e6;
+const load_rss_bytes = process.memoryUsage().rss - rssBefore;
 const config = JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8"));
 const docs = fs.readFileSync(corpusFile, "utf8").split("\x1e");
 
@@ -69,4 +74,4 @@ if (typeof config.chat_template === "string") {
   for (let i = 0; i < n; ++i) t.render(vars);
   render_us = Number(process.hrtime.bigint() - s) / 1e3 / n;
 }
-console.log(JSON.stringify({ model: path.basename(modelDir), docs: docs.length, tokens_per_pass: tokensPerPass, checksum, requests_tokens_per_s: Math.round(requests), document_tokens_per_s: Math.round(whole), chat20_render_us: render_us }));
+console.log(JSON.stringify({ model: path.basename(modelDir), docs: docs.length, tokens_per_pass: tokensPerPass, checksum, requests_tokens_per_s: Math.round(requests), document_tokens_per_s: Math.round(whole), chat20_render_us: render_us, load_ms, load_rss_bytes }));

@@ -16,6 +16,7 @@
 #include "gateway/gateway.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "tokenizer/cli.h"
 #include "util/log.h"
 #include "workers/health.h"
 
@@ -44,6 +45,9 @@ int fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
+  if (argc > 1 && std::string_view(argv[1]) == "tokenize") {
+    return kvgate::tokenizer::run_tokenize_command(argc - 2, argv + 2);
+  }
   std::vector<std::string> args(argv + 1, argv + argc);
   GatewayConfig cfg;
   auto knobs = gateway_knobs();

@@ -1,8 +1,10 @@
-// Tests for sim/tokenizer (the byte-level stand-in), sim/words and sim/chat_template.
+// Tests for sim/tokenizer (the byte-level stand-in and the model's tokenizer behind the same
+// interface), sim/words and sim/chat_template.
 #include "sim/tokenizer.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <set>
 
 #include "sim/chat_template.h"
@@ -74,7 +76,7 @@ TEST(SimTokenizer, SpecialTokensAreSingleIds) {
 
 TEST(SimTokenizer, DecodeOfEncodeIsIdentity) {
   StandInTokenizer t;
-  for (std::string s :
+  for (const std::string& s :
        std::vector<std::string>{"", " ", "the quick brown fox", "Ünïcödé ✓ text\n\twith tabs",
                                 "<|im_start|>system\nYou are the model.<|im_end|>\n", "a  b   c",
                                 "question?answer!the", std::string("\0\xff\x80", 3)}) {
@@ -86,14 +88,60 @@ TEST(SimTokenizer, DecodeOfEncodeIsIdentity) {
   EXPECT_EQ(out, "");
 }
 
-TEST(SimTokenizer, FactoryUsesTheStandInAndSaysSo) {
+std::string models_dir() {
+  std::string f = __FILE__;  // <repo>/tests/unit/sim/tokenizer_test.cc
+  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
+  return f + "/models";
+}
+
+TEST(SimTokenizer, FactoryPicksTheStandInOrTheModelTokenizer) {
   std::string note, error;
   auto t = make_tokenizer("", note, error);
   ASSERT_TRUE(t);
   EXPECT_TRUE(note.empty());
-  t = make_tokenizer("models/qwen3", note, error);
-  ASSERT_TRUE(t);
-  EXPECT_NE(note.find("stand-in"), std::string::npos);
+  EXPECT_EQ(t->name(), "byte-level stand-in");
+  EXPECT_FALSE(make_tokenizer("/nonexistent/model", note, error));
+  EXPECT_NE(error.find("/nonexistent/model"), std::string::npos) << error;
+}
+
+TEST(SimTokenizer, ModelTokenizerBehindTheInterface) {
+  std::string dir = models_dir() + "/qwen3";
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) GTEST_SKIP() << "run scripts/setup";
+  std::string note, error;
+  auto t = make_tokenizer(dir, note, error);
+  ASSERT_TRUE(t) << error;
+  EXPECT_NE(note.find("tokenizer.json"), std::string::npos);
+  EXPECT_EQ(enc(*t, "Hello world"), (std::vector<int32_t>{9707, 1879}));
+  auto ids = enc(*t, "<|im_start|>user\n你好 😀<|im_end|>");
+  EXPECT_EQ(ids.front(), 151644);
+  EXPECT_EQ(t->eos_token_id(), 151645);
+  EXPECT_TRUE(t->is_special(151644));
+  // Token by token, the bytes concatenate back to the text (multi-byte characters included).
+  EXPECT_EQ(dec(*t, ids), "<|im_start|>user\n你好 😀<|im_end|>");
+  EXPECT_GE(t->vocab_size(), 151669);
+
+  auto tmpl = make_chat_template(dir);
+  std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
+  std::string out;
+  tmpl->render(msgs, true, out);
+  EXPECT_EQ(out,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(tmpl->name(), "model chat template");
+}
+
+TEST(SimChatTemplate, Llama3TemplateAndFallback) {
+  std::string dir = models_dir() + "/llama3";
+  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) GTEST_SKIP() << "run scripts/setup";
+  auto tmpl = make_chat_template(dir);
+  std::vector<ChatMessage> msgs = {{"user", "  Hi  "}};
+  std::string out;
+  tmpl->render(msgs, true, out);
+  EXPECT_EQ(out,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(make_chat_template("")->name(), "chatml stand-in");
+  EXPECT_EQ(make_chat_template("/nonexistent")->name(), "chatml stand-in");
 }
 
 TEST(SimChatTemplate, RendersChatMl) {

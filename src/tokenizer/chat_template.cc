@@ -1,0 +1,200 @@
+// tokenizer/chat_template: see chat_template.h.
+#include "tokenizer/chat_template.h"
+
+#include <filesystem>
+
+#include "tokenizer/tokenizer.h"
+
+namespace kvgate::tokenizer {
+namespace {
+
+// Special tokens of a tokenizer_config.json, as transformers' special_tokens_map passes them.
+std::vector<std::pair<std::string, jinja::Value>> special_tokens(const jinja::Value& config) {
+  std::vector<std::pair<std::string, jinja::Value>> out;
+  if (!config.is_dict()) return out;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
+    const jinja::Value* v = config.obj().find(key);
+    if (!v) continue;
+    if (v->is_string()) {
+      out.emplace_back(key, *v);
+    } else if (v->is_dict()) {
+      if (const jinja::Value* c = v->obj().find("content"); c && c->is_string()) {
+        out.emplace_back(key, *c);
+      }
+    }
+  }
+  if (const jinja::Value* v = config.obj().find("additional_special_tokens"); v && v->is_array()) {
+    std::vector<jinja::Value> items;
+    for (const auto& x : v->arr().items) {
+      if (x.is_string()) {
+        items.push_back(x);
+      } else if (x.is_dict()) {
+        if (const jinja::Value* c = x.obj().find("content"); c && c->is_string()) {
+          items.push_back(*c);
+        }
+      }
+    }
+    out.emplace_back("additional_special_tokens", jinja::Value::array(std::move(items)));
+  }
+  return out;
+}
+
+}  // namespace
+
+ChatTemplate::~ChatTemplate() = default;
+
+std::unique_ptr<ChatTemplate> ChatTemplate::from_source(
+    std::string_view source, std::vector<std::pair<std::string, jinja::Value>> specials,
+    std::string& error) {
+  auto t = jinja::Template::parse(source, error);
+  if (!t) return nullptr;
+  std::unique_ptr<ChatTemplate> ct(new ChatTemplate());
+  ct->variants_.push_back({"default", std::move(t)});
+  ct->specials_ = std::move(specials);
+  return ct;
+}
+
+std::unique_ptr<ChatTemplate> ChatTemplate::from_config(std::string_view config_json,
+                                                        std::string& error) {
+  jinja::Value config;
+  if (!jinja::from_json(config_json, config, error)) {
+    error = "tokenizer_config.json: " + error;
+    return nullptr;
+  }
+  if (!config.is_dict()) {
+    error = "tokenizer_config.json is not an object";
+    return nullptr;
+  }
+  const jinja::Value* ct = config.obj().find("chat_template");
+  if (!ct || ct->is_none()) {
+    error = "tokenizer_config.json has no chat_template";
+    return nullptr;
+  }
+  std::unique_ptr<ChatTemplate> out(new ChatTemplate());
+  out->specials_ = special_tokens(config);
+  if (ct->is_string()) {
+    auto t = jinja::Template::parse(ct->str(), error);
+    if (!t) return nullptr;
+    out->variants_.push_back({"default", std::move(t)});
+    return out;
+  }
+  if (!ct->is_array()) {
+    error = "chat_template is neither a string nor a list of named templates";
+    return nullptr;
+  }
+  for (const auto& item : ct->arr().items) {
+    const jinja::Value* name = item.is_dict() ? item.obj().find("name") : nullptr;
+    const jinja::Value* src = item.is_dict() ? item.obj().find("template") : nullptr;
+    if (!name || !src || !name->is_string() || !src->is_string()) {
+      error = "chat_template list entries need 'name' and 'template'";
+      return nullptr;
+    }
+    auto t = jinja::Template::parse(src->str(), error);
+    if (!t) {
+      error.insert(0, "chat_template '" + name->str() + "': ");
+      return nullptr;
+    }
+    Variant v{name->str(), std::move(t)};
+    if (v.name == "default") {
+      out->variants_.insert(out->variants_.begin(), std::move(v));
+    } else {
+      out->variants_.push_back(std::move(v));
+    }
+  }
+  if (out->variants_.empty() || out->variants_[0].name != "default") {
+    error = "chat_template list has no 'default' template";
+    return nullptr;
+  }
+  return out;
+}
+
+std::unique_ptr<ChatTemplate> ChatTemplate::load(const std::string& dir, std::string& error) {
+  std::string cfg, err;
+  read_file(dir + "/tokenizer_config.json", cfg, err);
+  // transformers reads a standalone chat_template.jinja (or chat_template.json) first.
+  std::string jinja_src;
+  if (std::filesystem::exists(dir + "/chat_template.jinja") &&
+      read_file(dir + "/chat_template.jinja", jinja_src, err)) {
+    jinja::Value config;
+    std::string e2;
+    if (!cfg.empty()) jinja::from_json(cfg, config, e2);
+    auto t = from_source(jinja_src, special_tokens(config), error);
+    if (!t) error = dir + "/chat_template.jinja: " + error;
+    return t;
+  }
+  std::string json_src;
+  if (std::filesystem::exists(dir + "/chat_template.json") &&
+      read_file(dir + "/chat_template.json", json_src, err)) {
+    jinja::Value doc, config;
+    std::string e2;
+    if (!cfg.empty()) jinja::from_json(cfg, config, e2);
+    if (jinja::from_json(json_src, doc, error) && doc.is_dict()) {
+      if (const jinja::Value* s = doc.obj().find("chat_template"); s && s->is_string()) {
+        auto t = from_source(s->str(), special_tokens(config), error);
+        if (!t) error = dir + "/chat_template.json: " + error;
+        return t;
+      }
+    }
+  }
+  if (cfg.empty()) {
+    error = dir + ": no tokenizer_config.json with a chat_template";
+    return nullptr;
+  }
+  auto t = from_config(cfg, error);
+  if (!t) error = dir + "/" + error;
+  return t;
+}
+
+bool ChatTemplate::render(const Input& in, std::string& out, std::string& error) const {
+  bool has_tools = in.tools.is_array() && !in.tools.arr().items.empty();
+  const jinja::Template* t = variants_[0].tmpl.get();
+  if (has_tools) {
+    for (const auto& v : variants_) {
+      if (v.name == "tool_use") t = v.tmpl.get();
+    }
+  }
+  std::vector<std::pair<std::string, jinja::Value>> vars;
+  vars.reserve(5 + specials_.size() + in.extra.size());
+  vars.emplace_back("messages", in.messages);
+  vars.emplace_back("tools", in.tools.is_undefined() ? jinja::Value::none() : in.tools);
+  vars.emplace_back("documents", jinja::Value::none());
+  vars.emplace_back("add_generation_prompt", jinja::Value(in.add_generation_prompt));
+  for (const auto& s : specials_) vars.push_back(s);
+  for (const auto& e : in.extra) vars.push_back(e);
+  // Later entries win: drop earlier duplicates.
+  std::vector<std::pair<std::string, jinja::Value>> unique;
+  unique.reserve(vars.size());
+  for (size_t i = 0; i < vars.size(); ++i) {
+    bool later = false;
+    for (size_t j = i + 1; j < vars.size() && !later; ++j) later = vars[j].first == vars[i].first;
+    if (!later) unique.push_back(std::move(vars[i]));
+  }
+  return t->render(unique, out, error);
+}
+
+bool ChatTemplate::render_json(std::string_view messages_json, std::string_view tools_json,
+                               bool add_generation_prompt, std::string_view extra_json,
+                               std::string& out, std::string& error) const {
+  Input in;
+  in.add_generation_prompt = add_generation_prompt;
+  if (!jinja::from_json(messages_json, in.messages, error)) {
+    error = "messages: " + error;
+    return false;
+  }
+  if (!tools_json.empty() && !jinja::from_json(tools_json, in.tools, error)) {
+    error = "tools: " + error;
+    return false;
+  }
+  if (!extra_json.empty()) {
+    jinja::Value extra;
+    if (!jinja::from_json(extra_json, extra, error) || !extra.is_dict()) {
+      error = "chat_template_kwargs: " + (error.empty() ? std::string("not an object") : error);
+      return false;
+    }
+    for (const auto& kv : extra.obj().items) in.extra.push_back(kv);
+  }
+  return render(in, out, error);
+}
+
+}  // namespace kvgate::tokenizer

@@ -1,0 +1,99 @@
+// tokenizer/tokenizer: a Hugging Face tokenizer.json (+ tokenizer_config.json) loaded into the
+// pipeline the engine runs: added/special tokens split out first, normalizer, pre-tokenizers,
+// BPE, post-processor; and decode. Ids are identical to HF tokenizers (tests/conformance).
+//
+// Supported: model BPE (byte-level, or character-level with byte_fallback / unk as SentencePiece
+// conversions write it); normalizers NFC/NFD/NFKC/NFKD, Prepend, Replace, Strip, Sequence;
+// pre-tokenizers Split (regex via PCRE2 JIT, or literal; every split behaviour and invert),
+// ByteLevel, Metaspace, Digits, Sequence; post-processors ByteLevel, TemplateProcessing, Bert,
+// Roberta, Sequence; decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence.
+// Anything else is refused at load with a message naming it, never tokenized approximately.
+//
+// Like transformers' LlamaTokenizerFast/GemmaTokenizerFast, a tokenizer_config.json naming those
+// classes with add_bos_token/add_eos_token decides the special tokens added around a sequence.
+//
+// Text that is not valid UTF-8 is encoded as if each ill-formed sequence were U+FFFD (the
+// WHATWG/Unicode "maximal subpart" replacement, what Node or a browser would decode it to).
+//
+// Thread safety: a loaded Tokenizer is immutable; encode/decode may run on any number of threads
+// at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvgate::tokenizer {
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool special = false;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = false;
+};
+
+class Tokenizer {
+ public:
+  // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Returns nullptr with
+  // `error` naming the file and the unsupported component on failure.
+  static std::unique_ptr<Tokenizer> load(const std::string& dir, std::string& error);
+  // Same from the two documents' text (config may be empty).
+  static std::unique_ptr<Tokenizer> from_json(std::string_view tokenizer_json,
+                                              std::string_view config_json, std::string& error);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Appends the ids of `text` to `out`. With add_special_tokens, the post-processor's tokens
+  // (e.g. BOS) surround them, as HF's encode(text, add_special_tokens=True). Returns false with
+  // `error` set only when the regex engine runs out of resources on pathological input (the
+  // output is then incomplete and must not be used).
+  bool encode(std::string_view text, bool add_special_tokens, std::vector<int32_t>& out,
+              std::string* error = nullptr) const;
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+
+  // Text of the ids (invalid UTF-8 from partial byte tokens becomes U+FFFD, as HF).
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  // Appends the bytes one token stands for in the middle of a text (byte-level: its raw bytes,
+  // possibly part of a UTF-8 sequence; SentencePiece-style: "▁" as a space, <0xXX> as that
+  // byte; added tokens: their content). Concatenating the tokens of a sequence this way and
+  // repairing UTF-8 gives decode() except for decoders that strip the first space.
+  void append_token_bytes(int32_t id, std::string& out) const;
+
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  std::string id_to_token(int32_t id) const;
+  // One past the largest id (model vocabulary plus added tokens).
+  int32_t vocab_size() const;
+  bool is_special(int32_t id) const;
+  const std::vector<AddedToken>& added_tokens() const;
+
+  // From tokenizer_config.json (empty / nullopt when not set).
+  const std::string& bos_token() const;
+  const std::string& eos_token() const;
+  std::optional<int32_t> bos_token_id() const;
+  std::optional<int32_t> eos_token_id() const;
+
+  // One line naming the pipeline, e.g. "BPE byte-level, NFC, Split+ByteLevel, 151669 tokens".
+  const std::string& description() const;
+  // Heap memory held by the loaded tables (not counting per-thread caches).
+  size_t memory_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads a whole file; false with `error` set when it cannot.
+bool read_file(const std::string& path, std::string& out, std::string& error);
+
+}  // namespace kvgate::tokenizer

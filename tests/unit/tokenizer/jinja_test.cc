@@ -1,0 +1,162 @@
+// Unit tests of tokenizer/jinja: every case of jinja_cases.inc (rendered by Python's jinja2 as
+// transformers sets it up) must render identically here; load-time errors name what is
+// unsupported; values convert to and from JSON as Python's json module does.
+#include "tokenizer/jinja.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvgate::tokenizer::jinja {
+namespace {
+
+struct Case {
+  const char* tmpl;
+  const char* vars;
+  const char* expected;
+  bool raises;
+};
+
+const Case kCases[] = {
+#include "tests/unit/tokenizer/jinja_cases.inc"
+};
+
+std::vector<std::pair<std::string, Value>> vars_of(const char* json) {
+  Value v;
+  std::string err;
+  EXPECT_TRUE(from_json(json, v, err)) << err;
+  std::vector<std::pair<std::string, Value>> out;
+  for (const auto& kv : v.obj().items) out.push_back(kv);
+  return out;
+}
+
+TEST(Jinja, MatchesPythonJinja2) {
+  int n = 0;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.tmpl);
+    std::string err;
+    auto t = Template::parse(c.tmpl, err);
+    ASSERT_TRUE(t) << err;
+    std::string out;
+    bool ok = t->render(vars_of(c.vars), out, err);
+    if (c.raises) {
+      EXPECT_FALSE(ok) << "rendered: " << out;
+    } else {
+      EXPECT_TRUE(ok) << err;
+      EXPECT_EQ(out, c.expected);
+    }
+    ++n;
+  }
+  EXPECT_GT(n, 60);
+}
+
+TEST(Jinja, RaiseExceptionMessageIsTheError) {
+  std::string err;
+  auto t = Template::parse("{{ raise_exception('Conversation roles must alternate') }}", err);
+  ASSERT_TRUE(t);
+  std::string out;
+  EXPECT_FALSE(t->render({}, out, err));
+  EXPECT_NE(err.find("Conversation roles must alternate"), std::string::npos) << err;
+}
+
+TEST(Jinja, GenerationTagRendersItsBody) {
+  std::string err, out;
+  auto t = Template::parse("a{% generation %}b{{ 1 }}{% endgeneration %}c", err);
+  ASSERT_TRUE(t) << err;
+  ASSERT_TRUE(t->render({}, out, err)) << err;
+  EXPECT_EQ(out, "ab1c");
+}
+
+TEST(Jinja, UnsupportedConstructsFailAtLoadNamingThem) {
+  struct Bad {
+    const char* tmpl;
+    const char* names;
+  };
+  const Bad bad[] = {
+      {"{% include 'x.j2' %}", "include"},
+      {"{% extends 'base' %}", "extends"},
+      {"{% import 'm' as m %}", "import"},
+      {"{% block body %}{% endblock %}", "block"},
+      {"{{ x | wordwrap(10) }}", "wordwrap"},
+      {"{{ x | urlencode }}", "urlencode"},
+      {"{% if x is divisible %}{% endif %}", "divisible"},
+      {"{{ x.encode('utf-8') }}", "encode"},
+      {"{% for x in y recursive %}{% endfor %}", "recursive"},
+      {"{{ f(*args) }}", "unpacking"},
+      {"{% if x %}unclosed", "endif"},
+      {"{{ 'unterminated }}", "unterminated"},
+      {"{% break %}", "outside of a loop"},
+  };
+  for (const auto& b : bad) {
+    std::string err;
+    EXPECT_FALSE(Template::parse(b.tmpl, err)) << b.tmpl;
+    EXPECT_NE(err.find(b.names), std::string::npos) << b.tmpl << " -> " << err;
+  }
+}
+
+TEST(Jinja, JsonRoundTripKeepsOrderTypesAndUnicode) {
+  Value v;
+  std::string err;
+  ASSERT_TRUE(from_json(
+      R"({"z":1,"a":[1.0,2.5,-0.0,1e300,"é\u0001"],"n":null,"t":true,"big":123456789012345678901234})",
+      v, err))
+      << err;
+  std::string out;
+  ASSERT_TRUE(to_json(v, JsonOptions{}, out, err)) << err;
+  EXPECT_EQ(out,
+            "{\"z\": 1, \"a\": [1.0, 2.5, -0.0, 1e+300, \"é\\u0001\"], \"n\": null, \"t\": true, "
+            "\"big\": 1.2345678901234569e+23}");
+  EXPECT_EQ(to_str(v),
+            "{'z': 1, 'a': [1.0, 2.5, -0.0, 1e+300, 'é\\x01'], 'n': None, 't': True, "
+            "'big': 1.2345678901234569e+23}");
+  EXPECT_FALSE(from_json("{\"unterminated\": ", v, err));
+}
+
+TEST(Jinja, PythonFloatRepr) {
+  const std::pair<double, const char*> cases[] = {
+      {1.0, "1.0"},
+      {0.1, "0.1"},
+      {1e16, "1e+16"},
+      {1e15, "1000000000000000.0"},
+      {0.0001, "0.0001"},
+      {0.00001, "1e-05"},
+      {-2.5, "-2.5"},
+      {123.456, "123.456"},
+      {1e-300, "1e-300"},
+      {3.0e21, "3e+21"},
+      {0.30000000000000004, "0.30000000000000004"},
+  };
+  for (auto [d, s] : cases) EXPECT_EQ(to_str(Value(d)), s);
+}
+
+TEST(Jinja, TemplateRendersConcurrently) {
+  std::string err;
+  auto t = Template::parse(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+      "<{{ m.role }}>{{ m.content | trim }}{% endfor %}{{ ns.n }}",
+      err);
+  ASSERT_TRUE(t) << err;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  threads.reserve(4);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 2000; ++i) {
+        Value msgs;
+        std::string e, out;
+        from_json(R"([{"role":"user","content":" a "},{"role":"assistant","content":"b"}])", msgs,
+                  e);
+        if (!t->render({{"messages", msgs}}, out, e) || out != "<user>a<assistant>b2") {
+          ++failures[static_cast<size_t>(k)];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int f : failures) EXPECT_EQ(f, 0);
+}
+
+}  // namespace
+}  // namespace kvgate::tokenizer::jinja

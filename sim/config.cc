@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "sim/kv_events.h"
+
 namespace kvgate::sim {
 namespace {
 
@@ -11,7 +13,9 @@ using C = SimConfig;
 
 constexpr std::string_view kServer = "Server (SGLang server arguments)";
 constexpr std::string_view kOutput = "Response shapes (SGLang server arguments)";
-constexpr std::string_view kSim = "Simulation";
+constexpr std::string_view kPd = "Prefill/decode disaggregation (SGLang server arguments)";
+constexpr std::string_view kSim = "Simulation: timing model";
+constexpr std::string_view kSimOther = "Simulation";
 constexpr std::string_view kFaults =
     "Fault injection (for tests; also settable at POST /sim/faults)";
 
@@ -21,12 +25,21 @@ constexpr std::string_view kIntro =
     "/v1/completions, /v1/chat/completions, /health, /get_server_info, /get_load, /v1/loads,\n"
     "/v1/models, /metrics, /flush_cache) with deterministic pseudo-text and a configurable "
     "timing,\n"
-    "so a gateway cannot tell it from a real engine at the HTTP level. Flag names follow SGLang's\n"
-    "server arguments where they exist.";
+    "so a gateway cannot tell it from a real engine at the HTTP level. Behind the API: a paged "
+    "radix\n"
+    "prefix cache per DP rank (truthful cached_tokens), continuous batching with a timing model "
+    "of\n"
+    "an 8B model on one H100 (shrunk by --time-scale), KV events over ZeroMQ in SGLang's wire\n"
+    "format, and prefill/decode roles. Flag names follow SGLang's server arguments where they\n"
+    "exist.";
 constexpr std::string_view kOutro =
     "A dropped response closes its connection after --drop-after-chunks SSE events (streams) or\n"
     "half-way through the body (whole answers).\n\n"
+    "--scheduler auto uses the fixed delays when --ttft-ms or --tpot-ms is given, continuous\n"
+    "batching otherwise.\n\n"
     "Examples:\n"
+    "  kvgate-sim --port 30001 --time-scale 0.05 --page-size 16 --enable-cache-report \\\n"
+    "    --kv-events-config '{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}'\n"
     "  kvgate-sim --port 30001 --ttft-ms 50 --tpot-ms 10 --enable-metrics\n"
     "  kvgate-sim --port 30002 --instant            # answer at once (proxy-overhead benchmarks)\n"
     "  kvgate-sim --port 30003 --fail-rate 0.2 --fail-status 503\n"
@@ -98,6 +111,37 @@ std::vector<K> build_table() {
        .field = &C::log_level,
        .choices = {"debug", "info", "warning", "error"}},
 
+      {.name = "chunked-prefill-size",
+       .group = kServer,
+       .value_name = "N",
+       .help = "Most uncached prompt tokens prefilled per step (<= 0: no chunking)",
+       .field = &C::chunked_prefill_size,
+       .min = -1,
+       .max = 1e9},
+      {.name = "max-running-requests",
+       .group = kServer,
+       .value_name = "N",
+       .help = "Largest running batch per DP rank; more requests wait in the queue",
+       .field = &C::max_running_requests,
+       .min = 1,
+       .max = 1e6},
+      {.name = "max-queued-requests",
+       .group = kServer,
+       .value_name = "N",
+       .help =
+           "Requests beyond this many waiting get 503 'The request queue is full.' (0: no limit)",
+       .field = &C::max_queued_requests,
+       .min = 0,
+       .max = 1e9},
+      {.name = "kv-events-config",
+       .group = kServer,
+       .value_name = "JSON",
+       .help =
+           "Publish KV events: {\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"topic\":\"\","
+           "\"replay_endpoint\":\"tcp://*:5600\",\"buffer_steps\":10000,\"hwm\":100000}; DP rank r "
+           "uses port + r",
+       .field = &C::kv_events_config},
+
       {.name = "enable-cache-report",
        .group = kOutput,
        .help = "Report prompt_tokens_details.cached_tokens on OpenAI routes",
@@ -115,45 +159,123 @@ std::vector<K> build_table() {
        .help = "OpenAI streams end with a usage chunk by default",
        .field = &C::stream_response_default_include_usage},
 
+      {.name = "disaggregation-mode",
+       .group = kPd,
+       .value_name = "MODE",
+       .help = "Role in prefill/decode disaggregation",
+       .field = &C::disaggregation_mode,
+       .choices = {"null", "prefill", "decode"}},
+      {.name = "disaggregation-bootstrap-port",
+       .group = kPd,
+       .value_name = "PORT",
+       .help = "Prefill role: port of the bootstrap rendezvous (decode servers connect to it)",
+       .field = &C::disaggregation_bootstrap_port,
+       .min = 0,
+       .max = 65535},
+      {.name = "pd-transfer-fixed-ms",
+       .group = kPd,
+       .value_name = "MS",
+       .help = "Modelled KV transfer time per request, fixed part (sim)",
+       .field = &C::pd_transfer_fixed_ms,
+       .min = 0,
+       .max = 3.6e6},
+      {.name = "pd-transfer-token-us",
+       .group = kPd,
+       .value_name = "US",
+       .help = "Modelled KV transfer time per prompt token (sim)",
+       .field = &C::pd_transfer_token_us,
+       .min = 0,
+       .max = 1e6},
+      {.name = "pd-room-timeout-secs",
+       .group = kPd,
+       .value_name = "SECS",
+       .help = "Decode role: how long a request waits for its prefill's KV before failing (sim; "
+               "wall-clock, not scaled)",
+       .field = &C::pd_room_timeout_secs,
+       .min = 0.001,
+       .max = 86400},
+
+      {.name = "scheduler",
+       .group = kSim,
+       .value_name = "KIND",
+       .help = "batch: continuous batching with the step-time model; fixed: --ttft-ms/--tpot-ms "
+               "per request; auto: fixed when --ttft-ms or --tpot-ms is given",
+       .field = &C::scheduler,
+       .choices = {"auto", "batch", "fixed"}},
+      {.name = "time-scale",
+       .group = kSim,
+       .value_name = "F",
+       .help = "Multiplies every simulated time (0.05 = 20x faster; 0 = no waiting at all)",
+       .field = &C::time_scale,
+       .min = 0,
+       .max = 1000},
+      {.name = "step-fixed-ms",
+       .group = kSim,
+       .value_name = "MS",
+       .help = "batch: fixed cost of one scheduler step (forward pass)",
+       .field = &C::step_fixed_ms,
+       .min = 0,
+       .max = 3.6e6},
+      {.name = "step-prefill-token-us",
+       .group = kSim,
+       .value_name = "US",
+       .help = "batch: cost per uncached prompt token prefilled in a step (55 = 18k tokens/s)",
+       .field = &C::step_prefill_token_us,
+       .min = 0,
+       .max = 1e6},
+      {.name = "step-running-request-us",
+       .group = kSim,
+       .value_name = "US",
+       .help = "batch: cost per request in the step's batch (decode at batch 100: 8 + 15 ms)",
+       .field = &C::step_running_request_us,
+       .min = 0,
+       .max = 1e6},
       {.name = "ttft-ms",
        .group = kSim,
        .value_name = "MS",
-       .help = "Time to first token",
+       .help = "fixed: time to first token",
        .field = &C::ttft_ms,
        .min = 0,
        .max = 3.6e6},
       {.name = "tpot-ms",
        .group = kSim,
        .value_name = "MS",
-       .help = "Time per output token after the first",
+       .help = "fixed: time per output token after the first",
        .field = &C::tpot_ms,
        .min = 0,
        .max = 3.6e6},
+      {.name = "kv-events-format",
+       .group = kSimOther,
+       .value_name = "FMT",
+       .help = "Wire shape of KV events: sglang (positional arrays, SHA-256 int64 ids) or vllm "
+               "(maps with \"type\", sha256_cbor unsigned ids, one event per node)",
+       .field = &C::kv_events_format,
+       .choices = {"sglang", "vllm"}},
       {.name = "default-max-new-tokens",
-       .group = kSim,
+       .group = kSimOther,
        .value_name = "N",
        .help = "max_new_tokens when a request sets none (completions: 16)",
        .field = &C::default_max_new_tokens,
        .min = 0,
        .max = 1e9},
       {.name = "seed",
-       .group = kSim,
+       .group = kSimOther,
        .value_name = "N",
        .help = "Seed of the pseudo-text and of fault decisions",
        .field = &C::seed,
        .min = 0},
       {.name = "random-seed",
-       .group = kSim,
+       .group = kSimOther,
        .value_name = "N",
        .help = "SGLang's name for --seed",
        .field = &C::seed,
        .min = 0},
       {.name = "instant",
-       .group = kSim,
+       .group = kSimOther,
        .help = "Answer at once with a short fixed completion (benchmarks)",
        .field = &C::instant},
       {.name = "threads",
-       .group = kSim,
+       .group = kSimOther,
        .value_name = "N",
        .help = "Event loops (threads) serving HTTP",
        .field = &C::threads,
@@ -224,6 +346,16 @@ std::string validate(const SimConfig& c) {
            flags::format_number(total) + "; they are exclusive outcomes, keep the sum <= 1";
   }
   if (c.served_model_name.empty()) return "--served-model-name must not be empty";
+  if (!c.kv_events_config.empty()) {
+    KvEventsSettings kv;
+    if (std::string e = parse_kv_events_config(c.kv_events_config, kv); !e.empty()) return e;
+    if (std::string e = check_kv_events(kv, c.dp_size); !e.empty()) return e;
+  }
+  if (c.disaggregation_mode == "prefill" && c.disaggregation_bootstrap_port != 0 &&
+      c.disaggregation_bootstrap_port == c.port) {
+    return "--disaggregation-bootstrap-port " + std::to_string(c.disaggregation_bootstrap_port) +
+           " is also --port; the bootstrap rendezvous needs a port of its own";
+  }
   return "";
 }
 
@@ -246,6 +378,12 @@ bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::stri
     error = "unexpected argument '" + parsed.positional[0] +
             "' (options are spelled --name; see --help)";
     return false;
+  }
+  if (out.scheduler == "auto") {
+    auto given = [&](std::string_view name) {
+      return std::find(parsed.set.begin(), parsed.set.end(), name) != parsed.set.end();
+    };
+    out.scheduler = given("ttft-ms") || given("tpot-ms") ? "fixed" : "batch";
   }
   error = validate(out);
   return error.empty();

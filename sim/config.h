@@ -27,9 +27,26 @@ struct SimConfig {
   bool incremental_streaming_output = false;
   bool stream_response_default_include_usage = false;
   std::string log_level = "info";
-  // Simulation
+  // Continuous batching (SGLang's names) and KV events
+  int64_t chunked_prefill_size = 8192;
+  int64_t max_running_requests = 256;
+  int64_t max_queued_requests = 0;
+  std::string kv_events_config;
+  // Prefill/decode disaggregation (SGLang's names)
+  std::string disaggregation_mode = "null";
+  int64_t disaggregation_bootstrap_port = 8998;
+  // Simulation: timing model
+  std::string scheduler = "auto";  // resolved to "batch" or "fixed" by parse_sim_args
+  double time_scale = 1;
+  double step_fixed_ms = 8;
+  double step_prefill_token_us = 55;
+  double step_running_request_us = 150;
   double ttft_ms = 20;
   double tpot_ms = 5;
+  std::string kv_events_format = "sglang";
+  double pd_transfer_fixed_ms = 2;
+  double pd_transfer_token_us = 5;
+  double pd_room_timeout_secs = 30;
   int64_t default_max_new_tokens = 128;
   int64_t seed = 0;
   bool instant = false;
@@ -49,7 +66,8 @@ std::span<const flags::Knob<SimConfig>> sim_knobs();
 // Cross-field checks after parsing. Returns "" or an error naming the flags and the fix.
 std::string validate(const SimConfig& c);
 
-// Parses argv (without argv[0]) and validates. On error `error` names the flag and the fix.
+// Parses argv (without argv[0]) and validates; resolves --scheduler auto (fixed when --ttft-ms or
+// --tpot-ms is given, batch otherwise). On error `error` names the flag and the fix.
 // `help_text` is filled when --help was given (then the caller prints it and exits 0).
 bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::string& error,
                     std::string& help_text);

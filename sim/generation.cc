@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "sim/pd.h"
 #include "sim/responses.h"
 #include "sim/stream_writer.h"
 #include "util/random.h"
@@ -109,6 +110,41 @@ InstantShape instant_shape(int64_t max_new, int32_t eos) {
           FinishReason{.kind = FinishReason::Kind::kLength, .length = static_cast<int64_t>(words)}};
 }
 
+// The PD fields a request needs on this server: "" or the 400 message.
+std::string check_bootstrap(const ParsedRequest& req, PdRole role) {
+  if (role == PdRole::kNone) return "";
+  const size_t n = req.prompts.size();
+  if (n > 1 && req.bootstrap_rooms.size() == 1) {
+    return "'bootstrap_room' must be a list of " + std::to_string(n) +
+           " rooms for a batch (one per prompt)";
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::string host;
+    int64_t port = 0;
+    uint64_t room = 0;
+    bool has_host = false, has_port = false, has_room = false;
+    req.bootstrap(i, host, port, room, has_host, has_port, has_room);
+    std::string missing;
+    auto add = [&missing](std::string_view f) {
+      if (!missing.empty()) missing += ", ";
+      missing += f;
+    };
+    if (role == PdRole::kDecode) {
+      if (!has_host || host.empty()) add("bootstrap_host");
+      if (!has_port || port == 0) add("bootstrap_port");
+    }
+    if (!has_room) add("bootstrap_room");
+    if (!missing.empty()) {
+      return std::string("this server runs --disaggregation-mode ") +
+             (role == PdRole::kDecode ? "decode" : "prefill") +
+             ": a request needs bootstrap_host, bootstrap_port and bootstrap_room (as a PD "
+             "gateway adds them); missing: " +
+             missing;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 InstantCompletion make_instant_completion(const PseudoText& model, const Tokenizer& tokenizer) {
@@ -153,9 +189,17 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   std::string err =
       parse_request(route, ex.body(), engine_.tokenizer(), chat_template_, limits_, scratch);
   if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
+  if (err.empty() && !config_.instant) err = check_bootstrap(scratch, engine_.role());
   if (!err.empty()) {
     co_await respond_error(ex, route, 400, err);
     co_return;
+  }
+  if (!config_.instant) {
+    if (std::string full = engine_.check_queue(scratch.routed_dp_rank, scratch.prompts.size());
+        !full.empty()) {
+      co_await respond_error(ex, route, 503, full);
+      co_return;
+    }
   }
   std::optional<int64_t> drop_after;
   switch (faults_.decide()) {
@@ -183,24 +227,56 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
                                        std::optional<int64_t> drop_after) {
   const Tokenizer& tok = engine_.tokenizer();
   auto notifier = std::make_shared<Notifier>(ex.executor());
+  // Wakes the KV wait of a PD decode request when the client goes away.
+  auto gone = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
+  ex.watch_disconnect([notifier, gone] {
+    gone->cancel();
+    notifier->notify();
+  });
   std::vector<Track> tracks(req.prompts.size());
+  struct CancelOnExit {
+    std::vector<Track>& tracks;
+    ~CancelOnExit() {
+      for (auto& t : tracks) {
+        if (t.seq && !t.finished()) t.seq->cancel();
+      }
+    }
+  } cancel_on_exit{tracks};
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     Track& t = tracks[i];
     t.id = req.rids[i].empty() ? random_hex_id() : req.rids[i];
     t.prompt_tokens = static_cast<int64_t>(req.prompts[i].size());
     GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
+    Bootstrap b;
+    bool has_host = false, has_port = false, has_room = false;
+    if (req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room) && has_room &&
+        engine_.role() != PdRole::kNone) {
+      g.bootstrap = b;
+    }
+    if (engine_.role() == PdRole::kDecode) {
+      // The prompt's KV comes from the prefill server of the room: wait for it.
+      auto timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(config_.pd_room_timeout_secs * 1000));
+      RoomWait w =
+          co_await wait_for_room(b.host, static_cast<uint16_t>(b.port), b.room, timeout, gone);
+      if (ex.client_gone()) co_return;
+      if (w.ok && w.info.prompt_tokens != t.prompt_tokens) {
+        co_await respond_error(
+            ex, req.route, 400,
+            "bootstrap_room " + std::to_string(b.room) + " was prefilled with " +
+                std::to_string(w.info.prompt_tokens) + " prompt tokens but this request has " +
+                std::to_string(t.prompt_tokens) + " (prefill and decode must get the same body)");
+        co_return;
+      }
+      if (!w.ok) {
+        co_await respond_error(ex, req.route, w.status, "PD transfer failed: " + w.error);
+        co_return;
+      }
+      g.transferred_cached_tokens = w.info.cached_tokens;
+    }
     t.seq = engine_.submit(std::move(g), notifier);
     t.dp_rank = t.seq->dp_rank();
   }
-  ex.watch_disconnect([notifier] { notifier->notify(); });
-  struct CancelOnExit {
-    std::vector<Track>& tracks;
-    ~CancelOnExit() {
-      for (auto& t : tracks) {
-        if (!t.finished()) t.seq->cancel();
-      }
-    }
-  } cancel_on_exit{tracks};
 
   OpenAIContext c{.id = tracks[0].id,
                   .model = req.model,

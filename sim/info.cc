@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "sim/kv_events.h"
 #include "sim/responses.h"
 #include "util/json.h"
 
@@ -62,13 +63,30 @@ void append_server_args(std::string& out, const SimConfig& c) {
   kv(out, "enable_metrics", c.enable_metrics);
   kv(out, "incremental_streaming_output", c.incremental_streaming_output);
   kv(out, "stream_response_default_include_usage", c.stream_response_default_include_usage);
-  kv(out, "disaggregation_mode", std::string_view("null"));
-  kv(out, "disaggregation_bootstrap_port", int64_t{8998});
-  kv_null(out, "kv_events_config");
+  kv(out, "chunked_prefill_size", c.chunked_prefill_size);
+  kv(out, "max_running_requests", c.max_running_requests);
+  if (c.max_queued_requests > 0) {
+    kv(out, "max_queued_requests", c.max_queued_requests);
+  } else {
+    kv_null(out, "max_queued_requests");
+  }
+  kv(out, "schedule_policy", std::string_view("fcfs"));
+  kv(out, "disaggregation_mode", std::string_view(c.disaggregation_mode));
+  kv(out, "disaggregation_bootstrap_port", c.disaggregation_bootstrap_port);
+  kv_string_or_null(out, "kv_events_config", c.kv_events_config);
   kv(out, "log_level", std::string_view(c.log_level));
   // kvgate-sim's own knobs, flat like the others.
+  kv(out, "scheduler", std::string_view(c.scheduler));
+  kv(out, "time_scale", c.time_scale);
+  kv(out, "step_fixed_ms", c.step_fixed_ms);
+  kv(out, "step_prefill_token_us", c.step_prefill_token_us);
+  kv(out, "step_running_request_us", c.step_running_request_us);
   kv(out, "ttft_ms", c.ttft_ms);
   kv(out, "tpot_ms", c.tpot_ms);
+  kv(out, "kv_events_format", std::string_view(c.kv_events_format));
+  kv(out, "pd_transfer_fixed_ms", c.pd_transfer_fixed_ms);
+  kv(out, "pd_transfer_token_us", c.pd_transfer_token_us);
+  kv(out, "pd_room_timeout_secs", c.pd_room_timeout_secs);
   kv(out, "default_max_new_tokens", c.default_max_new_tokens);
   kv(out, "instant", c.instant);
 }
@@ -81,6 +99,9 @@ void append_internal_state(std::string& out, const SimConfig& c, const RankLoad&
   kv(out, "max_req_input_len", max_req_input_len(c));
   kv(out, "num_running_reqs", l.running);
   kv(out, "num_waiting_reqs", l.waiting);
+  kv(out, "num_used_tokens", l.used_tokens);
+  kv(out, "num_cached_tokens", l.cached_tokens);
+  kv(out, "cache_hit_rate", l.cache_hit_rate);
   kv(out, "last_gen_throughput", 0.0);
   key(out, "memory_usage");
   out.push_back('{');
@@ -117,7 +138,13 @@ std::string server_info_json(const SimConfig& c, std::span<const RankLoad> loads
     append_internal_state(out, c, loads[i]);
   }
   out.push_back(']');
-  kv_null(out, "kv_events");
+  key(out, "kv_events");
+  KvEventsSettings events;
+  if (!c.kv_events_config.empty() && parse_kv_events_config(c.kv_events_config, events).empty()) {
+    out.append(kv_events_descriptor(events, c.page_size, c.dp_size));
+  } else {
+    out.append("null");
+  }
   out.push_back('}');
   return out;
 }

@@ -13,6 +13,8 @@
 #include "sim/config.h"
 #include "sim/engine.h"
 #include "sim/faults.h"
+#include "sim/kv_events.h"
+#include "sim/pd.h"
 #include "sim/server.h"
 #include "sim/sim_metrics.h"
 #include "sim/tokenizer.h"
@@ -26,10 +28,6 @@ namespace {
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvgate-sim: %s\n", msg.c_str());
   return 2;
-}
-
-std::chrono::nanoseconds from_ms(double ms) {
-  return std::chrono::nanoseconds(static_cast<int64_t>(ms * 1e6));
 }
 
 // Binds one listener per loop, all on cfg.port (the first one's port when cfg.port is 0).
@@ -93,15 +91,30 @@ int main(int argc, char** argv) {
   if (!note.empty()) log::warn("tokenizer stand-in").kv("note", note);
   auto chat_template = make_chat_template(cfg.tokenizer_path);
 
+  // KV event publishers (one per DP rank) and, on a PD prefill server, the bootstrap rendezvous.
+  // Opened before the HTTP port so a port conflict is a startup error naming the endpoint.
+  std::vector<std::unique_ptr<RankEventSink>> sinks;
+  if (!cfg.kv_events_config.empty()) {
+    KvEventsSettings kv;
+    parse_kv_events_config(cfg.kv_events_config, kv);  // validated with the flags
+    EngineConfig ec = engine_config(cfg);
+    if (auto e = open_rank_sinks(kv, cfg.dp_size, ec.event_format, sinks); !e.empty()) {
+      return fail("--kv-events-config: " + e);
+    }
+  }
+  std::unique_ptr<BootstrapServer> bootstrap;
+  if (cfg.disaggregation_mode == "prefill") {
+    bootstrap =
+        BootstrapServer::start(cfg.host, static_cast<uint16_t>(cfg.disaggregation_bootstrap_port),
+                               std::chrono::seconds(300), error);
+    if (!bootstrap) return fail(error);
+    cfg.disaggregation_bootstrap_port = bootstrap->port();  // reported when 0 was given
+  }
+
   // The engine outlives the event loops (declared first, destroyed last): coroutines destroyed
   // with the loops still release their scheduler slots.
   SimMetrics metrics(cfg.served_model_name, static_cast<int>(cfg.dp_size));
-  EngineConfig ec{.dp_size = static_cast<int>(cfg.dp_size),
-                  .max_total_tokens = cfg.max_total_tokens,
-                  .seed = static_cast<uint64_t>(cfg.seed),
-                  .ttft = from_ms(cfg.ttft_ms),
-                  .tpot = from_ms(cfg.tpot_ms)};
-  Engine engine(ec, *tokenizer, metrics);
+  Engine engine(engine_config(cfg), *tokenizer, metrics, std::move(sinks), bootstrap.get());
   FaultSettings fs{.fail_rate = cfg.fail_rate,
                    .fail_status = cfg.fail_status,
                    .hang_rate = cfg.hang_rate,
@@ -127,9 +140,11 @@ int main(int argc, char** argv) {
       .kv("address", cfg.host + ":" + std::to_string(cfg.port))
       .kv("model", cfg.served_model_name)
       .kv("dp_size", cfg.dp_size)
-      .kv("mode", cfg.instant ? "instant" : "timed")
-      .kv("ttft_ms", cfg.ttft_ms)
-      .kv("tpot_ms", cfg.tpot_ms)
+      .kv("mode", cfg.instant ? "instant" : cfg.scheduler)
+      .kv("time_scale", cfg.time_scale)
+      .kv("page_size", cfg.page_size)
+      .kv("disaggregation_mode", cfg.disaggregation_mode)
+      .kv("kv_events", cfg.kv_events_config.empty() ? "off" : cfg.kv_events_config)
       .kv("threads", cfg.threads);
 
   asio::signal_set signals(*contexts[0], SIGINT, SIGTERM);
@@ -140,6 +155,8 @@ int main(int argc, char** argv) {
     for (auto& c : contexts) c->stop();
   });
   run_loops(contexts);
+  // Sequences notify their request's executor: stop the schedulers while the loops still exist.
+  engine.stop();
   servers.clear();
   log::info("kvgate-sim stopped");
   return 0;

@@ -169,6 +169,59 @@ std::string get_routing(const object& o, ParsedRequest& out) {
   return get_int(o, "routed_dp_rank", out.routed_dp_rank);
 }
 
+// bootstrap_host / bootstrap_port / bootstrap_room: a value, or a list with one per prompt.
+template <class T, class Read>
+std::string get_per_prompt(const object& o, std::string_view key, size_t n, std::vector<T>& out,
+                           std::string_view what, Read read) {
+  element e;
+  if (!lookup(o, key, e)) return "";
+  array a;
+  if (!e.get_array().get(a)) {
+    if (a.size() != n) {
+      return quoted(key) + " must be " + std::string(what) + ", or a list of " + std::to_string(n) +
+             " (one per prompt)";
+    }
+    for (element item : a) {
+      T v{};
+      if (!read(item, v)) return quoted(key) + " must hold " + std::string(what) + " values";
+      out.push_back(std::move(v));
+    }
+    return "";
+  }
+  T v{};
+  if (!read(e, v)) return quoted(key) + " must be " + std::string(what);
+  out.push_back(std::move(v));
+  return "";
+}
+
+std::string get_bootstrap(const object& o, ParsedRequest& out) {
+  const size_t n = out.prompts.size();
+  if (auto err = get_per_prompt(o, "bootstrap_host", n, out.bootstrap_hosts, "a string",
+                                [](const element& e, std::string& v) {
+                                  std::string_view s;
+                                  if (e.get_string().get(s)) return false;
+                                  v.assign(s);
+                                  return true;
+                                });
+      !err.empty()) {
+    return err;
+  }
+  if (auto err = get_per_prompt(
+          o, "bootstrap_port", n, out.bootstrap_ports, "a port number",
+          [](const element& e, int64_t& v) { return as_integer(e, v) && v >= 0 && v <= 65535; });
+      !err.empty()) {
+    return err;
+  }
+  return get_per_prompt(o, "bootstrap_room", n, out.bootstrap_rooms, "a non-negative integer",
+                        [](const element& e, uint64_t& v) {
+                          if (!e.get_uint64().get(v)) return true;
+                          int64_t i = 0;
+                          if (!as_integer(e, i) || i < 0) return false;
+                          v = static_cast<uint64_t>(i);
+                          return true;
+                        });
+}
+
 std::string check_n(const object& o) {
   std::optional<int64_t> n;
   if (auto err = get_int(o, "n", n); !err.empty()) return err;
@@ -346,6 +399,21 @@ void ParsedRequest::clear() {
   sampling.stop.clear();
   sampling.stop_token_ids.clear();
   routed_dp_rank.reset();
+  bootstrap_hosts.clear();
+  bootstrap_ports.clear();
+  bootstrap_rooms.clear();
+}
+
+bool ParsedRequest::bootstrap(size_t i, std::string& host, int64_t& port, uint64_t& room,
+                              bool& has_host, bool& has_port, bool& has_room) const {
+  auto pick = [i](const auto& v) { return v.size() == 1 ? v[0] : v[i]; };
+  has_host = !bootstrap_hosts.empty();
+  has_port = !bootstrap_ports.empty();
+  has_room = !bootstrap_rooms.empty();
+  host = has_host ? pick(bootstrap_hosts) : std::string();
+  port = has_port ? pick(bootstrap_ports) : 0;
+  room = has_room ? pick(bootstrap_rooms) : 0;
+  return has_host || has_port || has_room;
 }
 
 std::string parse_request(Route route, std::string& body, const Tokenizer& tokenizer,
@@ -384,6 +452,7 @@ std::string parse_request(Route route, std::string& body, const Tokenizer& token
   }
   if (e.empty()) e = get_rids(o, out);
   if (e.empty()) e = get_routing(o, out);
+  if (e.empty()) e = get_bootstrap(o, out);
   if (!e.empty()) return e;
   out.sampling.max_new_tokens = max_new.value_or(limits.default_max_new_tokens);
   return check_lengths(out, limits);

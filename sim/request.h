@@ -1,7 +1,8 @@
 // sim/request: reads the body of a generation request (/generate, /v1/completions,
 // /v1/chat/completions) into what the engine needs: prompt token ids (chat rendered with the chat
-// template first), sampling limits, stream flags, request ids and DP routing. Validation errors
-// come back as the message of a 400 answer, phrased as SGLang phrases them where it has a phrase.
+// template first), sampling limits, stream flags, request ids, DP routing and PD bootstrap fields.
+// Validation errors come back as the message of a 400 answer, phrased as SGLang phrases them where
+// it has a phrase.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,15 @@ struct ParsedRequest {
   std::vector<std::string> rids;  // one per prompt; "" = the server makes one up
   SamplingParams sampling;
   std::optional<int64_t> routed_dp_rank;
+  // PD fields (SGLang's bootstrap_host/port/room): each empty (absent), one value for every
+  // prompt, or one per prompt of a batch.
+  std::vector<std::string> bootstrap_hosts;
+  std::vector<int64_t> bootstrap_ports;
+  std::vector<uint64_t> bootstrap_rooms;
+
+  // The bootstrap fields of prompt `i` (absent ones left empty / 0); false when none was given.
+  bool bootstrap(size_t i, std::string& host, int64_t& port, uint64_t& room, bool& has_host,
+                 bool& has_port, bool& has_room) const;
 
   // Empties the request (the strings and outer vectors keep their capacity).
   void clear();

@@ -1,26 +1,54 @@
-// sim/scheduler: the per-DP-rank scheduler interface. A scheduler decides WHEN a sequence gets its
-// prefill and each output token (the Sequence decides WHICH token and when it stops), keeps the
-// rank's load (what /get_load, /v1/loads and /metrics report), and owns the rank's KV cache.
-// This issue has one implementation, FixedDelayScheduler (sim/fixed_delay_scheduler.h); the
-// continuous-batching scheduler with its paged radix cache and KV event publisher slots in here.
+// sim/scheduler: the per-DP-rank scheduler interface and what every rank is built from. A scheduler
+// decides WHEN a sequence gets its prefill and each output token (the Sequence decides WHICH token
+// and when it stops), keeps the rank's load (what /get_load, /v1/loads and /metrics report), and
+// owns the rank's KV cache (sim/radix_cache.h) and its KV event publishing.
+// Two implementations: BatchScheduler (continuous batching with a timing model, the default) and
+// FixedDelayScheduler (--ttft-ms / --tpot-ms per request, for tests that want exact delays).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
+#include "sim/radix_cache.h"
 #include "sim/sequence.h"
 
 namespace kvgate::sim {
 
+class RankEventSink;
+class RoomListener;
+struct RankMetrics;
+
+enum class PdRole { kNone, kPrefill, kDecode };
+
 struct RankLoad {
   int dp_rank = 0;
-  int64_t running = 0;      // requests in the running batch (prefill or decode)
-  int64_t waiting = 0;      // requests queued for admission
-  int64_t used_tokens = 0;  // KV slots held by running requests (+ cached pages, with a cache)
+  int64_t running = 0;        // requests in the running batch (prefill, decode or KV transfer)
+  int64_t waiting = 0;        // requests queued for admission
+  int64_t used_tokens = 0;    // SGLang's num_used: KV slots of running requests (pinned pages +
+                              // private slots); unpinned cached pages do not count
+  int64_t cached_tokens = 0;  // tokens held by the radix tree (pinned or not)
   int64_t max_total_tokens = 0;
   double cache_hit_rate = 0;  // cached / prompt tokens of admitted requests
   double token_usage() const {
     return max_total_tokens > 0 ? static_cast<double>(used_tokens) / max_total_tokens : 0;
+  }
+};
+
+// What a rank's scheduler is built from (the Engine fills it per rank).
+struct RankSetup {
+  int dp_rank = 0;
+  RadixCacheConfig cache;
+  bool caching = true;              // prefix caching (off on a PD decode server)
+  RankEventSink* events = nullptr;  // the rank's KV event publisher (null: none)
+  RankMetrics* metrics = nullptr;
+  PdRole role = PdRole::kNone;
+  RoomListener* rooms = nullptr;  // prefill role: where finished transfers are announced
+  // PD: modelled KV transfer time of a prompt (already scaled by --time-scale).
+  std::chrono::nanoseconds transfer_fixed{0};
+  std::chrono::nanoseconds transfer_per_token{0};
+  std::chrono::nanoseconds transfer_time(int64_t tokens) const {
+    return transfer_fixed + transfer_per_token * tokens;
   }
 };
 
@@ -31,8 +59,11 @@ class Scheduler {
   virtual void submit(std::shared_ptr<Sequence> seq) = 0;
   // A consistent-enough snapshot of the rank's load. Thread-safe.
   virtual RankLoad load() const = 0;
-  // Empties the KV cache. Returns false (and does nothing) while requests run or wait.
+  // Empties the KV cache (publishing AllBlocksCleared). Returns false (and does nothing) while
+  // requests run or wait.
   virtual bool flush_cache() = 0;
+  // Stops the scheduler's own thread, if any; sequences still running are aborted. Idempotent.
+  virtual void stop() {}
 };
 
 }  // namespace kvgate::sim

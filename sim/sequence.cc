@@ -35,16 +35,16 @@ Sequence::Sequence(GenerationRequest request, PseudoText::Stream stream, const T
       arrival_(Clock::now()),
       notifier_(std::move(notifier)) {}
 
-void Sequence::mark_started(int64_t cached_tokens) {
+void Sequence::mark_started(int64_t cached_tokens, bool notify) {
   {
     std::lock_guard lock(mu_);
     started_ = true;
     cached_tokens_ = cached_tokens;
   }
-  notifier_->notify();
+  if (notify) notifier_->notify();
 }
 
-bool Sequence::step() {
+bool Sequence::step(bool notify) {
   const SamplingParams& sp = request_.sampling;
   std::optional<FinishReason> done;
   int32_t id = -1;
@@ -79,7 +79,7 @@ bool Sequence::step() {
     }
     if (done) finish_locked(std::move(*done));
   }
-  notifier_->notify();
+  if (notify) notifier_->notify();
   return finished();
 }
 

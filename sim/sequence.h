@@ -26,11 +26,22 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
 };
 
+// Prefill/decode disaggregation fields of a request (SGLang's bootstrap_host/port/room).
+struct Bootstrap {
+  std::string host;
+  int64_t port = 0;
+  uint64_t room = 0;
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   std::string rid;
   std::optional<int64_t> routed_dp_rank;
+  std::optional<Bootstrap> bootstrap;
+  // Decode side of PD: the prompt's KV arrived from the prefill server, which found this many
+  // tokens in its cache (reported as this request's cached_tokens). The scheduler skips prefill.
+  std::optional<int64_t> transferred_cached_tokens;
 };
 
 struct FinishReason {
@@ -81,11 +92,14 @@ class Sequence {
   const asio::any_io_executor& executor() const { return notifier_->executor(); }
 
   // --- producer side (the scheduler; any thread) ---
-  // Prefill is done: `cached_tokens` of the prompt were found in the cache.
-  void mark_started(int64_t cached_tokens);
+  // Prefill is done: `cached_tokens` of the prompt were found in the cache. With notify = false
+  // the consumer is woken later by notify() (a scheduler publishes the step's KV events first).
+  void mark_started(int64_t cached_tokens, bool notify = true);
   // Decodes one token and applies the stop conditions. Returns true when the sequence finished
   // (including max_new_tokens == 0, which finishes without a token).
-  bool step();
+  bool step(bool notify = true);
+  // Wakes the consumer.
+  void notify() { notifier_->notify(); }
   // Ends the sequence with an abort finish reason (e.g. the engine is shutting down).
   void abort(std::string message);
   bool finished() const;

@@ -155,7 +155,7 @@ void BM_PublishEvents(benchmark::State& state) {
   });
   const auto proto = sample_batch(8, 16).events;
   for (auto _ : state) {
-    auto events = proto;
+    std::vector<kv::Event> events(proto.begin(), proto.end());
     sinks[0]->publish(std::move(events));
   }
   stop = true;

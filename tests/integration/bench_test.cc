@@ -55,9 +55,9 @@ TEST(Bench, CompareRunsEveryPolicyAndItsTableParses) {
 
 TEST(Bench, RunDrivesAnEndpoint) {
   Cluster c(2, {}, {"--policy", "round_robin", "--debug-headers"});
-  auto r = run("kvgate-bench", {"run", "--url", "http://127.0.0.1:" + std::to_string(c.port()),
-                                "--users", "3", "--turns", "2", "--user-words", "8",
-                                "--output-tokens", "3", "--quiet"});
+  auto r = run("kvgate-bench",
+               {"run", "--url", "http://127.0.0.1:" + std::to_string(c.port()), "--users", "3",
+                "--turns", "2", "--user-words", "8", "--output-tokens", "3", "--quiet"});
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("6 requests"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("requests per worker"), std::string::npos) << r.output;

@@ -1,5 +1,6 @@
 // Integration: each routing policy through the real kvgate binary in front of kvgate-sim servers:
-// the decision shows in x-kvgate-route / x-kvgate-worker (--debug-headers) and in the branch metric.
+// the decision shows in x-kvgate-route / x-kvgate-worker (--debug-headers) and in the branch
+// metric.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -13,7 +14,7 @@ namespace {
 const std::vector<std::string> kSim = {"--ttft-ms", "1", "--tpot-ms", "1"};
 
 std::vector<std::string> gateway(const std::string& policy) {
-  return {"--policy", policy, "--debug-headers", "--health-check-interval-secs", "60",
+  return {"--policy",      policy, "--debug-headers", "--health-check-interval-secs", "60",
           "--policy-seed", "11"};
 }
 
@@ -52,7 +53,8 @@ TEST(Policies, CacheAwareKeepsAConversationOnItsWorker) {
   std::set<std::string> homes;
   for (const auto& [conv, w] : home) homes.insert(w);
   EXPECT_GE(homes.size(), 3u) << "new conversations spread over the workers";
-  EXPECT_EQ(c.metric("kvgate_policy_branch_total{policy=\"cache_aware\",branch=\"cache_hit\"}"), 24);
+  EXPECT_EQ(c.metric("kvgate_policy_branch_total{policy=\"cache_aware\",branch=\"cache_hit\"}"),
+            24);
 }
 
 TEST(Policies, RoutingKeyPoliciesAreSticky) {
@@ -94,8 +96,9 @@ TEST(Policies, PrefixHashAndBucketServe) {
     HttpClient client(c.port());
     std::string worker;
     for (int i = 0; i < 5; ++i) {
-      auto r = client.post("/v1/completions",
-                           R"({"model":"kvgate-sim","prompt":"The same prompt every time","max_tokens":2})");
+      auto r = client.post(
+          "/v1/completions",
+          R"({"model":"kvgate-sim","prompt":"The same prompt every time","max_tokens":2})");
       ASSERT_EQ(r.status, 200) << policy;
       EXPECT_EQ(r.header("x-kvgate-route").rfind(policy + "/", 0), 0u);
       if (i == 0) worker = r.header("x-kvgate-worker");

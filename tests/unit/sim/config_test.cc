@@ -131,5 +131,65 @@ TEST(SimConfig, HelpListsGroupsAndDefaults) {
   }
 }
 
+TEST(SimConfig, SchedulerAutoFollowsTheTimingFlags) {
+  SimConfig a, b, c, d;
+  EXPECT_EQ(parse(a, {}), "");
+  EXPECT_EQ(a.scheduler, "batch") << "continuous batching by default";
+  EXPECT_EQ(parse(b, {"--ttft-ms", "5"}), "");
+  EXPECT_EQ(b.scheduler, "fixed") << "--ttft-ms keeps the fixed delays tests rely on";
+  EXPECT_EQ(parse(c, {"--tpot-ms", "5", "--scheduler", "batch"}), "");
+  EXPECT_EQ(c.scheduler, "batch") << "an explicit choice wins";
+  EXPECT_EQ(parse(d, {"--scheduler", "fixed"}), "");
+  EXPECT_EQ(d.scheduler, "fixed");
+}
+
+TEST(SimConfig, BatchAndPdDefaults) {
+  SimConfig c;
+  EXPECT_EQ(parse(c, {}), "");
+  EXPECT_DOUBLE_EQ(c.time_scale, 1);
+  EXPECT_EQ(c.chunked_prefill_size, 8192);
+  EXPECT_EQ(c.max_running_requests, 256);
+  EXPECT_EQ(c.disaggregation_mode, "null");
+  EXPECT_EQ(c.disaggregation_bootstrap_port, 8998);
+  EXPECT_EQ(c.kv_events_format, "sglang");
+  // About an 8B model on one H100: 18k prefill tokens/s, ~23 ms per decode step at batch 100.
+  EXPECT_NEAR(1e6 / c.step_prefill_token_us, 18000, 500);
+  EXPECT_NEAR(c.step_fixed_ms + 100 * c.step_running_request_us / 1000, 23, 3);
+}
+
+TEST(SimConfig, KvEventsConfigErrorsNameTheProblem) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{"--kv-events-config", "nope"}, "--kv-events-config: not valid JSON"},
+      {{"--kv-events-config", "[1]"}, "--kv-events-config: must be a JSON object"},
+      {{"--kv-events-config", R"({"topic":5})"}, "\"topic\" must be a string"},
+      {{"--kv-events-config", R"({"endpoint":"tcp://*"})"}, "must be a tcp://HOST:PORT endpoint"},
+      {{"--kv-events-config", R"({"endpoint":"tcp://*:0"})"}, "has port 0"},
+      {{"--kv-events-config", R"({"hwm":"x"})"}, "\"hwm\" must be an integer"},
+      {{"--kv-events-config", R"({"replay":1})"}, "unknown key \"replay\" (known: publisher"},
+      {{"--kv-events-config", R"({"publisher":"zmq","endpoint":"tcp://*:65534"})", "--dp-size",
+        "3"},
+       "past 65535"},
+      {{"--disaggregation-mode", "prefill", "--port", "9000", "--disaggregation-bootstrap-port",
+        "9000"},
+       "needs a port of its own"},
+  };
+  for (const auto& k : cases) {
+    SimConfig c;
+    std::string err = parse(c, k.args);
+    EXPECT_NE(err.find(k.expect), std::string::npos) << "got: " << err;
+  }
+  SimConfig ok;
+  EXPECT_EQ(parse(ok, {"--kv-events-config",
+                       R"({"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":null,)"
+                       R"("topic":"","buffer_steps":10000,"hwm":100000,"max_queue_size":100000,)"
+                       R"("enable_kv_cache_events":true})"}),
+            "")
+      << "SGLang's and vLLM's full configs are accepted";
+}
+
 }  // namespace
 }  // namespace kvgate::sim

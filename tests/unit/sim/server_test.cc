@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "sim/pooling.h"
+#include "sim_harness.h"
 #include "support/http_client.h"
 #include "support/process.h"
 
@@ -19,66 +20,6 @@ using namespace std::chrono_literals;
 using simdjson::dom::element;
 using testing::HttpClient;
 using testing::sse_data;
-
-// One kvgate-sim in process, configured from command-line flags.
-class Sim {
- public:
-  explicit Sim(std::vector<std::string> args) {
-    args.insert(args.begin(), {"--port", "0"});
-    std::string error, help;
-    if (!parse_sim_args(args, cfg, error, help)) throw std::runtime_error(error);
-    std::string note;
-    tokenizer = make_tokenizer(cfg.tokenizer_path, note, error);
-    chat_template = make_chat_template(cfg.tokenizer_path);
-    metrics = std::make_unique<SimMetrics>(cfg.served_model_name, static_cast<int>(cfg.dp_size));
-    engine = std::make_unique<Engine>(
-        EngineConfig{.dp_size = static_cast<int>(cfg.dp_size),
-                     .max_total_tokens = cfg.max_total_tokens,
-                     .seed = static_cast<uint64_t>(cfg.seed),
-                     .ttft = std::chrono::microseconds(static_cast<int64_t>(cfg.ttft_ms * 1000)),
-                     .tpot = std::chrono::microseconds(static_cast<int64_t>(cfg.tpot_ms * 1000))},
-        *tokenizer, *metrics);
-    faults = std::make_unique<FaultInjector>(
-        FaultSettings{.fail_rate = cfg.fail_rate,
-                      .fail_status = cfg.fail_status,
-                      .hang_rate = cfg.hang_rate,
-                      .drop_rate = cfg.drop_mid_stream_rate,
-                      .drop_after_chunks = cfg.drop_after_chunks},
-        1,
-        Clock::now() +
-            std::chrono::milliseconds(static_cast<int64_t>(cfg.start_unhealthy_secs * 1000)));
-    sim = std::make_unique<SimServer>(cfg, *engine, *metrics, *faults, *chat_template);
-    http::ServerConfig sc;
-    sc.host = "127.0.0.1";
-    server = std::make_unique<http::Server>(std::vector<asio::io_context*>{&ctx}, sc,
-                                            [this](http::Exchange& ex) { return sim->handle(ex); });
-    port = server->port();
-    cfg.port = port;  // as main() does: /get_server_info reports the bound port
-    server->start();
-    thread = std::thread([this] {
-      auto guard = asio::make_work_guard(ctx);
-      ctx.run();
-    });
-  }
-  ~Sim() {
-    asio::post(ctx, [this] { server->stop(); });
-    ctx.stop();
-    thread.join();
-  }
-  RankLoad load() { return engine->loads()[0]; }
-
-  SimConfig cfg;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<ChatTemplate> chat_template;
-  std::unique_ptr<SimMetrics> metrics;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<FaultInjector> faults;
-  std::unique_ptr<SimServer> sim;
-  asio::io_context ctx{1};
-  std::unique_ptr<http::Server> server;
-  int port = 0;
-  std::thread thread;
-};
 
 const std::vector<std::string> kFast = {"--ttft-ms", "1", "--tpot-ms", "1"};
 const char* kChat =
@@ -295,6 +236,57 @@ TEST_F(SimServerTest, InfoEndpoints) {
   EXPECT_NE(m.body.find("sglang:num_running_reqs{model_name=\"qwen\",dp_rank=\"1\"} 0"),
             std::string::npos);
   EXPECT_EQ(c.post("/flush_cache", "").status, 200);
+}
+
+TEST_F(SimServerTest, InfoAdvertisesTheKvEventPublisher) {
+  const int port = free_port_range(4);
+  const std::string config = R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(port) +
+                             R"(","replay_endpoint":"tcp://*:)" + std::to_string(port + 2) +
+                             R"(","topic":"kv"})";
+  Sim s({"--dp-size", "2", "--page-size", "16", "--kv-events-config", config});
+  HttpClient c(s.port);
+  for (const char* path : {"/get_server_info", "/server_info"}) {
+    element e = parse(c.get(path).body);
+    EXPECT_EQ(str(e["kv_events_config"]), config) << "the flag's JSON, as a string";
+    element kv = e["kv_events"];
+    EXPECT_EQ(str(kv["publisher"]), "zmq");
+    EXPECT_EQ(str(kv["endpoint_host"]), "*")
+        << "a gateway replaces a wildcard with the worker's host";
+    EXPECT_EQ(int64_t(kv["endpoint_port_base"]), port);
+    EXPECT_EQ(str(kv["topic"]), "kv");
+    EXPECT_EQ(int64_t(kv["block_size"]), 16);
+    EXPECT_EQ(int64_t(kv["dp_size"]), 2);
+    EXPECT_EQ(int64_t(kv["replay_endpoint_port_base"]), port + 2);
+    EXPECT_EQ(str(e["scheduler"]), "batch");
+  }
+}
+
+TEST_F(SimServerTest, QueueLimitAnswers503) {
+  Sim s({"--max-running-requests", "1", "--max-queued-requests", "1", "--time-scale", "0.2"});
+  std::vector<std::thread> clients;
+  struct Join {
+    std::vector<std::thread>& t;
+    ~Join() {
+      for (auto& x : t) x.join();
+    }
+  } join{clients};
+  auto send = [&] {
+    clients.emplace_back([port = s.port] {
+      HttpClient c(port);
+      c.post("/generate", R"({"text":"long","sampling_params":{"max_new_tokens":300}})");
+    });
+  };
+  send();
+  ASSERT_TRUE(testing::wait_until([&] { return s.load().running == 1; }));
+  send();
+  ASSERT_TRUE(testing::wait_until([&] { return s.load().waiting == 1; }));
+  HttpClient c(s.port);
+  auto r = c.post("/generate", R"({"text":"one more"})");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("The request queue is full."), std::string::npos) << r.body;
+  auto o = c.post("/v1/completions", R"({"prompt":"one more"})");
+  EXPECT_EQ(o.status, 503);
+  EXPECT_EQ(int64_t(parse(o.body)["code"]), 503);
 }
 
 TEST_F(SimServerTest, EmbeddingsAndRerank) {

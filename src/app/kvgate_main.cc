@@ -9,6 +9,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -16,7 +17,9 @@
 #include "gateway/gateway.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/cli.h"
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "workers/health.h"
 
@@ -132,7 +135,32 @@ int main(int argc, char** argv) {
   if (!policy) return fail("--policy: " + err);
   policy->on_workers_changed(*set);
   bool poll_load = policy->uses_reported_load();
+
+  // Tokenizer and chat template (--tokenizer-path, or --model-path as a local directory).
+  std::string tok_dir = cfg.tokenizer_path;
+  if (tok_dir.empty() && !cfg.model_path.empty() &&
+      std::filesystem::exists(std::filesystem::path(cfg.model_path) / "tokenizer.json")) {
+    tok_dir = cfg.model_path;
+  }
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<tokenizer::ChatTemplate> chat_template;
+  if (!tok_dir.empty()) {
+    tok = tokenizer::Tokenizer::load(tok_dir, err);
+    if (!tok) {
+      return fail("--tokenizer-path " + tok_dir + ": " + err +
+                  " (point it at a directory holding the model's tokenizer.json)");
+    }
+    std::string template_err;
+    chat_template = tokenizer::ChatTemplate::load(tok_dir, template_err);
+    if (!chat_template) {
+      log::warn("no usable chat template; chat requests route on their messages' text")
+          .kv("dir", tok_dir)
+          .kv("why", template_err);
+    }
+    log::info("tokenizer loaded").kv("dir", tok_dir).kv("chat_template", chat_template != nullptr);
+  }
   Gateway gateway(cfg, workers, std::move(policy), gm);
+  gateway.set_tokenizer(tok.get(), chat_template.get());
 
   // Event loops.
   unsigned n = cfg.threads > 0 ? static_cast<unsigned>(cfg.threads)

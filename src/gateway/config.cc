@@ -133,6 +133,19 @@ const std::vector<K>& table() {
          .help = "cache_aware: characters kept per worker in the prefix tree",
          .field = &C::max_tree_size,
          .min = 1},
+        {.name = "tokenizer-path",
+         .group = kRouting,
+         .value_name = "DIR",
+         .help = "Model directory with tokenizer.json (+ tokenizer_config.json): cache_aware, "
+                 "prefix_hash and chwbl route on the prompt as the engine renders and tokenizes "
+                 "it",
+         .field = &C::tokenizer_path},
+        {.name = "model-path",
+         .group = kRouting,
+         .value_name = "DIR",
+         .help = "Same as --tokenizer-path when it is a local directory holding tokenizer.json "
+                 "(--tokenizer-path wins)",
+         .field = &C::model_path},
         {.name = "prefix-token-count",
          .group = kRouting,
          .value_name = "N",
@@ -443,9 +456,9 @@ const std::vector<K>& table() {
     unsupported("cors-allowed-origins", "CORS is not built; put kvgate behind your web edge", 64);
     unsupported("rate-limit-tokens-per-second",
                 "token-bucket rate limiting is not built; use --max-concurrent-requests");
-    unsupported("model-path", "tokenizer loading is not built yet");
-    unsupported("tokenizer-path", "tokenizer loading is not built yet");
-    unsupported("chat-template", "chat templates are not built yet");
+    unsupported("chat-template",
+                "a template file is not read; --tokenizer-path uses the model's "
+                "tokenizer_config.json / chat_template.jinja");
     unsupported("reasoning-parser",
                 "kvgate forwards responses untouched; parse reasoning in the engine");
     unsupported("tool-call-parser",

@@ -59,6 +59,11 @@ struct GatewayConfig {
   int64_t shutdown_grace_period_secs = 180;
   int64_t max_payload_size = 536870912;
   std::string api_key;
+  // A model directory with tokenizer.json (+ tokenizer_config.json and its chat template):
+  // content-aware policies then route on the prompt the engine will see (--tokenizer-path, or
+  // --model-path when it is a local directory).
+  std::string tokenizer_path;
+  std::string model_path;
   bool debug_headers = false;
   int64_t threads = 0;
   int64_t connect_timeout_secs = 10;

@@ -29,6 +29,12 @@ class Gateway {
   awaitable<void> handle(http::Exchange& ex);
 
   Policy& policy() { return *policy_; }
+  // The tokenizer and chat template content-aware policies route with (--tokenizer-path); both
+  // outlive the gateway. Call before serving.
+  void set_tokenizer(const tokenizer::Tokenizer* tok, const tokenizer::ChatTemplate* tmpl) {
+    parse_options_.tokenizer = tok;
+    parse_options_.chat_template = tmpl;
+  }
   Admission& admission() { return admission_; }
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }

@@ -1,6 +1,7 @@
 // policy/prefix_hash: see prefix_hash.h.
 #include "policy/prefix_hash.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "prefix/approx_tree.h"
@@ -27,7 +28,17 @@ Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteConte
   if (text.empty() || state->ring.empty()) {
     return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_text", 0};
   }
-  uint64_t h = prefix::hash64(first_chars(text, prefix_));
+  // The first --prefix-token-count tokens when the request was tokenized (--tokenizer-path, or
+  // input_ids), else as many characters.
+  const auto& tokens = ctx.request->tokens;
+  uint64_t h = 0;
+  if (!tokens.empty()) {
+    size_t n = std::min(tokens.size(), prefix_);
+    h = prefix::hash64(
+        std::string_view(reinterpret_cast<const char*>(tokens.data()), n * sizeof(int32_t)));
+  } else {
+    h = prefix::hash64(first_chars(text, prefix_));
+  }
   Worker* owner = nullptr;
   state->ring.walk(h, [&](size_t m) {
     owner = find_available(available, state->ids[m]);

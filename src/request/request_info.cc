@@ -6,6 +6,8 @@
 #include <charconv>
 
 #include "http/message.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvgate {
 
@@ -108,12 +110,43 @@ void extract_chat(simdjson::dom::array messages, RequestInfo& out) {
   }
 }
 
-void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out) {
+// The chat prompt as the model's template renders it (SGLang's OpenAI chat route: generation
+// prompt on unless the last message is continued). False when the template rejects it.
+bool render_chat(const tokenizer::ChatTemplate& tmpl, simdjson::dom::object obj,
+                 simdjson::dom::array messages, RequestInfo& out) {
+  element tools, kwargs;
+  std::string tools_json, kwargs_json;
+  if (!obj["tools"].get(tools) && tools.is_array()) tools_json = simdjson::minify(tools);
+  if (!obj["chat_template_kwargs"].get(kwargs) && kwargs.is_object()) {
+    kwargs_json = simdjson::minify(kwargs);
+  }
+  bool cont = false;
+  if (obj["continue_final_message"].get_bool().get(cont)) cont = false;
+  std::string err;
+  return tmpl.render_json(simdjson::minify(messages), tools_json, !cont, kwargs_json, out.text,
+                          err);
+}
+
+void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
+                  const ParseOptions& options) {
   element v;
   switch (route) {
     case ApiRoute::kChatCompletions: {
       simdjson::dom::array messages;
-      if (!obj["messages"].get_array().get(messages)) extract_chat(messages, out);
+      if (obj["messages"].get_array().get(messages)) break;
+      if (options.chat_template) {
+        if (render_chat(*options.chat_template, obj, messages, out)) {
+          out.rendered = true;
+          // first_user_message still feeds routing keys (chwbl).
+          std::string keep = std::move(out.text);
+          out.text.clear();
+          extract_chat(messages, out);
+          out.text = std::move(keep);
+          break;
+        }
+        out.text.clear();
+      }
+      extract_chat(messages, out);
       break;
     }
     case ApiRoute::kCompletions:
@@ -136,6 +169,24 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out) {
   }
 }
 
+// Fills out.tokens: input_ids as given ("1,2,3"), else the tokenizer's ids of the text (batches
+// included, joined as `text` joins them).
+void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok) {
+  if (out.token_ids) {
+    std::string_view s = out.text;
+    while (!s.empty()) {
+      int64_t id = 0;
+      auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
+      if (ec != std::errc()) break;
+      out.tokens.push_back(static_cast<int32_t>(id));
+      s.remove_prefix(static_cast<size_t>(p - s.data()));
+      if (!s.empty()) s.remove_prefix(1);  // ',' or '\n'
+    }
+    return;
+  }
+  if (tok && !out.text.empty() && !tok->encode(out.text, false, out.tokens)) out.tokens.clear();
+}
+
 }  // namespace
 
 std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out,
@@ -148,6 +199,8 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.text.clear();
   out.first_user_message.clear();
   out.token_ids = false;
+  out.rendered = false;
+  out.tokens.clear();
   if (body.empty()) return "request body is empty; send a JSON object";
   thread_local simdjson::dom::parser parser;
   element doc;
@@ -189,7 +242,10 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       return "\"messages\" must be a list of message objects";
     }
   }
-  if (options.want_text) extract_text(route, obj, out);
+  if (options.want_text) {
+    extract_text(route, obj, out, options);
+    if (options.want_tokens) tokenize_text(out, options.tokenizer);
+  }
   return "";
 }
 

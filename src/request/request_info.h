@@ -3,10 +3,16 @@
 // it) the text the engine will see. The body itself is forwarded untouched.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvgate {
+namespace tokenizer {
+class Tokenizer;
+class ChatTemplate;
+}  // namespace tokenizer
 
 enum class ApiRoute {
   kGenerate,         // POST /generate (SGLang native)
@@ -30,10 +36,22 @@ struct RequestInfo {
   std::string text;
   std::string first_user_message;  // chat: the text of the first user message
   bool token_ids = false;          // text holds token ids, not characters
+  // chat: `text` is the prompt the model's chat template renders (--tokenizer-path), as the
+  // engine will see it, instead of the role/content stand-in above.
+  bool rendered = false;
+  // The token ids of `text` (want_tokens with a tokenizer; input_ids as given).
+  std::vector<int32_t> tokens;
 };
 
 struct ParseOptions {
   bool want_text = false;
+  bool want_tokens = false;  // also tokenize `text` (needs `tokenizer`)
+  // From --tokenizer-path (owned by the gateway; null without one). The chat template renders
+  // chat requests as the engine does (add_generation_prompt, tools, chat_template_kwargs); a
+  // conversation the template rejects falls back to the stand-in text (the engine will answer
+  // the error).
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  const tokenizer::ChatTemplate* chat_template = nullptr;
 };
 
 // Parses `body` (which must have kBodyPadding spare capacity) into `out`.

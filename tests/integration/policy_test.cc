@@ -3,6 +3,9 @@
 // metric.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -109,6 +112,71 @@ TEST(Policies, PrefixHashAndBucketServe) {
       }
     }
   }
+}
+
+// Multi-turn chats through kvgate to 4 sims with their prefix caches: the hit rate the sims
+// report (cached_tokens / prompt_tokens) under cache_aware is far above round_robin's. Seven
+// conversations take turns (round_robin then moves each one to another worker every turn).
+struct HitRate {
+  double cached = 0;
+  double prompt = 0;
+  double rate() const { return prompt > 0 ? cached / prompt : 0; }
+};
+
+HitRate multiturn_hit_rate(const std::string& policy, const std::vector<std::string>& extra_gw,
+                           const std::vector<std::string>& extra_sim) {
+  std::vector<std::string> sim = {"--page-size", "16", "--enable-cache-report", "--time-scale",
+                                  "0"};
+  sim.insert(sim.end(), extra_sim.begin(), extra_sim.end());
+  auto gw = gateway(policy);
+  gw.insert(gw.end(), extra_gw.begin(), extra_gw.end());
+  Cluster c(4, sim, gw);
+  HttpClient client(c.port());
+  const int kConversations = 7;
+  const int kTurns = 4;
+  std::vector<std::vector<std::string>> turns(kConversations);
+  HitRate h;
+  for (int t = 0; t < kTurns; ++t) {
+    for (int conv = 0; conv < kConversations; ++conv) {
+      std::string msg = "conversation " + std::to_string(conv) + " turn " + std::to_string(t);
+      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      turns[conv].push_back(msg);
+      auto r = client.post("/v1/chat/completions", chat(turns[conv]));
+      EXPECT_EQ(r.status, 200) << r.body;
+      double cached = json_number_field(r.body, "cached_tokens");
+      double prompt = json_number_field(r.body, "prompt_tokens");
+      EXPECT_GT(prompt, 0) << r.body;
+      h.cached += std::max(0.0, cached);
+      h.prompt += std::max(0.0, prompt);
+      turns[conv].push_back("reply " + std::to_string(t) + " of conversation " +
+                            std::to_string(conv));
+    }
+  }
+  return h;
+}
+
+TEST(Policies, CacheAwareHitRateFarAboveRoundRobin) {
+  HitRate rr = multiturn_hit_rate("round_robin", {}, {});
+  HitRate ca = multiturn_hit_rate("cache_aware", {}, {});
+  std::cout << "hit rate: cache_aware " << ca.rate() << ", round_robin " << rr.rate() << "\n";
+  // Perfect routing reuses every earlier turn: about 60% of these prompts' tokens.
+  EXPECT_GT(ca.rate(), 0.5) << "cache_aware " << ca.rate() << " round_robin " << rr.rate();
+  EXPECT_GT(ca.rate(), 3 * rr.rate())
+      << "cache_aware " << ca.rate() << " round_robin " << rr.rate();
+}
+
+// The same with the model's real tokenizer and chat template on both sides (--tokenizer-path):
+// kvgate's tree then holds the prompt exactly as the engines render it.
+TEST(Policies, CacheAwareWithTheModelTokenizer) {
+  std::string dir = std::string(KVGATE_SOURCE_DIR) + "/models/qwen3";
+  if (!std::ifstream(dir + "/tokenizer.json")) GTEST_SKIP() << "models/qwen3 missing";
+  HitRate rr = multiturn_hit_rate("round_robin", {}, {"--tokenizer-path", dir});
+  HitRate ca =
+      multiturn_hit_rate("cache_aware", {"--tokenizer-path", dir}, {"--tokenizer-path", dir});
+  std::cout << "hit rate: cache_aware " << ca.rate() << ", round_robin " << rr.rate() << "\n";
+  EXPECT_GT(ca.rate(), 0.5) << "cache_aware " << ca.rate() << " round_robin " << rr.rate();
+  EXPECT_GT(ca.rate(), 3 * rr.rate())
+      << "cache_aware " << ca.rate() << " round_robin " << rr.rate();
 }
 
 }  // namespace

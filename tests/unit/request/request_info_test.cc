@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "http/message.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvgate {
 namespace {
@@ -118,6 +122,94 @@ TEST(RequestText, MessagesMustBeAList) {
   EXPECT_NE(
       parse_request(ApiRoute::kChatCompletions, body, info).find("\"messages\" must be a list"),
       std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+std::string models_dir() {
+  std::string f = __FILE__;  // <repo>/tests/unit/request/request_info_test.cc
+  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
+  return f + "/models";
+}
+
+struct Model {
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<tokenizer::ChatTemplate> tmpl;
+};
+
+Model load(const std::string& name) {
+  Model m;
+  std::string err;
+  m.tok = tokenizer::Tokenizer::load(models_dir() + "/" + name, err);
+  m.tmpl = tokenizer::ChatTemplate::load(models_dir() + "/" + name, err);
+  return m;
+}
+
+TEST(RequestText, ChatRendersWithTheModelTemplateAndTokenizes) {
+  Model m = load("qwen3");
+  if (!m.tok || !m.tmpl) GTEST_SKIP() << "models/qwen3 missing (scripts/setup)";
+  std::string body = padded(
+      R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}],)"
+      R"("chat_template_kwargs":{"enable_thinking":false}})");
+  RequestInfo info;
+  ParseOptions opt{.want_text = true,
+                   .want_tokens = true,
+                   .tokenizer = m.tok.get(),
+                   .chat_template = m.tmpl.get()};
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, body, info, opt), "");
+  EXPECT_TRUE(info.rendered);
+  // What the engine renders: the template with the generation prompt (and the kwargs).
+  std::string expected, err;
+  ASSERT_TRUE(m.tmpl->render_json(
+      R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}])", "", true,
+      R"({"enable_thinking":false})", expected, err))
+      << err;
+  EXPECT_EQ(info.text, expected);
+  EXPECT_NE(info.text.find("<|im_start|>assistant\n<think>\n\n</think>"), std::string::npos);
+  EXPECT_EQ(info.first_user_message, "Hi there");
+  EXPECT_EQ(info.tokens, m.tok->encode(expected, false));
+  EXPECT_FALSE(info.tokens.empty());
+
+  // Without want_tokens nothing is tokenized; a reused RequestInfo is reset.
+  opt.want_tokens = false;
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, body, info, opt), "");
+  EXPECT_TRUE(info.tokens.empty());
+}
+
+TEST(RequestText, TemplateRejectionFallsBackToTheMessages) {
+  std::string err;
+  auto tmpl = tokenizer::ChatTemplate::from_source(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+      "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+      {}, err);
+  ASSERT_TRUE(tmpl) << err;
+  ParseOptions opt{.want_text = true, .chat_template = tmpl.get()};
+  RequestInfo info;
+  std::string ok = padded(R"({"messages":[{"role":"user","content":"a"}]})");
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, ok, info, opt), "");
+  EXPECT_EQ(info.text, "[user]a");
+  EXPECT_TRUE(info.rendered);
+  std::string bad = padded(R"({"messages":[{"role":"assistant","content":"a"}]})");
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, bad, info, opt), "");
+  EXPECT_FALSE(info.rendered);
+  EXPECT_EQ(info.text, "assistant\na\n");
+}
+
+TEST(RequestText, InputIdsAreTheTokens) {
+  RequestInfo info;
+  std::string body = padded(R"({"input_ids":[1,22,333]})");
+  ASSERT_EQ(
+      parse_request(ApiRoute::kGenerate, body, info, {.want_text = true, .want_tokens = true}), "");
+  EXPECT_EQ(info.tokens, (std::vector<int32_t>{1, 22, 333}));
+  // Text without a tokenizer stays characters.
+  body = padded(R"({"text":"hello"})");
+  ASSERT_EQ(
+      parse_request(ApiRoute::kGenerate, body, info, {.want_text = true, .want_tokens = true}), "");
+  EXPECT_TRUE(info.tokens.empty());
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ build-debug:
 
 build-asan:
 	@cmake --preset asan >/dev/null
-	@cmake --build build-asan -j $(JOBS)
+	@cmake --build build-asan -j $(JOBS) --target kvgate_unit_integration
 
 test-release: build
 	@cd build && ctest $(CTEST_FLAGS) -L 'unit|integration|conformance'

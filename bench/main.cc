@@ -142,7 +142,7 @@ const std::vector<K>& knobs() {
       {.name = "think-ms",
        .group = "Workload",
        .value_name = "MS",
-       .help = "multiturn: pause between a reply and the next turn",
+       .help = "multiturn: mean pause between a reply and the next turn (exponential)",
        .field = &C::think_ms,
        .min = 0},
       {.name = "rate",
@@ -220,7 +220,8 @@ const std::vector<K>& knobs() {
       {.name = "tokenizer-path",
        .group = "Upper bound",
        .value_name = "DIR",
-       .help = "Tokenizer the servers use (the sim's stand-in when empty)",
+       .help = "Model directory (tokenizer.json + chat template) the servers use; compare "
+               "passes it to the sims and to kvgate (the sim's stand-in when empty)",
        .field = &C::tokenizer_path},
       {.name = "page-size",
        .group = "Upper bound",
@@ -499,7 +500,9 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   if (!c.tokenizer_path.empty())
     o.sim_args.insert(o.sim_args.end(), {"--tokenizer-path", c.tokenizer_path});
   o.sim_args.insert(o.sim_args.end(), c.sim_args.begin(), c.sim_args.end());
-  o.gateway_args = c.gateway_args;
+  // kvgate routes on the prompt the servers render and tokenize (cache_aware, prefix_hash, chwbl).
+  if (!c.tokenizer_path.empty()) o.gateway_args = {"--tokenizer-path", c.tokenizer_path};
+  o.gateway_args.insert(o.gateway_args.end(), c.gateway_args.begin(), c.gateway_args.end());
   o.bin_dir = std::filesystem::absolute(argv0).parent_path().string();
   std::string out = c.json.empty() ? "out/compare/compare.json" : c.json;
   o.log_dir = std::filesystem::path(stem(out) + "-logs").string();

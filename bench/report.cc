@@ -94,17 +94,19 @@ Summary summarize(const std::string& label, const RunResult& run, double upper_b
 std::string table(const std::vector<Summary>& rows, bool with_bound) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-16s %9s %8s %9s %9s %9s %9s %10s %7s %7s\n", "policy",
+  int w = 16;  // the policy column fits the longest label
+  for (const auto& s : rows) w = std::max(w, static_cast<int>(s.label.size()));
+  std::snprintf(line, sizeof line, "%-*s %9s %8s %9s %9s %9s %9s %10s %7s %7s\n", w, "policy",
                 "hit rate", with_bound ? "of bound" : "", "server", "TTFT p50", "TTFT p99",
                 "ITL p50", "out tok/s", "spread", "errors");
   out += line;
   for (const auto& s : rows) {
     std::string of =
         with_bound && s.upper_bound > 0 && s.hit_rate >= 0 ? pct(s.hit_rate / s.upper_bound) : "";
-    std::snprintf(line, sizeof line,
-                  "%-16s %9s %8s %9s %7.0fms %7.0fms %7.1fms %10.0f %7.2f %7zu\n", s.label.c_str(),
-                  pct(s.hit_rate).c_str(), of.c_str(), pct(s.server_hit_rate).c_str(), s.ttft_p50,
-                  s.ttft_p99, s.itl_p50, s.output_tokens_per_s, s.spread_requests, s.errors);
+    std::snprintf(line, sizeof line, "%-*s %9s %8s %9s %7.0fms %7.0fms %7.1fms %10.0f %7.2f %7zu\n",
+                  w, s.label.c_str(), pct(s.hit_rate).c_str(), of.c_str(),
+                  pct(s.server_hit_rate).c_str(), s.ttft_p50, s.ttft_p99, s.itl_p50,
+                  s.output_tokens_per_s, s.spread_requests, s.errors);
     out += line;
   }
   return out;

@@ -58,7 +58,9 @@ Workload multiturn(const MultiturnOptions& o) {
       turn.user =
           word_text(user_seed * 31 + static_cast<uint64_t>(k), static_cast<size_t>(o.user_words));
       turn.max_tokens = o.output_tokens;
-      turn.think_s = k == 0 ? 0 : o.think_s;
+      // A user's pause is exponential around the mean (a person, not a metronome: fixed pauses
+      // keep the users of one server in lockstep, all prefilling in the same step).
+      turn.think_s = k == 0 || o.think_s <= 0 ? 0 : next_gap(rng, 1.0 / o.think_s);
       s.turns.push_back(std::move(turn));
     }
     if (o.rate > 0) {

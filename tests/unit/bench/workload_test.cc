@@ -1,5 +1,7 @@
 // Tests for bench/workload, bench/oracle and bench/report: determinism, shapes, trace parsing,
 // the upper bound on hand-computed cases, stream event parsing.
+#include "bench/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,7 +10,6 @@
 #include "bench/driver.h"
 #include "bench/oracle.h"
 #include "bench/report.h"
-#include "bench/workload.h"
 
 namespace kvgate::bench {
 namespace {
@@ -22,7 +23,8 @@ TEST(Workload, MultiturnIsDeterministic) {
   ASSERT_EQ(a.sessions.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(a.sessions[i].turns.size(), 2u);
-    for (size_t t = 0; t < 2; ++t) EXPECT_EQ(a.sessions[i].turns[t].user, b.sessions[i].turns[t].user);
+    for (size_t t = 0; t < 2; ++t)
+      EXPECT_EQ(a.sessions[i].turns[t].user, b.sessions[i].turns[t].user);
   }
   EXPECT_NE(a.sessions[0].turns[0].user, a.sessions[1].turns[0].user);
   o.seed = 43;
@@ -34,6 +36,31 @@ TEST(Workload, MultiturnIsDeterministic) {
   EXPECT_TRUE(open.open_loop);
   EXPECT_EQ(open.sessions[0].arrival_s, 0);
   EXPECT_GT(open.sessions[2].arrival_s, open.sessions[1].arrival_s);
+}
+
+TEST(Workload, ThinkTimeIsExponentialAroundTheMean) {
+  MultiturnOptions o;
+  o.users = 200;
+  o.turns = 6;
+  o.think_s = 0.05;
+  Workload a = multiturn(o), b = multiturn(o);
+  double sum = 0;
+  size_t n = 0, distinct = 0;
+  for (size_t i = 0; i < a.sessions.size(); ++i) {
+    EXPECT_EQ(a.sessions[i].turns[0].think_s, 0) << "no pause before the first turn";
+    for (size_t t = 1; t < a.sessions[i].turns.size(); ++t) {
+      double th = a.sessions[i].turns[t].think_s;
+      EXPECT_EQ(th, b.sessions[i].turns[t].think_s) << "deterministic";
+      EXPECT_GE(th, 0);
+      sum += th;
+      ++n;
+      if (th != a.sessions[i].turns[1].think_s) ++distinct;
+    }
+  }
+  EXPECT_NEAR(sum / static_cast<double>(n), 0.05, 0.01);  // 1,000 draws: mean within ~6 sigma
+  EXPECT_GT(distinct, n / 2) << "users do not pause in lockstep";
+  o.think_s = 0;
+  EXPECT_EQ(multiturn(o).sessions[3].turns[2].think_s, 0);
 }
 
 TEST(Workload, WordTextHasTheAskedLength) {
@@ -119,11 +146,11 @@ TEST(Oracle, CountsReusableFullPagesOnly) {
   std::string note, err;
   PrefixOracle o(sim::make_tokenizer("", note, err), sim::make_chat_template(""), 4);
   std::vector<int32_t> a{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  EXPECT_EQ(o.arrive(a), 0u);                                   // nothing seen yet
+  EXPECT_EQ(o.arrive(a), 0u);  // nothing seen yet
   std::vector<int32_t> b{1, 2, 3, 4, 5, 6, 7, 99, 9, 10};
-  EXPECT_EQ(o.arrive(b), 4u);                                   // page 2 differs at its 4th token
+  EXPECT_EQ(o.arrive(b), 4u);  // page 2 differs at its 4th token
   std::vector<int32_t> c{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
-  EXPECT_EQ(o.arrive(c), 8u);                                   // 2 full pages of a
+  EXPECT_EQ(o.arrive(c), 8u);  // 2 full pages of a
   EXPECT_EQ(o.prompt_tokens(), 32u);
   EXPECT_EQ(o.reusable_tokens(), 12u);
   EXPECT_NEAR(o.upper_bound(), 12.0 / 32.0, 1e-9);
@@ -142,18 +169,23 @@ TEST(Oracle, OutputsBecomeReusable) {
 TEST(Events, ChatCompletionsAndGenerate) {
   RequestRecord r;
   EXPECT_EQ(apply_event(Api::kChat, R"({"choices":[{"delta":{"content":"Hi"}}]})", "", r), "Hi");
-  EXPECT_EQ(apply_event(Api::kChat,
-                        R"({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":null}})",
-                        "Hi", r),
-            "");
+  EXPECT_EQ(
+      apply_event(
+          Api::kChat,
+          R"({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":null}})",
+          "Hi", r),
+      "");
   EXPECT_EQ(r.prompt_tokens, 10);
   EXPECT_EQ(r.cached_tokens, 0);  // null details on an OpenAI route means none cached
   RequestRecord c;
-  apply_event(Api::kCompletions,
-              R"({"choices":[],"usage":{"prompt_tokens":8,"prompt_tokens_details":{"cached_tokens":4}}})", "", c);
+  apply_event(
+      Api::kCompletions,
+      R"({"choices":[],"usage":{"prompt_tokens":8,"prompt_tokens_details":{"cached_tokens":4}}})",
+      "", c);
   EXPECT_EQ(c.cached_tokens, 4);
   RequestRecord g;
-  EXPECT_EQ(apply_event(Api::kGenerate, R"({"text":"one two","meta_info":{"prompt_tokens":5,"cached_tokens":2}})",
+  EXPECT_EQ(apply_event(Api::kGenerate,
+                        R"({"text":"one two","meta_info":{"prompt_tokens":5,"cached_tokens":2}})",
                         "one", g),
             " two");
   EXPECT_EQ(g.cached_tokens, 2);

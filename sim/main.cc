@@ -88,7 +88,11 @@ int main(int argc, char** argv) {
   std::string note;
   auto tokenizer = make_tokenizer(cfg.tokenizer_path, note, error);
   if (!tokenizer) return fail("--tokenizer-path: " + error);
-  if (!note.empty()) log::warn("tokenizer stand-in").kv("note", note);
+  if (note.empty()) {
+    log::info("tokenizer: the stand-in (one token per word; --tokenizer-path loads a model's)");
+  } else {
+    log::info("tokenizer loaded").kv("path", cfg.tokenizer_path).kv("tokenizer", note);
+  }
   auto chat_template = make_chat_template(cfg.tokenizer_path);
 
   // KV event publishers (one per DP rank) and, on a PD prefill server, the bootstrap rendezvous.

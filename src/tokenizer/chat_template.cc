@@ -40,9 +40,38 @@ std::vector<std::pair<std::string, jinja::Value>> special_tokens(const jinja::Va
   return out;
 }
 
+// A copy sharing no cell with `v` (so it can be made immortal and freed on its own).
+jinja::Value deep_copy(const jinja::Value& v) {
+  if (v.is_string()) return jinja::Value(v.str());
+  if (v.is_array()) {
+    std::vector<jinja::Value> items;
+    items.reserve(v.arr().items.size());
+    for (const auto& x : v.arr().items) items.push_back(deep_copy(x));
+    return jinja::Value::array(std::move(items), v.is_tuple());
+  }
+  if (v.is_object()) {
+    jinja::Value o = v.is_namespace() ? jinja::Value::make_namespace() : jinja::Value::object();
+    for (const auto& [k, x] : v.obj().items) o.obj_mut().items.emplace_back(k, deep_copy(x));
+    return o;
+  }
+  return v;  // scalars hold no cell
+}
+
 }  // namespace
 
-ChatTemplate::~ChatTemplate() = default;
+// Every thread renders with the same special-token values. Values count references without
+// atomics (a render belongs to one thread), so shared ones are immortal: copying them into a
+// render's variables touches no counter. The template frees them when it goes away.
+void ChatTemplate::own_specials() {
+  for (auto& [name, v] : specials_) {
+    v = deep_copy(v);
+    v.make_immortal();
+  }
+}
+
+ChatTemplate::~ChatTemplate() {
+  for (auto& [name, v] : specials_) v.free_immortal();
+}
 
 std::unique_ptr<ChatTemplate> ChatTemplate::from_source(
     std::string_view source, std::vector<std::pair<std::string, jinja::Value>> specials,
@@ -52,6 +81,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::from_source(
   std::unique_ptr<ChatTemplate> ct(new ChatTemplate());
   ct->variants_.push_back({"default", std::move(t)});
   ct->specials_ = std::move(specials);
+  ct->own_specials();
   return ct;
 }
 
@@ -73,6 +103,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::from_config(std::string_view config_
   }
   std::unique_ptr<ChatTemplate> out(new ChatTemplate());
   out->specials_ = special_tokens(config);
+  out->own_specials();
   if (ct->is_string()) {
     auto t = jinja::Template::parse(ct->str(), error);
     if (!t) return nullptr;

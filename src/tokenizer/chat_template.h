@@ -51,6 +51,7 @@ class ChatTemplate {
 
  private:
   ChatTemplate() = default;
+  void own_specials();
   struct Variant {
     std::string name;
     std::unique_ptr<jinja::Template> tmpl;

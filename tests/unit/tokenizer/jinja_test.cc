@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "tokenizer/chat_template.h"
+
 namespace kvgate::tokenizer::jinja {
 namespace {
 
@@ -149,6 +151,35 @@ TEST(Jinja, TemplateRendersConcurrently) {
         from_json(R"([{"role":"user","content":" a "},{"role":"assistant","content":"b"}])", msgs,
                   e);
         if (!t->render({{"messages", msgs}}, out, e) || out != "<user>a<assistant>b2") {
+          ++failures[static_cast<size_t>(k)];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int f : failures) EXPECT_EQ(f, 0);
+}
+
+// The chat template's special-token variables (bos_token, a list of additional tokens) are shared
+// by every thread's render: copying them must not race on reference counts (this crashed the
+// gateway under load before they were made immortal; ASan/TSan catch it here).
+TEST(Jinja, ChatTemplateSpecialsAreSharedSafely) {
+  std::string err;
+  auto tmpl = ChatTemplate::from_config(
+      R"({"bos_token":"<s>","eos_token":{"content":"</s>","special":true},)"
+      R"("additional_special_tokens":["<a>","<b>"],)"
+      R"("chat_template":"{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}{{ additional_special_tokens | length }}"})",
+      err);
+  ASSERT_TRUE(tmpl) << err;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  threads.reserve(4);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 5000; ++i) {
+        std::string out, e;
+        if (!tmpl->render_json(R"([{"role":"user","content":"hi"}])", "", true, "", out, e) ||
+            out != "<s>hi</s>2") {
           ++failures[static_cast<size_t>(k)];
         }
       }

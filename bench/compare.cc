@@ -189,6 +189,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       }
     }
     std::vector<ServerCounters> before;
+    before.reserve(sim_urls.size());
     for (const auto& url : sim_urls) before.push_back(scrape(url));
     int port = free_port(), metrics_port = free_port();
     std::vector<std::string> args = {"--host",

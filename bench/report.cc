@@ -255,7 +255,7 @@ std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
   // Legend.
   for (size_t i = 0; i < rows.size(); ++i) {
     double y = H - 40 + 14 * static_cast<double>(i % 3);
-    double x = L + 180 * static_cast<double>(i / 3);
+    double x = L + 180.0 * std::floor(static_cast<double>(i) / 3.0);  // three rows per column
     s += fmt("<rect x=\"%.0f\" ", x) + fmt("y=\"%.0f\" width=\"12\" height=\"4\" fill=\"", y - 4) +
          kColors[i % 8] + "\"/>\n";
     s += fmt("<text x=\"%.0f\" ", x + 18) + fmt("y=\"%.0f\">", y) + rows[i].label +

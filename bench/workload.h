@@ -74,7 +74,7 @@ struct TraceOptions {
   int block_tokens = 512;   // tokens per hash id (Mooncake: 512)
 };
 // Returns "" or an error naming the file, line and problem.
-std::string trace(const TraceOptions& o, Workload& out);
+std::string trace(const TraceOptions& o, Workload& w);
 
 // The trace's own upper bound (as in shared/data/mooncake/README.md): the share of input tokens in
 // leading blocks already seen in an earlier request, whole blocks capped at the input length.

@@ -66,6 +66,7 @@ void BM_CacheAwareSelectInsert(benchmark::State& state) {
   std::vector<prefix::Slot> slots{1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<size_t> matched(8);
   std::vector<std::string> prompts;
+  prompts.reserve(256);
   for (int i = 0; i < 256; ++i) {
     prompts.push_back(s.corpus.prefixes[rng.below(s.corpus.prefixes.size())] +
                       random_text(rng, 500));

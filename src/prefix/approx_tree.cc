@@ -233,7 +233,7 @@ void ApproxTree::remove_from_subtree(Node* top, Slot slot) {
     held -= n->chars;
     bool cut_here = n->tenants.empty() && !below_cut;
     if (cut_here) cut.push_back(n);
-    for (auto& c : n->children) stack.push_back({c.get(), below_cut || cut_here});
+    for (auto& c : n->children) stack.emplace_back(c.get(), below_cut || cut_here);
   }
   for (Node* n : cut) prune(n);
 }

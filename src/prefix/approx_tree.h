@@ -50,7 +50,7 @@ class ApproxTree {
   struct Node;
 
  private:
-  void remove_from_subtree(Node* n, Slot slot);
+  void remove_from_subtree(Node* top, Slot slot);
   void prune(Node* n);  // deletes n (and empty ancestors) when it holds no slot and no children
   size_t& count_of(Slot slot);
 

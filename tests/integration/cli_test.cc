@@ -36,6 +36,14 @@ TEST(Cli, UnbuiltPolicyFailsAtStartup) {
   EXPECT_NE(r.output.find("not available in this build yet"), std::string::npos) << r.output;
 }
 
+TEST(Cli, MissingTokenizerIsAStartupError) {
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--tokenizer-path",
+                          "/nonexistent/model", "--port", "0", "--prometheus-port", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--tokenizer-path /nonexistent/model: cannot open"), std::string::npos)
+      << r.output;
+}
+
 TEST(Cli, UnbindableAddressIsAClearError) {
   // 203.0.113.0/24 is TEST-NET-3: never a local address, so bind() fails.
   auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--policy", "round_robin",

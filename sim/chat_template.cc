@@ -40,6 +40,17 @@ class ModelChatTemplate final : public ChatTemplate {
       fallback_.render(messages, add_generation_prompt, out);
     }
   }
+  bool render_request(std::span<const ChatMessage> messages, std::string_view messages_json,
+                      std::string_view tools_json, std::string_view kwargs_json,
+                      bool add_generation_prompt, std::string& out,
+                      std::string& error) const override {
+    if (messages_json.empty()) {
+      render(messages, add_generation_prompt, out);
+      return true;
+    }
+    return t_->render_request_json(messages_json, tools_json, add_generation_prompt, kwargs_json,
+                                   out, error);
+  }
 
  private:
   std::unique_ptr<tokenizer::ChatTemplate> t_;

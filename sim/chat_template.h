@@ -24,6 +24,22 @@ class ChatTemplate {
   // of the assistant turn the model is to write.
   virtual void render(std::span<const ChatMessage> messages, bool add_generation_prompt,
                       std::string& out) const = 0;
+
+  // What the chat route calls: the request's own JSON as well (messages as sent, with list
+  // contents and tool_calls; tools; chat_template_kwargs; each "" when absent), so a model
+  // template renders exactly what SGLang renders, and gets to reject it (false, `error` set: the
+  // route answers 400 with it, as SGLang does). The stand-in renders `messages` and never fails.
+  virtual bool render_request(std::span<const ChatMessage> messages, std::string_view messages_json,
+                              std::string_view tools_json, std::string_view kwargs_json,
+                              bool add_generation_prompt, std::string& out,
+                              std::string& error) const {
+    (void)messages_json;
+    (void)tools_json;
+    (void)kwargs_json;
+    (void)error;
+    render(messages, add_generation_prompt, out);
+    return true;
+  }
 };
 
 // "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n".
@@ -35,9 +51,9 @@ class ChatMLTemplate final : public ChatTemplate {
 };
 
 // The template for --tokenizer-path: the model's chat template when the directory has one, else
-// the ChatML stand-in. A conversation the model's template rejects (its raise_exception, e.g.
-// roles that do not alternate) renders with the ChatML stand-in instead: this interface has no
-// error path.
+// the ChatML stand-in. Through render(), a conversation the model's template rejects (its
+// raise_exception, e.g. roles that do not alternate) renders with the ChatML stand-in; through
+// render_request() it is an error.
 std::unique_ptr<ChatTemplate> make_chat_template(std::string_view tokenizer_path);
 
 }  // namespace kvgate::sim

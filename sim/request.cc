@@ -341,7 +341,24 @@ std::string render_messages(const object& o, const ChatTemplate& tmpl, std::stri
     }
     list.push_back(cm);
   }
-  tmpl.render(list, true, rendered);
+  // The request's own JSON goes to the model's template, as SGLang hands the request's messages,
+  // tools and chat_template_kwargs to apply_chat_template (generation prompt unless the last
+  // message is continued).
+  element tools, kwargs, cont;
+  std::string tools_json, kwargs_json;
+  if (lookup(o, "tools", tools) && tools.is_array()) tools_json = simdjson::minify(tools);
+  if (lookup(o, "chat_template_kwargs", kwargs) && kwargs.is_object()) {
+    kwargs_json = simdjson::minify(kwargs);
+  }
+  bool continue_final = false;
+  if (lookup(o, "continue_final_message", cont) && cont.get_bool().get(continue_final)) {
+    continue_final = false;
+  }
+  std::string error;
+  if (!tmpl.render_request(list, simdjson::minify(msgs), tools_json, kwargs_json, !continue_final,
+                           rendered, error)) {
+    return error;
+  }
   return "";
 }
 

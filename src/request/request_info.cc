@@ -123,8 +123,8 @@ bool render_chat(const tokenizer::ChatTemplate& tmpl, simdjson::dom::object obj,
   bool cont = false;
   if (obj["continue_final_message"].get_bool().get(cont)) cont = false;
   std::string err;
-  return tmpl.render_json(simdjson::minify(messages), tools_json, !cont, kwargs_json, out.text,
-                          err);
+  return tmpl.render_request_json(simdjson::minify(messages), tools_json, !cont, kwargs_json,
+                                  out.text, err);
 }
 
 void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,

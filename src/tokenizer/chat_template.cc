@@ -2,6 +2,7 @@
 #include "tokenizer/chat_template.h"
 
 #include <filesystem>
+#include <regex>
 
 #include "tokenizer/tokenizer.h"
 
@@ -38,6 +39,14 @@ std::vector<std::pair<std::string, jinja::Value>> special_tokens(const jinja::Va
     out.emplace_back("additional_special_tokens", jinja::Value::array(std::move(items)));
   }
   return out;
+}
+
+// SGLang's content-format detection: a template that loops over a message's content takes
+// content as a list of parts ("openai"); any other takes it as a string.
+bool iterates_content(std::string_view source) {
+  static const std::regex kLoop(
+      R"(for\s+\w+\s+in\s+(message|msg|m)\s*(\[\s*['"]content['"]\s*\]|\.content))");
+  return std::regex_search(source.begin(), source.end(), kLoop);
 }
 
 // A copy sharing no cell with `v` (so it can be made immortal and freed on its own).
@@ -79,7 +88,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::from_source(
   auto t = jinja::Template::parse(source, error);
   if (!t) return nullptr;
   std::unique_ptr<ChatTemplate> ct(new ChatTemplate());
-  ct->variants_.push_back({"default", std::move(t)});
+  ct->variants_.push_back({"default", std::move(t), iterates_content(source)});
   ct->specials_ = std::move(specials);
   ct->own_specials();
   return ct;
@@ -107,7 +116,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::from_config(std::string_view config_
   if (ct->is_string()) {
     auto t = jinja::Template::parse(ct->str(), error);
     if (!t) return nullptr;
-    out->variants_.push_back({"default", std::move(t)});
+    out->variants_.push_back({"default", std::move(t), iterates_content(ct->str())});
     return out;
   }
   if (!ct->is_array()) {
@@ -126,7 +135,7 @@ std::unique_ptr<ChatTemplate> ChatTemplate::from_config(std::string_view config_
       error.insert(0, "chat_template '" + name->str() + "': ");
       return nullptr;
     }
-    Variant v{name->str(), std::move(t)};
+    Variant v{name->str(), std::move(t), iterates_content(src->str())};
     if (v.name == "default") {
       out->variants_.insert(out->variants_.begin(), std::move(v));
     } else {
@@ -202,6 +211,88 @@ bool ChatTemplate::render(const Input& in, std::string& out, std::string& error)
     if (!later) unique.push_back(std::move(vars[i]));
   }
   return t->render(unique, out, error);
+}
+
+bool ChatTemplate::render_request_json(std::string_view messages_json, std::string_view tools_json,
+                                       bool add_generation_prompt, std::string_view extra_json,
+                                       std::string& out, std::string& error) const {
+  jinja::Value messages;
+  if (!jinja::from_json(messages_json, messages, error)) {
+    error = "messages: " + error;
+    return false;
+  }
+  if (!messages.is_array()) {
+    error = "messages: not a list";
+    return false;
+  }
+  // The variant render() picks decides the content format.
+  bool openai_content = variants_[0].openai_content;
+  if (!tools_json.empty() && tools_json != "[]") {
+    for (const auto& v : variants_) {
+      if (v.name == "tool_use") openai_content = v.openai_content;
+    }
+  }
+  std::vector<jinja::Value> normalized;
+  normalized.reserve(messages.arr().items.size());
+  for (const auto& m : messages.arr().items) {
+    if (!m.is_dict()) {
+      normalized.push_back(m);
+      continue;
+    }
+    jinja::Value msg = jinja::Value::object();
+    for (const auto& [k, v] : m.obj().items) {
+      if (v.is_none()) continue;  // SGLang drops null fields (content: null, tool_calls: null)
+      if (k == "content" && v.is_array()) {
+        if (openai_content) {  // parts kept; image_url parts become {"type": "image"}
+          std::vector<jinja::Value> parts;
+          for (const auto& part : v.arr().items) {
+            const jinja::Value* type = part.is_dict() ? part.obj().find("type") : nullptr;
+            if (type && type->is_string() && type->str() == "image_url") {
+              jinja::Value img = jinja::Value::object();
+              img.obj_mut().set("type", jinja::Value("image"));
+              parts.push_back(std::move(img));
+            } else {
+              parts.push_back(part);
+            }
+          }
+          msg.obj_mut().set(k, jinja::Value::array(std::move(parts)));
+        } else {  // the text parts joined with spaces
+          std::string text;
+          bool first = true;
+          for (const auto& part : v.arr().items) {
+            const jinja::Value* type = part.is_dict() ? part.obj().find("type") : nullptr;
+            const jinja::Value* t = part.is_dict() ? part.obj().find("text") : nullptr;
+            if (!type || !type->is_string() || type->str() != "text" || !t || !t->is_string()) {
+              continue;
+            }
+            if (!first) text.push_back(' ');
+            first = false;
+            text += t->str();
+          }
+          msg.obj_mut().set(k, jinja::Value(std::move(text)));
+        }
+        continue;
+      }
+      msg.obj_mut().set(k, v);
+    }
+    normalized.push_back(std::move(msg));
+  }
+  Input in;
+  in.add_generation_prompt = add_generation_prompt;
+  in.messages = jinja::Value::array(std::move(normalized));
+  if (!tools_json.empty() && !jinja::from_json(tools_json, in.tools, error)) {
+    error = "tools: " + error;
+    return false;
+  }
+  if (!extra_json.empty()) {
+    jinja::Value extra;
+    if (!jinja::from_json(extra_json, extra, error) || !extra.is_dict()) {
+      error = "chat_template_kwargs: " + (error.empty() ? std::string("not an object") : error);
+      return false;
+    }
+    for (const auto& kv : extra.obj().items) in.extra.push_back(kv);
+  }
+  return render(in, out, error);
 }
 
 bool ChatTemplate::render_json(std::string_view messages_json, std::string_view tools_json,

@@ -44,7 +44,16 @@ class ChatTemplate {
   // template's own raise_exception message).
   bool render(const Input& in, std::string& out, std::string& error) const;
 
-  // Same from JSON texts (messages: array; tools: array or empty; extra: object or empty).
+  // A chat request as SGLang's OpenAI route prepares it for the template: null fields dropped;
+  // list contents flattened to their text parts joined with spaces, unless the template loops
+  // over a message's content (then parts are kept, image_url parts become {"type": "image"}).
+  // What the gateway and the sim render, so both see the engine's prompt.
+  bool render_request_json(std::string_view messages_json, std::string_view tools_json,
+                           bool add_generation_prompt, std::string_view extra_json,
+                           std::string& out, std::string& error) const;
+
+  // Same from JSON texts (messages: array; tools: array or empty; extra: object or empty), as
+  // transformers' apply_chat_template (no normalization).
   bool render_json(std::string_view messages_json, std::string_view tools_json,
                    bool add_generation_prompt, std::string_view extra_json, std::string& out,
                    std::string& error) const;
@@ -55,6 +64,7 @@ class ChatTemplate {
   struct Variant {
     std::string name;
     std::unique_ptr<jinja::Template> tmpl;
+    bool openai_content = false;  // loops over message content: list contents stay lists
   };
   std::vector<Variant> variants_;  // [0] is the default
   std::vector<std::pair<std::string, jinja::Value>> specials_;

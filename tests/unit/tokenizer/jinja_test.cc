@@ -189,5 +189,40 @@ TEST(Jinja, ChatTemplateSpecialsAreSharedSafely) {
   for (int f : failures) EXPECT_EQ(f, 0);
 }
 
+// As SGLang's OpenAI route prepares messages for the template: nulls dropped, list contents
+// joined with spaces for string-content templates, kept as lists (image_url -> image) for templates
+// that loop over the content.
+TEST(Jinja, RequestMessagesAreNormalizedAsSglangDoes) {
+  std::string err;
+  auto str_tmpl = ChatTemplate::from_source(
+      "{% for m in messages %}[{{ m.role }}:{{ m.content }}|{{ m.tool_calls is defined }}]"
+      "{% endfor %}",
+      {}, err);
+  ASSERT_TRUE(str_tmpl) << err;
+  std::string out;
+  ASSERT_TRUE(str_tmpl->render_request_json(
+      R"([{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}],"tool_calls":null}])",
+      "", true, "", out, err))
+      << err;
+  EXPECT_EQ(out, "[user:Hi there|False]");
+  // transformers' semantics (render_json) keep the list and the null.
+  out.clear();
+  ASSERT_TRUE(str_tmpl->render_json(R"([{"role":"user","content":"a","tool_calls":null}])", "",
+                                    true, "", out, err));
+  EXPECT_EQ(out, "[user:a|True]");
+
+  auto list_tmpl = ChatTemplate::from_source(
+      "{% for message in messages %}{% for c in message['content'] %}<{{ c.type }}>"
+      "{% endfor %}{% endfor %}",
+      {}, err);
+  ASSERT_TRUE(list_tmpl) << err;
+  out.clear();
+  ASSERT_TRUE(list_tmpl->render_request_json(
+      R"([{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"x"}}]}])",
+      "", true, "", out, err))
+      << err;
+  EXPECT_EQ(out, "<text><image>");
+}
+
 }  // namespace
 }  // namespace kvgate::tokenizer::jinja

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <simdjson.h>
 
+#include <fstream>
 #include <thread>
 
 #include "sim/pooling.h"
@@ -205,6 +206,28 @@ TEST_F(SimServerTest, ErrorsInEachRoutesShape) {
   EXPECT_EQ(r.body, R"({"detail":"Not Found"})");
   EXPECT_EQ(c.get("/generate").status, 405);
   EXPECT_EQ(c.get("/metrics").status, 404);  // only with --enable-metrics
+}
+
+// With a model's template, a conversation the template rejects is a 400 carrying the template's
+// own message (SGLang answers the jinja exception), never a silent fallback.
+TEST_F(SimServerTest, ChatTemplateErrorIs400WithItsMessage) {
+  std::string f = __FILE__;  // <repo>/tests/unit/sim/server_test.cc
+  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
+  std::string dir = f + "/models/gemma3";
+  if (!std::ifstream(dir + "/tokenizer_config.json")) GTEST_SKIP() << "run scripts/setup";
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--tokenizer-path", dir});
+  HttpClient c(s.port);
+  auto r = c.post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],)"
+                  R"("max_tokens":2})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(std::string_view(parse(r.body)["message"]).find("roles must alternate"),
+            std::string_view::npos)
+      << r.body;
+  r = c.post("/v1/chat/completions",
+             R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],)"
+             R"("max_tokens":2})");
+  EXPECT_EQ(r.status, 200) << r.body;
 }
 
 TEST_F(SimServerTest, InfoEndpoints) {

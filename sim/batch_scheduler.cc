@@ -329,6 +329,9 @@ void BatchCore::abort_all(std::string_view message) {
 
 BatchScheduler::BatchScheduler(const RankSetup& setup, BatchTiming timing, BatchLimits limits)
     : core_(setup, timing, limits) {
+  // The startup AllBlocksCleared goes out before anything can reach the rank (a /flush_cache
+  // racing the thread's start would otherwise share its batch).
+  core_.publish_events();
   thread_ = std::thread([this] { run(); });
 }
 

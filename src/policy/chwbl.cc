@@ -4,20 +4,6 @@
 #include <cmath>
 
 namespace kvgate {
-namespace {
-
-std::string_view first_chars(std::string_view s, size_t chars) {
-  size_t i = 0;
-  while (i < s.size() && chars > 0) {
-    ++i;
-    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) ++i;
-    --chars;
-  }
-  return s.substr(0, i);
-}
-
-}  // namespace
-
 int64_t ChwblPolicy::capacity(int64_t total, size_t n, double factor) {
   return static_cast<int64_t>(
       std::ceil(factor * static_cast<double>(total + 1) / static_cast<double>(n)));

@@ -29,6 +29,17 @@ class PolicyRng {
   Rng seeded_;
 };
 
+// The first `chars` Unicode characters of UTF-8 text (the key prefix of chwbl and prefix_hash).
+inline std::string_view first_chars(std::string_view s, size_t chars) {
+  size_t i = 0;
+  while (i < s.size() && chars > 0) {
+    ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) ++i;
+    --chars;
+  }
+  return s.substr(0, i);
+}
+
 // Load as cache_aware and friends count it: requests in flight through this gateway.
 inline int64_t inflight_load(const Worker* w) {
   return w->inflight();

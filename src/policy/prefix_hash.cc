@@ -7,21 +7,6 @@
 #include "prefix/approx_tree.h"
 
 namespace kvgate {
-namespace {
-
-// The first `chars` characters of UTF-8 text.
-std::string_view first_chars(std::string_view s, size_t chars) {
-  size_t i = 0;
-  while (i < s.size() && chars > 0) {
-    ++i;
-    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) ++i;
-    --chars;
-  }
-  return s.substr(0, i);
-}
-
-}  // namespace
-
 Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   std::string_view text = ctx.request ? std::string_view(ctx.request->text) : std::string_view();
   auto state = ring_.get();

@@ -89,6 +89,17 @@ void append_content(std::string& out, element content) {
   }
 }
 
+void extract_first_user(simdjson::dom::array messages, RequestInfo& out) {
+  for (element m : messages) {
+    std::string_view role;
+    element content;
+    if (!m["role"].get_string().get(role) && role == "user" && !m["content"].get(content)) {
+      append_content(out.first_user_message, content);
+      return;
+    }
+  }
+}
+
 void extract_chat(simdjson::dom::array messages, RequestInfo& out) {
   bool have_user = false;
   for (element m : messages) {
@@ -137,11 +148,7 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
       if (options.chat_template) {
         if (render_chat(*options.chat_template, obj, messages, out)) {
           out.rendered = true;
-          // first_user_message still feeds routing keys (chwbl).
-          std::string keep = std::move(out.text);
-          out.text.clear();
-          extract_chat(messages, out);
-          out.text = std::move(keep);
+          extract_first_user(messages, out);  // still the routing key of chwbl
           break;
         }
         out.text.clear();

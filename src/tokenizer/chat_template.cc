@@ -186,14 +186,17 @@ std::unique_ptr<ChatTemplate> ChatTemplate::load(const std::string& dir, std::st
   return t;
 }
 
-bool ChatTemplate::render(const Input& in, std::string& out, std::string& error) const {
-  bool has_tools = in.tools.is_array() && !in.tools.arr().items.empty();
-  const jinja::Template* t = variants_[0].tmpl.get();
-  if (has_tools) {
+const ChatTemplate::Variant& ChatTemplate::variant_for(const jinja::Value& tools) const {
+  if (tools.is_array() && !tools.arr().items.empty()) {
     for (const auto& v : variants_) {
-      if (v.name == "tool_use") t = v.tmpl.get();
+      if (v.name == "tool_use") return v;
     }
   }
+  return variants_[0];
+}
+
+bool ChatTemplate::render(const Input& in, std::string& out, std::string& error) const {
+  const jinja::Template* t = variant_for(in.tools).tmpl.get();
   std::vector<std::pair<std::string, jinja::Value>> vars;
   vars.reserve(5 + specials_.size() + in.extra.size());
   vars.emplace_back("messages", in.messages);
@@ -213,92 +216,11 @@ bool ChatTemplate::render(const Input& in, std::string& out, std::string& error)
   return t->render(unique, out, error);
 }
 
-bool ChatTemplate::render_request_json(std::string_view messages_json, std::string_view tools_json,
-                                       bool add_generation_prompt, std::string_view extra_json,
-                                       std::string& out, std::string& error) const {
-  jinja::Value messages;
-  if (!jinja::from_json(messages_json, messages, error)) {
-    error = "messages: " + error;
-    return false;
-  }
-  if (!messages.is_array()) {
-    error = "messages: not a list";
-    return false;
-  }
-  // The variant render() picks decides the content format.
-  bool openai_content = variants_[0].openai_content;
-  if (!tools_json.empty() && tools_json != "[]") {
-    for (const auto& v : variants_) {
-      if (v.name == "tool_use") openai_content = v.openai_content;
-    }
-  }
-  std::vector<jinja::Value> normalized;
-  normalized.reserve(messages.arr().items.size());
-  for (const auto& m : messages.arr().items) {
-    if (!m.is_dict()) {
-      normalized.push_back(m);
-      continue;
-    }
-    jinja::Value msg = jinja::Value::object();
-    for (const auto& [k, v] : m.obj().items) {
-      if (v.is_none()) continue;  // SGLang drops null fields (content: null, tool_calls: null)
-      if (k == "content" && v.is_array()) {
-        if (openai_content) {  // parts kept; image_url parts become {"type": "image"}
-          std::vector<jinja::Value> parts;
-          for (const auto& part : v.arr().items) {
-            const jinja::Value* type = part.is_dict() ? part.obj().find("type") : nullptr;
-            if (type && type->is_string() && type->str() == "image_url") {
-              jinja::Value img = jinja::Value::object();
-              img.obj_mut().set("type", jinja::Value("image"));
-              parts.push_back(std::move(img));
-            } else {
-              parts.push_back(part);
-            }
-          }
-          msg.obj_mut().set(k, jinja::Value::array(std::move(parts)));
-        } else {  // the text parts joined with spaces
-          std::string text;
-          bool first = true;
-          for (const auto& part : v.arr().items) {
-            const jinja::Value* type = part.is_dict() ? part.obj().find("type") : nullptr;
-            const jinja::Value* t = part.is_dict() ? part.obj().find("text") : nullptr;
-            if (!type || !type->is_string() || type->str() != "text" || !t || !t->is_string()) {
-              continue;
-            }
-            if (!first) text.push_back(' ');
-            first = false;
-            text += t->str();
-          }
-          msg.obj_mut().set(k, jinja::Value(std::move(text)));
-        }
-        continue;
-      }
-      msg.obj_mut().set(k, v);
-    }
-    normalized.push_back(std::move(msg));
-  }
-  Input in;
-  in.add_generation_prompt = add_generation_prompt;
-  in.messages = jinja::Value::array(std::move(normalized));
-  if (!tools_json.empty() && !jinja::from_json(tools_json, in.tools, error)) {
-    error = "tools: " + error;
-    return false;
-  }
-  if (!extra_json.empty()) {
-    jinja::Value extra;
-    if (!jinja::from_json(extra_json, extra, error) || !extra.is_dict()) {
-      error = "chat_template_kwargs: " + (error.empty() ? std::string("not an object") : error);
-      return false;
-    }
-    for (const auto& kv : extra.obj().items) in.extra.push_back(kv);
-  }
-  return render(in, out, error);
-}
+namespace {
 
-bool ChatTemplate::render_json(std::string_view messages_json, std::string_view tools_json,
-                               bool add_generation_prompt, std::string_view extra_json,
-                               std::string& out, std::string& error) const {
-  Input in;
+bool input_from_json(std::string_view messages_json, std::string_view tools_json,
+                     bool add_generation_prompt, std::string_view extra_json,
+                     ChatTemplate::Input& in, std::string& error) {
   in.add_generation_prompt = add_generation_prompt;
   if (!jinja::from_json(messages_json, in.messages, error)) {
     error = "messages: " + error;
@@ -316,7 +238,84 @@ bool ChatTemplate::render_json(std::string_view messages_json, std::string_view 
     }
     for (const auto& kv : extra.obj().items) in.extra.push_back(kv);
   }
+  return true;
+}
+
+const jinja::Value* find_string(const jinja::Value& dict, std::string_view key) {
+  const jinja::Value* v = dict.is_dict() ? dict.obj().find(key) : nullptr;
+  return v && v->is_string() ? v : nullptr;
+}
+
+// One message as SGLang's OpenAI route hands it to the template (see render_request_json).
+jinja::Value sglang_message(const jinja::Value& m, bool openai_content) {
+  if (!m.is_dict()) return m;
+  jinja::Value msg = jinja::Value::object();
+  for (const auto& [k, v] : m.obj().items) {
+    if (v.is_none()) continue;  // SGLang drops null fields (content: null, tool_calls: null)
+    if (k != "content" || !v.is_array()) {
+      msg.obj_mut().set(k, v);
+      continue;
+    }
+    if (openai_content) {  // parts kept; image_url parts become {"type": "image"}
+      std::vector<jinja::Value> parts;
+      parts.reserve(v.arr().items.size());
+      for (const auto& part : v.arr().items) {
+        const jinja::Value* type = find_string(part, "type");
+        if (type && type->str() == "image_url") {
+          jinja::Value img = jinja::Value::object();
+          img.obj_mut().set("type", jinja::Value("image"));
+          parts.push_back(std::move(img));
+        } else {
+          parts.push_back(part);
+        }
+      }
+      msg.obj_mut().set(k, jinja::Value::array(std::move(parts)));
+      continue;
+    }
+    std::string text;  // the text parts joined with spaces (Python's " ".join)
+    bool first = true;
+    for (const auto& part : v.arr().items) {
+      const jinja::Value* type = find_string(part, "type");
+      const jinja::Value* t = find_string(part, "text");
+      if (!type || type->str() != "text" || !t) continue;
+      if (!first) text.push_back(' ');
+      first = false;
+      text += t->str();
+    }
+    msg.obj_mut().set(k, jinja::Value(std::move(text)));
+  }
+  return msg;
+}
+
+}  // namespace
+
+bool ChatTemplate::render_request_json(std::string_view messages_json, std::string_view tools_json,
+                                       bool add_generation_prompt, std::string_view extra_json,
+                                       std::string& out, std::string& error) const {
+  Input in;
+  if (!input_from_json(messages_json, tools_json, add_generation_prompt, extra_json, in, error)) {
+    return false;
+  }
+  if (!in.messages.is_array()) {
+    error = "messages: not a list";
+    return false;
+  }
+  // The variant render() picks decides the content format.
+  bool openai_content = variant_for(in.tools).openai_content;
+  std::vector<jinja::Value> normalized;
+  normalized.reserve(in.messages.arr().items.size());
+  for (const auto& m : in.messages.arr().items)
+    normalized.push_back(sglang_message(m, openai_content));
+  in.messages = jinja::Value::array(std::move(normalized));
   return render(in, out, error);
+}
+
+bool ChatTemplate::render_json(std::string_view messages_json, std::string_view tools_json,
+                               bool add_generation_prompt, std::string_view extra_json,
+                               std::string& out, std::string& error) const {
+  Input in;
+  return input_from_json(messages_json, tools_json, add_generation_prompt, extra_json, in, error) &&
+         render(in, out, error);
 }
 
 }  // namespace kvgate::tokenizer

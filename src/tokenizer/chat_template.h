@@ -66,6 +66,8 @@ class ChatTemplate {
     std::unique_ptr<jinja::Template> tmpl;
     bool openai_content = false;  // loops over message content: list contents stay lists
   };
+  // The template render() uses: tool_use when there are tools and the model has one.
+  const Variant& variant_for(const jinja::Value& tools) const;
   std::vector<Variant> variants_;  // [0] is the default
   std::vector<std::pair<std::string, jinja::Value>> specials_;
 };

@@ -10,6 +10,7 @@
 #include "tokenizer/jinja.h"
 #include "tokenizer/jinja_internal.h"
 #include "tokenizer/unicode.h"
+#include "util/json.h"
 
 namespace kvgate::tokenizer::jinja {
 
@@ -436,6 +437,11 @@ void append_repr_of(const Value& v, std::string& out) {
 namespace {
 
 void json_string(std::string_view s, bool ensure_ascii, std::string& out) {
+  // Without ensure_ascii, Python escapes what every JSON writer escapes (values are valid UTF-8).
+  if (!ensure_ascii) {
+    json::append_string(out, s);
+    return;
+  }
   out.push_back('"');
   size_t i = 0;
   while (i < s.size()) {
@@ -465,7 +471,7 @@ void json_string(std::string_view s, bool ensure_ascii, std::string& out) {
           out.append("\\f");
           break;
         default:
-          if (b < 0x20 || (ensure_ascii && b == 0x7F)) {
+          if (b < 0x20 || b == 0x7F) {
             out.append("\\u00");
             append_hex(b, 2, out);
           } else {
@@ -474,11 +480,8 @@ void json_string(std::string_view s, bool ensure_ascii, std::string& out) {
       }
       continue;
     }
-    size_t start = i;
     char32_t c = unicode::next_code_point(s, i);
-    if (!ensure_ascii) {
-      out.append(s.substr(start, i - start));
-    } else if (c < 0x10000) {
+    if (c < 0x10000) {
       out.append("\\u");
       append_hex(c, 4, out);
     } else {

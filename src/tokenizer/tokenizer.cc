@@ -223,20 +223,28 @@ std::unique_ptr<Regex> load_pattern(element p, std::string& error) {
   return nullptr;
 }
 
+// A component of type "Sequence": each element of `key` loaded by `load_one`, in order.
+template <class LoadOne>
+bool load_sequence(element e, const char* key, const char* what, std::string& error,
+                   LoadOne load_one) {
+  simdjson::dom::array list;
+  if (e[key].get(list)) {
+    error = std::string(what) + " Sequence without " + key;
+    return false;
+  }
+  for (element c : list) {
+    if (!load_one(c)) return false;
+  }
+  return true;
+}
+
 bool load_normalizer(element n, std::vector<NormStep>& steps, std::string& error) {
   if (n.is_null()) return true;
   std::string t = type_of(n);
   NormStep s;
   if (t == "Sequence") {
-    simdjson::dom::array list;
-    if (n["normalizers"].get(list)) {
-      error = "normalizer Sequence without normalizers";
-      return false;
-    }
-    for (element c : list) {
-      if (!load_normalizer(c, steps, error)) return false;
-    }
-    return true;
+    return load_sequence(n, "normalizers", "normalizer", error,
+                         [&](element c) { return load_normalizer(c, steps, error); });
   }
   if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
     s.kind = NormStep::Kind::kForm;
@@ -367,15 +375,9 @@ bool load_pre_tokenizer(element p, std::vector<PreStep>& steps, bool& byte_level
     return false;
   }
   if (t == "Sequence") {
-    simdjson::dom::array list;
-    if (p["pretokenizers"].get(list)) {
-      error = "pre_tokenizer Sequence without pretokenizers";
-      return false;
-    }
-    for (element c : list) {
-      if (!load_pre_tokenizer(c, steps, byte_level, error)) return false;
-    }
-    return true;
+    return load_sequence(p, "pretokenizers", "pre_tokenizer", error, [&](element c) {
+      return load_pre_tokenizer(c, steps, byte_level, error);
+    });
   }
   PreStep s;
   if (t == "Split") {
@@ -445,15 +447,8 @@ bool load_decoder(element d, std::vector<DecStep>& steps, std::string& error) {
   std::string t = type_of(d);
   DecStep s;
   if (t == "Sequence") {
-    simdjson::dom::array list;
-    if (d["decoders"].get(list)) {
-      error = "decoder Sequence without decoders";
-      return false;
-    }
-    for (element c : list) {
-      if (!load_decoder(c, steps, error)) return false;
-    }
-    return true;
+    return load_sequence(d, "decoders", "decoder", error,
+                         [&](element c) { return load_decoder(c, steps, error); });
   }
   if (t == "ByteLevel") {
     s.kind = DecStep::Kind::kByteLevel;
@@ -510,15 +505,8 @@ bool load_post_processor(element p, Tokenizer::Impl& impl,
   std::string t = type_of(p);
   if (t == "ByteLevel") return true;  // offsets only
   if (t == "Sequence") {
-    simdjson::dom::array list;
-    if (p["processors"].get(list)) {
-      error = "post_processor Sequence without processors";
-      return false;
-    }
-    for (element c : list) {
-      if (!load_post_processor(c, impl, id_of, error)) return false;
-    }
-    return true;
+    return load_sequence(p, "processors", "post_processor", error,
+                         [&](element c) { return load_post_processor(c, impl, id_of, error); });
   }
   if (t == "TemplateProcessing") {
     simdjson::dom::array single;

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <vector>
 
-#include "support/process.h"
+#include "support/wire.h"
 
 namespace kvgate::kv {
 namespace {
@@ -18,29 +18,15 @@ const std::vector<int32_t> kTokens = {0,      1,          23, 24, 255,  256,    
                                       151643, 2147483647, 7,  42, 1000, 100000, 12,        13,
                                       14,     15,         99, 98, 97,   96,     123456789, 5};
 
-std::string list(const std::vector<int32_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-// Runs a Python program and returns its stdout split into integers.
-std::vector<std::string> python(const std::string& code) {
-  auto r = testing::run("/usr/bin/python3", {"-c", code});
-  EXPECT_EQ(r.status, 0) << r.output;
-  std::istringstream in(r.output);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
+using testing::py_list;
 
 std::vector<std::string> sglang_reference(const std::vector<int32_t>& tokens, int page) {
-  return python(R"(
+  return testing::python_words(R"(
 import hashlib
-tokens = )" + list(tokens) +
-                R"(
+tokens = )" + py_list(tokens) +
+                               R"(
 page = )" + std::to_string(page) +
-                R"(
+                               R"(
 prev = None
 out = []
 for i in range(0, len(tokens) // page * page, page):
@@ -58,7 +44,7 @@ print(" ".join(str(x) for x in out))
 
 std::vector<std::string> vllm_reference(const std::vector<int32_t>& tokens, int page,
                                         const std::string& seed) {
-  return python(R"(
+  return testing::python_words(R"(
 import hashlib
 def head(major, n):
     if n < 24: return bytes([major << 5 | n])
@@ -71,12 +57,12 @@ def cbor(x):
     if isinstance(x, int): return head(0, x) if x >= 0 else head(1, -1 - x)
     return head(4, len(x)) + b"".join(cbor(e) for e in x)
 def sha256_cbor(x): return hashlib.sha256(cbor(x)).digest()
-tokens = )" + list(tokens) +
-                R"(
+tokens = )" + py_list(tokens) +
+                               R"(
 page = )" + std::to_string(page) +
-                R"(
-parent = sha256_cbor(")" +
-                seed + R"(")
+                               R"(
+parent = sha256_cbor(")" + seed +
+                               R"(")
 out = []
 for i in range(0, len(tokens) // page * page, page):
     parent = sha256_cbor((parent, tuple(tokens[i:i + page]), None))

@@ -11,62 +11,17 @@
 
 #include "kv/events.h"
 #include "support/process.h"
+#include "support/wire.h"
 
 namespace kvgate::kv {
 namespace {
 
-using Frames = std::vector<std::string>;
+using testing::be64;
+using testing::Frames;
+using testing::recv_multipart;
+using testing::send_multipart;
 
-// Receives one multipart message, or {} after `timeout_ms`.
-Frames recv_multipart(void* sock, int timeout_ms) {
-  zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
-  if (zmq_poll(&item, 1, timeout_ms) <= 0) return {};
-  Frames out;
-  for (;;) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, sock, 0) < 0) {
-      zmq_msg_close(&msg);
-      return {};
-    }
-    out.emplace_back(static_cast<char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-    bool more = zmq_msg_more(&msg) != 0;
-    zmq_msg_close(&msg);
-    if (!more) return out;
-  }
-}
-
-void send_multipart(void* sock, const Frames& frames) {
-  for (size_t i = 0; i < frames.size(); ++i) {
-    zmq_send(sock, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
-  }
-}
-
-uint64_t be64(const std::string& s) {
-  uint64_t v = 0;
-  for (char c : s) v = (v << 8) | static_cast<uint8_t>(c);
-  return v;
-}
-
-class Zmq {
- public:
-  Zmq() : ctx(zmq_ctx_new()) {}
-  ~Zmq() {
-    for (void* s : sockets) zmq_close(s);
-    zmq_ctx_term(ctx);
-  }
-  void* socket(int type, const std::string& connect) {
-    void* s = zmq_socket(ctx, type);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    if (type == ZMQ_SUB) zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
-    EXPECT_EQ(zmq_connect(s, connect.c_str()), 0) << connect;
-    sockets.push_back(s);
-    return s;
-  }
-  void* ctx;
-  std::vector<void*> sockets;
-};
+using Zmq = testing::ZmqSockets;
 
 TEST(KvPublisher, OffsetsEndpointsPerRank) {
   std::string out, err;
@@ -101,7 +56,7 @@ TEST(KvPublisher, PublishesFramesAndReplaysFromASequence) {
   ASSERT_TRUE(pub) << err;
 
   Zmq z;
-  void* sub = z.socket(ZMQ_SUB, "tcp://127.0.0.1:" + std::to_string(port));
+  void* sub = z.connect(ZMQ_SUB, "tcp://127.0.0.1:" + std::to_string(port));
   // PUB drops messages until the subscription arrives: probe until one gets through.
   Frames got;
   for (int i = 0; i < 200 && got.empty(); ++i) {
@@ -124,7 +79,7 @@ TEST(KvPublisher, PublishesFramesAndReplaysFromASequence) {
   }
 
   // Replay: the last buffer_steps (4) batches from the asked sequence on, then seq -1.
-  void* dealer = z.socket(ZMQ_DEALER, "tcp://127.0.0.1:" + std::to_string(replay_port));
+  void* dealer = z.connect(ZMQ_DEALER, "tcp://127.0.0.1:" + std::to_string(replay_port));
   send_multipart(dealer, {"", encode_sequence(first + 3)});
   std::vector<uint64_t> seqs;
   for (;;) {

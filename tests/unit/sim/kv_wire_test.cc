@@ -16,11 +16,15 @@
 #include "sim_harness.h"
 #include "support/http_client.h"
 #include "support/process.h"
+#include "support/wire.h"
 
 namespace kvgate::sim {
 namespace {
 
-using Frames = std::vector<std::string>;
+using testing::be64;
+using testing::Frames;
+using testing::recv_multipart;
+using Zmq = testing::ZmqSockets;
 
 // ------------------------------------------------------------ a minimal msgpack reader
 
@@ -174,54 +178,6 @@ V parse(const std::string& payload) {
 
 // ------------------------------------------------------------ raw libzmq
 
-class Zmq {
- public:
-  Zmq() : ctx_(zmq_ctx_new()) {}
-  ~Zmq() {
-    for (void* s : sockets_) zmq_close(s);
-    zmq_ctx_term(ctx_);
-  }
-  void* connect(int type, int port) {
-    void* s = zmq_socket(ctx_, type);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    if (type == ZMQ_SUB) zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
-    std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
-    EXPECT_EQ(zmq_connect(s, ep.c_str()), 0);
-    sockets_.push_back(s);
-    return s;
-  }
-
- private:
-  void* ctx_;
-  std::vector<void*> sockets_;
-};
-
-Frames recv_multipart(void* sock, int timeout_ms) {
-  zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
-  if (zmq_poll(&item, 1, timeout_ms) <= 0) return {};
-  Frames out;
-  for (;;) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, sock, 0) < 0) {
-      zmq_msg_close(&msg);
-      return {};
-    }
-    out.emplace_back(static_cast<char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-    bool more = zmq_msg_more(&msg) != 0;
-    zmq_msg_close(&msg);
-    if (!more) return out;
-  }
-}
-
-uint64_t be64(const std::string& s) {
-  EXPECT_EQ(s.size(), 8u);
-  uint64_t v = 0;
-  for (char c : s) v = (v << 8) | static_cast<uint8_t>(c);
-  return v;
-}
-
 std::string be64_bytes(uint64_t v) {
   std::string s(8, '\0');
   for (int k = 7; k >= 0; --k, v >>= 8) s[static_cast<size_t>(k)] = static_cast<char>(v & 0xff);
@@ -253,29 +209,16 @@ std::vector<std::pair<uint64_t, std::string>> replay(Zmq& z, int port, uint64_t 
 
 // ------------------------------------------------------------ references in Python
 
-std::string list(const std::vector<int32_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-std::vector<std::string> python(const std::string& code) {
-  auto r = testing::run("/usr/bin/python3", {"-c", code});
-  EXPECT_EQ(r.status, 0) << r.output;
-  std::istringstream in(r.output);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
+using testing::py_list;
 
 // SGLang's ids of every full page (hashlib, chained raw digests, first 8 bytes signed).
 std::vector<int64_t> sglang_ids(const std::vector<int32_t>& tokens, int page) {
-  auto words = python(R"(
+  auto words = testing::python_words(R"(
 import hashlib
-t = )" + list(tokens) +
-                      R"(
+t = )" + py_list(tokens) +
+                                     R"(
 p, prev, out = )" + std::to_string(page) +
-                      R"(, b"", []
+                                     R"(, b"", []
 for i in range(0, len(t) // p * p, p):
     prev = hashlib.sha256(prev + b"".join(x.to_bytes(4, "little") for x in t[i:i + p])).digest()
     out.append(int.from_bytes(prev[:8], "big", signed=True))
@@ -289,7 +232,7 @@ print(*out)
 // vLLM's sha256_cbor ids (canonical CBOR written out by hand, last 8 bytes unsigned).
 std::vector<uint64_t> vllm_ids(const std::vector<int32_t>& tokens, int page,
                                const std::string& seed) {
-  auto words = python(R"(
+  auto words = testing::python_words(R"(
 import hashlib
 def head(m, n):
     if n < 24: return bytes([m << 5 | n])
@@ -301,12 +244,12 @@ def cbor(x):
     if isinstance(x, str): return head(3, len(x.encode())) + x.encode()
     if isinstance(x, int): return head(0, x)
     return head(4, len(x)) + b"".join(cbor(e) for e in x)
-t = )" + list(tokens) +
-                      R"(
+t = )" + py_list(tokens) +
+                                     R"(
 p, out = )" + std::to_string(page) +
-                      R"(, []
-parent = hashlib.sha256(cbor(")" +
-                      seed + R"(")).digest()
+                                     R"(, []
+parent = hashlib.sha256(cbor(")" + seed +
+                                     R"(")).digest()
 for i in range(0, len(t) // p * p, p):
     parent = hashlib.sha256(cbor((parent, tuple(t[i:i + p]), None))).digest()
     out.append(int.from_bytes(parent[-8:], "big"))
@@ -324,7 +267,7 @@ std::vector<int32_t> ids_from(int from, int n) {
 }
 
 std::string generate_body(const std::vector<int32_t>& prompt, int rank) {
-  return R"({"input_ids":)" + list(prompt) + R"(,"sampling_params":{"max_new_tokens":1},)" +
+  return R"({"input_ids":)" + py_list(prompt) + R"(,"sampling_params":{"max_new_tokens":1},)" +
          R"("routed_dp_rank":)" + std::to_string(rank) + "}";
 }
 

@@ -85,7 +85,7 @@ void BM_MetricCellLookup(benchmark::State& state) {
 BENCHMARK(BM_MetricCellLookup)->Threads(1)->Threads(2);
 
 void BM_ErrorBody(benchmark::State& state) {
-  auto e = errors::upstream_unreachable("http://10.0.0.1:30000", 5, "connect: Connection refused");
+  auto e = errors::upstream_unreachable(5);
   for (auto _ : state) benchmark::DoNotOptimize(error_body(e));
 }
 BENCHMARK(BM_ErrorBody);

@@ -2,8 +2,10 @@
 // gateway and its planes, then runs one event loop per request thread plus a control loop (health
 // checks, metrics listener, signals). SIGTERM/SIGINT drain requests in flight, then exit.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -55,6 +57,64 @@ extern "C" {
 const char* malloc_conf = "dirty_decay_ms:10000,muzzy_decay_ms:10000";
 }
 
+namespace {
+
+// Raises the open-file limit to its hard maximum: each client connection and each upstream
+// connection is a descriptor, and the soft default (often 1024) is far below --max-connections.
+void raise_fd_limit(int64_t max_connections) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t want = rl.rlim_max;
+    rlimit raised = rl;
+    raised.rlim_cur = want;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  // Room for a client and an upstream descriptor per connection, plus the process's own.
+  auto needed = static_cast<rlim_t>(max_connections) * 2 + 1024;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < needed) {
+    log::warn(
+        "the open-file limit is below what --max-connections needs; raise it (ulimit -n) or "
+        "lower --max-connections")
+        .kv("limit", static_cast<uint64_t>(rl.rlim_cur))
+        .kv("needed", static_cast<uint64_t>(needed));
+  }
+}
+
+// Copies the listener's counters into metric families at each scrape.
+void export_server_stats(metrics::Registry& registry, const http::Server& server) {
+  auto& connections = registry.gauge("kvgate_connections", "Client connections open now");
+  auto& accepted =
+      registry.counter("kvgate_connections_accepted_total", "Client connections accepted");
+  auto& refused =
+      registry.counter("kvgate_connections_refused_total",
+                       "Client connections closed at once because --max-connections were open");
+  auto& idle = registry.counter("kvgate_connections_idle_closed_total",
+                                "Keep-alive connections closed while idle (keep-alive timeout or "
+                                "shutdown)");
+  auto& write_timeouts =
+      registry.counter("kvgate_client_write_timeouts_total",
+                       "Clients disconnected because they took no response bytes within "
+                       "--client-write-timeout-secs");
+  auto& rejected = registry.counter("kvgate_http_rejected_total",
+                                    "Requests refused before reaching the gateway, by reason "
+                                    "(malformed, too large, too slow, TLS handshake)",
+                                    {"reason"});
+  const http::ServerStats* st = &server.stats();
+  registry.add_collector([&, st] {
+    connections.with({}).set(static_cast<double>(st->connections.load()));
+    accepted.with({}).mirror(st->accepted.load());
+    refused.with({}).mirror(st->refused.load());
+    idle.with({}).mirror(st->idle_closed.load());
+    write_timeouts.with({}).mirror(st->write_timeouts.load());
+    for (size_t k = 0; k < http::ServerStats::kRejectKinds; ++k) {
+      rejected.with({http::ServerStats::reject_name(k)}).mirror(st->rejected[k].load());
+    }
+  });
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (argc > 1 && std::string_view(argv[1]) == "tokenize") {
@@ -77,6 +137,9 @@ int main(int argc, char** argv) {
     return fail("unexpected argument '" + parsed.positional[0] + "' (see --help)");
   }
   if (std::string e = validate(cfg); !e.empty()) return fail(e);
+  bool api_key_given =
+      std::find(parsed.set.begin(), parsed.set.end(), "api-key") != parsed.set.end();
+  if (std::string e = load_api_key(cfg, api_key_given); !e.empty()) return fail(e);
   log::Level level = log::Level::kInfo;
   log::parse_level(cfg.log_level, level);
   log::set_level(level);
@@ -87,6 +150,7 @@ int main(int argc, char** argv) {
     ::dup2(fd, STDERR_FILENO);
     ::close(fd);
   }
+  raise_fd_limit(cfg.max_connections);
 
   // Metrics.
   metrics::Registry registry;
@@ -101,6 +165,7 @@ int main(int argc, char** argv) {
   breaker.failure_threshold = static_cast<uint32_t>(cfg.cb_failure_threshold);
   breaker.success_threshold = static_cast<uint32_t>(cfg.cb_success_threshold);
   breaker.open_timeout = std::chrono::seconds(cfg.cb_timeout_duration_secs);
+  std::shared_ptr<const http::TlsClientContext> worker_tls;
   WorkerRegistry workers;
   auto set = std::make_shared<WorkerSet>();
   uint64_t next_id = 1;
@@ -108,6 +173,15 @@ int main(int argc, char** argv) {
     http::Target t;
     http::parse_url(url, t);  // validated already
     if (std::string e = http::resolve(t); !e.empty()) return fail("--worker-urls: " + e);
+    if (t.https) {
+      if (!worker_tls) {
+        std::string err;
+        worker_tls = http::TlsClientContext::create(
+            cfg.worker_ca_cert_path, cfg.worker_client_cert_path, cfg.worker_client_key_path, err);
+        if (!worker_tls) return fail(err);
+      }
+      t.tls = worker_tls;
+    }
     auto w = std::make_shared<Worker>(next_id++, std::move(t), breaker);
     WorkerMetrics wm;
     wm.inflight = &gm.worker_active.with({w->url()});
@@ -117,7 +191,9 @@ int main(int argc, char** argv) {
     wm.requests = &gm.worker_requests.with({w->url()});
     wm.failures = &gm.worker_failures.with({w->url()});
     wm.selected = &gm.selections.with({cfg.policy, w->url()});
+    wm.load_poll_failures = &gm.worker_load_poll_failures.with({w->url()});
     w->attach_metrics(wm);
+    log::info("worker").kv("worker_id", w->id()).kv("worker", w->url());
     set->workers.push_back(std::move(w));
   }
   workers.publish(set);
@@ -170,25 +246,44 @@ int main(int argc, char** argv) {
   }
   Gateway gateway(cfg, workers, std::move(policy), gm);
   gateway.set_tokenizer(tok.get(), chat_template.get());
+  {
+    auto& budget_gauge =
+        registry.gauge("kvgate_retry_budget_in_use",
+                       "Retries in progress, and how many the budget allows now", {"kind"});
+    const RetryBudget* budget = &gateway.retry_budget();
+    registry.add_collector([&budget_gauge, budget] {
+      budget_gauge.with({"in_progress"}).set(static_cast<double>(budget->retries_in_progress()));
+      budget_gauge.with({"allowed"}).set(static_cast<double>(budget->allowed()));
+    });
+  }
 
-  // Event loops.
+  // Event loops: one per request thread, each with its own RequestThread state; the control loop
+  // runs the health plane, the metrics listener and signals.
   unsigned n = cfg.threads > 0 ? static_cast<unsigned>(cfg.threads)
                                : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::unique_ptr<RequestThread>> thread_states;
   std::vector<std::unique_ptr<asio::io_context>> contexts;
   std::vector<asio::io_context*> ctx_ptrs;
   for (unsigned i = 0; i < n; ++i) {
+    thread_states.push_back(std::make_unique<RequestThread>(cfg));
     // One thread runs each loop and only it touches the loop's sockets and timers (other threads
     // only post to it), so the reactor needs no per-descriptor locking.
     contexts.push_back(std::make_unique<asio::io_context>(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO));
     ctx_ptrs.push_back(contexts.back().get());
   }
-  asio::io_context control(1);
+  auto control = std::make_unique<asio::io_context>(1);
 
   http::ServerConfig sc;
   sc.host = cfg.host;
   sc.port = static_cast<uint16_t>(cfg.port);
   sc.body_limit = static_cast<uint64_t>(cfg.max_payload_size);
-  sc.read_timeout = std::chrono::seconds(std::max<int64_t>(cfg.request_timeout_secs, 60));
+  sc.idle_timeout = std::chrono::seconds(cfg.client_keepalive_timeout_secs);
+  sc.header_timeout = std::chrono::seconds(cfg.client_header_timeout_secs);
+  sc.body_timeout = std::chrono::seconds(cfg.client_body_timeout_secs);
+  sc.write_timeout = std::chrono::seconds(cfg.client_write_timeout_secs);
+  sc.max_connections = static_cast<size_t>(cfg.max_connections);
+  sc.tls_cert_path = cfg.tls_cert_path;
+  sc.tls_key_path = cfg.tls_key_path;
   std::unique_ptr<http::Server> server;
   std::unique_ptr<http::Server> metrics_server;
   try {
@@ -197,21 +292,32 @@ int main(int argc, char** argv) {
     http::ServerConfig mc;
     mc.host = cfg.prometheus_host;
     mc.port = static_cast<uint16_t>(cfg.prometheus_port);
-    mc.body_limit = 1 << 20;
+    mc.body_limit = 4096;
+    mc.max_connections = 256;
     metrics_server = std::make_unique<http::Server>(
-        std::vector<asio::io_context*>{&control}, mc,
+        std::vector<asio::io_context*>{control.get()}, mc,
         [&registry](http::Exchange& ex) -> awaitable<void> {
-          if (ex.path() == "/metrics" || ex.path() == "/") {
+          // Only what a scraper needs: GET /metrics and /health (and HEAD). Nothing else is
+          // answered on this listener, which often listens on every address.
+          const http::Header text[] = {{"content-type", "text/plain; charset=utf-8"}};
+          std::string_view p = ex.path();
+          bool known = p == "/metrics" || p == "/health";
+          if (!known) {
+            co_await ex.respond(404, text, "not found; metrics are at GET /metrics\n");
+          } else if (ex.method() != "GET" && ex.method() != "HEAD") {
+            const http::Header allow[] = {text[0], {"allow", "GET, HEAD"}};
+            co_await ex.respond(405, allow, "method not allowed; use GET\n");
+          } else if (p == "/health") {
+            co_await ex.respond(200, text, "ok\n");
+          } else {
             const http::Header h[] = {{"content-type", "text/plain; version=0.0.4; charset=utf-8"}};
             co_await ex.respond(200, h, registry.expose());
-          } else {
-            const http::Header h[] = {{"content-type", "text/plain"}};
-            co_await ex.respond(404, h, "not found; metrics are at /metrics\n");
           }
         });
   } catch (const std::exception& e) {
     return fail(e.what());
   }
+  export_server_stats(registry, *server);
 
   HealthConfig hc;
   hc.interval = std::chrono::seconds(cfg.health_check_interval_secs);
@@ -221,17 +327,17 @@ int main(int argc, char** argv) {
   hc.success_threshold = static_cast<uint32_t>(cfg.health_success_threshold);
   hc.poll_load = poll_load;
   hc.load_interval = std::chrono::milliseconds(cfg.load_check_interval_ms);
-  HealthPlane health(control, workers, hc);
+  auto health = std::make_unique<HealthPlane>(*control, workers, hc);
 
   server->start();
   metrics_server->start();
-  health.start();
+  health->start();
   // Policy upkeep (tree eviction, band refits, key expiry) on the control thread.
   if (auto period = gateway.policy().period(); period.count() > 0) {
     asio::co_spawn(
-        control,
-        [&gateway, period, &control]() -> awaitable<void> {
-          asio::steady_timer t(control);
+        *control,
+        [&gateway, period, ctl = control.get()]() -> awaitable<void> {
+          asio::steady_timer t(*ctl);
           for (;;) {
             t.expires_after(period);
             auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
@@ -243,54 +349,89 @@ int main(int argc, char** argv) {
   }
   log::info("kvgate listening")
       .kv("address", cfg.host + ":" + std::to_string(server->port()))
+      .kv("tls", !cfg.tls_cert_path.empty())
       .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
       .kv("policy", cfg.policy)
       .kv("workers", cfg.worker_urls.size())
       .kv("threads", n);
 
-  // Shutdown: stop accepting, drain requests in flight up to the grace period, then stop loops.
-  asio::signal_set signals(control, SIGINT, SIGTERM);
+  // Shutdown. First signal: stop accepting, close idle connections, answer in-flight requests with
+  // `connection: close`, and wait for them up to the grace period; then close what is left (their
+  // upstream calls are cancelled) and give the requests a moment to unwind. A second signal skips
+  // the wait.
+  auto signals = std::make_unique<asio::signal_set>(*control, SIGINT, SIGTERM);
   auto stop_all = [&] {
     for (auto& c : contexts) c->stop();
-    control.stop();
+    control->stop();
   };
-  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+  auto drain = std::make_shared<asio::steady_timer>(*control);
+  std::function<void(const boost::system::error_code&, int)> on_signal;
+  bool shutting_down = false;
+  on_signal = [&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
+    if (shutting_down) {
+      log::warn("second signal: closing every connection now").kv("signal", sig);
+      drain->cancel();
+      return;
+    }
+    shutting_down = true;
+    signals->async_wait(on_signal);
     log::info("shutting down").kv("signal", sig).kv("in_flight", gateway.in_flight());
     server->stop();
     metrics_server->stop();
-    health.stop();
+    health->stop();
     asio::co_spawn(
-        control,
-        [&]() -> awaitable<void> {
-          auto until = Clock::now() + std::chrono::seconds(cfg.shutdown_grace_period_secs);
-          asio::steady_timer t(control);
-          while (gateway.in_flight() > 0 && Clock::now() < until) {
-            t.expires_after(std::chrono::milliseconds(50));
-            co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-          }
-          if (gateway.in_flight() > 0) {
+        *control,
+        [&, drain]() -> awaitable<void> {
+          auto wait_idle = [&](Clock::time_point until) -> awaitable<bool> {
+            while (gateway.in_flight() > 0 && Clock::now() < until) {
+              drain->expires_after(std::chrono::milliseconds(20));
+              auto [wec] = co_await drain->async_wait(asio::as_tuple(asio::use_awaitable));
+              if (wec) co_return false;  // a second signal
+            }
+            co_return gateway.in_flight() == 0;
+          };
+          if (!co_await wait_idle(Clock::now() +
+                                  std::chrono::seconds(cfg.shutdown_grace_period_secs))) {
             log::warn("grace period over; closing requests in flight")
                 .kv("in_flight", gateway.in_flight());
+            server->close_all();
+            co_await wait_idle(Clock::now() + std::chrono::seconds(5));
           }
           stop_all();
         },
         asio::detached);
-  });
+  };
+  signals->async_wait(on_signal);
 
   std::vector<std::thread> threads;
   threads.reserve(contexts.size());
-  for (auto& c : contexts) {
-    threads.emplace_back([ctx = c.get()] {
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    threads.emplace_back([ctx = contexts[i].get(), ts = thread_states[i].get()] {
+      ts->bind();
       auto guard = asio::make_work_guard(*ctx);
       ctx->run();
     });
   }
   {
-    auto guard = asio::make_work_guard(control);
-    control.run();
+    auto guard = asio::make_work_guard(*control);
+    control->run();
   }
   for (auto& t : threads) t.join();
+
+  // Teardown, in dependency order: listeners (their acceptors belong to the loops), then each
+  // loop's pooled connections, then the loops themselves (destroying what is still suspended on
+  // them, which may touch the thread states, the gateway and the workers: all still alive), then
+  // the thread states; the control loop before the health plane its coroutines belong to.
+  server.reset();
+  metrics_server.reset();
+  for (auto& ts : thread_states) ts->close();
+  contexts.clear();
+  thread_states.clear();
+  signals.reset();
+  drain.reset();
+  control.reset();
+  health.reset();
   log::info("kvgate stopped");
   return 0;
 }

@@ -12,7 +12,8 @@ Admission::Admission(int64_t max_concurrent, size_t queue_size,
     : max_(max_concurrent), queue_size_(queue_size), timeout_(queue_timeout) {}
 
 awaitable<Admission::Result> Admission::acquire(
-    asio::any_io_executor ex) {  // NOLINT(performance-unnecessary-value-param)
+    asio::any_io_executor ex,  // NOLINT(performance-unnecessary-value-param)
+    std::shared_ptr<Waiter>* handle) {
   if (!enabled()) co_return Result::kAdmitted;
   std::shared_ptr<Waiter> w;
   {
@@ -26,12 +27,26 @@ awaitable<Admission::Result> Admission::acquire(
     w->timer.expires_after(timeout_);
     waiters_.push_back(w);
   }
+  if (handle) *handle = w;
   co_await w->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  if (handle) handle->reset();
   std::lock_guard lock(mu_);
   if (w->granted) co_return Result::kAdmitted;
+  if (w->cancelled) co_return Result::kCancelled;
   auto it = std::find(waiters_.begin(), waiters_.end(), w);
   if (it != waiters_.end()) waiters_.erase(it);
   co_return Result::kTimeout;
+}
+
+void Admission::cancel(const std::shared_ptr<Waiter>& w) {
+  {
+    std::lock_guard lock(mu_);
+    if (w->granted || w->cancelled) return;
+    w->cancelled = true;
+    auto it = std::find(waiters_.begin(), waiters_.end(), w);
+    if (it != waiters_.end()) waiters_.erase(it);
+  }
+  w->timer.cancel();
 }
 
 void Admission::release() {

@@ -2,7 +2,10 @@
 #include "gateway/config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 
 #include "http/client.h"
 #include "policy/registry.h"
@@ -17,6 +20,9 @@ constexpr std::string_view kWorkers = "Workers and listener";
 constexpr std::string_view kRouting = "Routing policy";
 constexpr std::string_view kPd = "Prefill/decode disaggregation";
 constexpr std::string_view kRequests = "Request handling";
+constexpr std::string_view kClients = "Client connections";
+constexpr std::string_view kWorkerConn = "Worker connections";
+constexpr std::string_view kSecurity = "Security";
 constexpr std::string_view kAdmission = "Admission (concurrency limit and queue)";
 constexpr std::string_view kRetry = "Retries";
 constexpr std::string_view kBreaker = "Circuit breaker";
@@ -260,11 +266,6 @@ const std::vector<K>& table() {
          .help = "Headers that carry a request id (default: x-request-id x-correlation-id "
                  "x-trace-id request-id)",
          .field = &C::request_id_headers},
-        {.name = "api-key",
-         .group = kRequests,
-         .value_name = "KEY",
-         .help = "Clients must send 'Authorization: Bearer KEY' (health endpoints excepted)",
-         .field = &C::api_key},
         {.name = "shutdown-grace-period-secs",
          .group = kRequests,
          .value_name = "SECS",
@@ -279,8 +280,101 @@ const std::vector<K>& table() {
          .min = 1},
         {.name = "debug-headers",
          .group = kRequests,
-         .help = "Add x-kvgate-worker, x-kvgate-route and x-kvgate-attempts to responses",
+         .help = "Add x-kvgate-worker (the worker's URL), x-kvgate-route and x-kvgate-attempts to "
+                 "responses",
          .field = &C::debug_headers},
+
+        {.name = "api-key",
+         .group = kSecurity,
+         .value_name = "KEY",
+         .help = "Clients must send 'Authorization: Bearer KEY' (health endpoints excepted); "
+                 "prefer --api-key-file: ps shows the command line",
+         .field = &C::api_key},
+        {.name = "api-key-file",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "Read the API key from this file (its first line)",
+         .field = &C::api_key_file},
+        {.name = "allow-target-worker-header",
+         .group = kSecurity,
+         .help = "Let clients pin a worker with X-SMG-Target-Worker (consistent_hashing); off, the "
+                 "header is ignored and not forwarded",
+         .field = &C::allow_target_worker_header},
+        {.name = "tls-cert-path",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "Serve the inference listener over TLS with this PEM certificate chain (with "
+                 "--tls-key-path)",
+         .field = &C::tls_cert_path},
+        {.name = "tls-key-path",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "PEM private key of --tls-cert-path (unencrypted)",
+         .field = &C::tls_key_path},
+        {.name = "worker-ca-cert-path",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "CA certificates (PEM) that verify https:// workers (default: the system's)",
+         .field = &C::worker_ca_cert_path},
+        {.name = "worker-client-cert-path",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "Client certificate (PEM) presented to https:// workers (mutual TLS)",
+         .field = &C::worker_client_cert_path},
+        {.name = "worker-client-key-path",
+         .group = kSecurity,
+         .value_name = "PATH",
+         .help = "Private key (PEM) of --worker-client-cert-path",
+         .field = &C::worker_client_key_path},
+
+        {.name = "max-connections",
+         .group = kClients,
+         .value_name = "N",
+         .help = "Client connections open at once; more are closed at once (counted in "
+                 "kvgate_connections_refused_total)",
+         .field = &C::max_connections,
+         .min = 1,
+         .max = 10000000},
+        {.name = "client-keepalive-timeout-secs",
+         .group = kClients,
+         .value_name = "SECS",
+         .help = "An idle keep-alive connection is closed after this long without a request",
+         .field = &C::client_keepalive_timeout_secs,
+         .min = 1},
+        {.name = "client-header-timeout-secs",
+         .group = kClients,
+         .value_name = "SECS",
+         .help = "A request's headers must arrive within this long of its first byte (else 408)",
+         .field = &C::client_header_timeout_secs,
+         .min = 1},
+        {.name = "client-body-timeout-secs",
+         .group = kClients,
+         .value_name = "SECS",
+         .help = "A request's whole body must arrive within this long of its headers (else 408)",
+         .field = &C::client_body_timeout_secs,
+         .min = 1},
+        {.name = "client-write-timeout-secs",
+         .group = kClients,
+         .value_name = "SECS",
+         .help = "A client that takes no response bytes for this long is disconnected (a quiet "
+                 "stream is not: only --request-timeout-secs bounds a response)",
+         .field = &C::client_write_timeout_secs,
+         .min = 1},
+
+        {.name = "worker-idle-connection-timeout-ms",
+         .group = kWorkerConn,
+         .value_name = "MS",
+         .help = "Idle keep-alive connections to workers are reused only this long; keep it below "
+                 "the workers' keep-alive timeout (uvicorn: 5 s), or a reused connection may be "
+                 "closed under a request (0 = no reuse)",
+         .field = &C::worker_idle_connection_timeout_ms,
+         .min = 0},
+        {.name = "max-idle-connections-per-worker",
+         .group = kWorkerConn,
+         .value_name = "N",
+         .help = "Idle keep-alive connections kept per worker and request thread",
+         .field = &C::max_idle_connections_per_worker,
+         .min = 0},
 
         {.name = "max-concurrent-requests",
          .group = kAdmission,
@@ -337,6 +431,20 @@ const std::vector<K>& table() {
          .group = kRetry,
          .help = "One attempt per request",
          .field = &C::disable_retries},
+        {.name = "retry-budget-percent",
+         .group = kRetry,
+         .value_name = "PCT",
+         .help = "Retries in progress may be at most this percentage of requests in progress "
+                 "(with --retry-budget-min-concurrency as the floor)",
+         .field = &C::retry_budget_percent,
+         .min = 0,
+         .max = 100},
+        {.name = "retry-budget-min-concurrency",
+         .group = kRetry,
+         .value_name = "N",
+         .help = "Retries always allowed in progress at once, whatever the percentage",
+         .field = &C::retry_budget_min_concurrency,
+         .min = 0},
 
         {.name = "cb-failure-threshold",
          .group = kBreaker,
@@ -513,6 +621,33 @@ std::string validate(const GatewayConfig& c) {
   if (c.port != 0 && c.port == c.prometheus_port && c.host == c.prometheus_host) {
     return "--port and --prometheus-port are both " + std::to_string(c.port) + "; pick two ports";
   }
+  return "";
+}
+
+std::string load_api_key(GatewayConfig& c, bool api_key_given) {
+  if (c.api_key_file.empty()) {
+    if (api_key_given && c.api_key.empty()) {
+      return "--api-key is empty: give a key, or leave the flag out to accept every client";
+    }
+    return "";
+  }
+  if (!c.api_key.empty()) return "give --api-key or --api-key-file, not both";
+  std::FILE* f = std::fopen(c.api_key_file.c_str(), "rb");
+  if (!f) {
+    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) + ")";
+  }
+  std::string key;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && key.size() < 65536) key.append(buf, n);
+  std::fclose(f);
+  key = key.substr(0, key.find('\n'));
+  if (!key.empty() && key.back() == '\r') key.pop_back();
+  if (key.empty()) {
+    return "--api-key-file " + c.api_key_file +
+           " is empty: write the key on its first line (an empty key would let no client in)";
+  }
+  c.api_key = std::move(key);
   return "";
 }
 

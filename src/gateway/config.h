@@ -59,6 +59,22 @@ struct GatewayConfig {
   int64_t shutdown_grace_period_secs = 180;
   int64_t max_payload_size = 536870912;
   std::string api_key;
+  std::string api_key_file;
+  bool allow_target_worker_header = false;
+  // Client connections
+  int64_t max_connections = 32768;
+  int64_t client_keepalive_timeout_secs = 75;
+  int64_t client_header_timeout_secs = 60;
+  int64_t client_body_timeout_secs = 60;
+  int64_t client_write_timeout_secs = 60;
+  std::string tls_cert_path;
+  std::string tls_key_path;
+  // Worker connections
+  int64_t worker_idle_connection_timeout_ms = 4000;
+  int64_t max_idle_connections_per_worker = 512;
+  std::string worker_ca_cert_path;
+  std::string worker_client_cert_path;
+  std::string worker_client_key_path;
   // A model directory with tokenizer.json (+ tokenizer_config.json and its chat template):
   // content-aware policies then route on the prompt the engine will see (--tokenizer-path, or
   // --model-path when it is a local directory).
@@ -78,6 +94,8 @@ struct GatewayConfig {
   double retry_backoff_multiplier = 1.5;
   double retry_jitter_factor = 0.2;
   bool disable_retries = false;
+  double retry_budget_percent = 20;
+  int64_t retry_budget_min_concurrency = 3;
   // Circuit breaker
   int64_t cb_failure_threshold = 10;
   int64_t cb_success_threshold = 3;
@@ -99,6 +117,12 @@ std::span<const flags::Knob<GatewayConfig>> gateway_knobs();
 
 // Cross-field checks after parsing. Returns "" or an error naming the flag and the fix.
 std::string validate(const GatewayConfig& config);
+
+// Reads --api-key-file into config.api_key (the key off argv, where `ps` would show it). The
+// file's content up to its first newline is the key. An empty key (flag given empty, or an empty
+// file) is an error: it would lock every client out, or look like protection that is not there.
+// Returns "" or an error naming the fix.
+std::string load_api_key(GatewayConfig& config, bool api_key_given);
 
 // Request id headers to look at, lower-case, in order (the configured ones or the defaults).
 std::vector<std::string> request_id_header_names(const GatewayConfig& config);

@@ -61,21 +61,35 @@ GatewayError no_worker(size_t total) {
                            " workers is available (unhealthy or circuit open); see /readiness"};
 }
 
-GatewayError upstream_unreachable(std::string_view worker, int attempts, std::string_view detail) {
+GatewayError upstream_unreachable(int attempts) {
   return {502, "server_error", "upstream_unreachable",
-          "worker " + std::string(worker) + " could not be reached (" + std::string(detail) +
-              ") after " + std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts")};
+          "no worker could be reached: " + std::to_string(attempts) +
+              (attempts == 1 ? " attempt" : " attempts") +
+              " failed before the request was delivered; see /readiness"};
 }
 
-GatewayError upstream_timeout(std::string_view worker, long seconds) {
+GatewayError upstream_timeout(long seconds) {
   return {504, "server_error", "upstream_timeout",
-          "worker " + std::string(worker) + " did not answer within --request-timeout-secs (" +
-              std::to_string(seconds) + " s)"};
+          "the worker did not answer within --request-timeout-secs (" + std::to_string(seconds) +
+              " s)"};
 }
 
-GatewayError upstream_failed(std::string_view worker, std::string_view detail) {
-  return {502, "server_error", "upstream_failed",
-          "worker " + std::string(worker) + " failed mid-response: " + std::string(detail)};
+GatewayError upstream_failed(uint64_t worker_id) {
+  return {
+      502, "server_error", "upstream_failed",
+      "worker #" + std::to_string(worker_id) + " failed mid-response; the response is incomplete"};
+}
+
+GatewayError upstream_no_answer(uint64_t worker_id) {
+  return {502, "server_error", "upstream_no_answer",
+          "worker #" + std::to_string(worker_id) +
+              " closed the connection without answering after it received the request; not "
+              "retried, since it may have started generating"};
+}
+
+GatewayError upstream_protocol(uint64_t worker_id) {
+  return {502, "server_error", "upstream_protocol",
+          "worker #" + std::to_string(worker_id) + " answered with a malformed HTTP response"};
 }
 
 GatewayError policy_refused(std::string_view policy, std::string_view branch) {

@@ -2,6 +2,7 @@
 // {"error":{"type","code","message"}} with the status that matches the cause.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -26,9 +27,13 @@ GatewayError unauthorized();
 GatewayError queue_full(size_t queue_size);
 GatewayError queue_timeout(long seconds);
 GatewayError no_worker(size_t total);
-GatewayError upstream_unreachable(std::string_view worker, int attempts, std::string_view detail);
-GatewayError upstream_timeout(std::string_view worker, long seconds);
-GatewayError upstream_failed(std::string_view worker, std::string_view detail);
+// Upstream faults name a worker by its id (its URL and the socket error go to the log and
+// metrics, not to clients).
+GatewayError upstream_unreachable(int attempts);
+GatewayError upstream_timeout(long seconds);
+GatewayError upstream_failed(uint64_t worker_id);
+GatewayError upstream_no_answer(uint64_t worker_id);
+GatewayError upstream_protocol(uint64_t worker_id);
 GatewayError policy_refused(std::string_view policy, std::string_view branch);
 }  // namespace errors
 

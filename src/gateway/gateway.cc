@@ -1,12 +1,15 @@
 // gateway/gateway: see gateway.h.
 #include "gateway/gateway.h"
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <simdjson.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <set>
 
 #include "gateway/errors.h"
+#include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
 #include "util/json.h"
@@ -19,17 +22,33 @@ namespace {
 constexpr size_t kRelayBufferSize = 16384;
 constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
 constexpr http::Header kJsonType{"content-type", "application/json"};
+// A stream's first event is read before the client sees anything (it may be an abort): at most
+// this much of it. A longer first event is relayed without the check.
+constexpr size_t kFirstEventLimit = 65536;
+// A refused answer (429/503...) is kept, up to this size, to give the client when no retry works.
+constexpr size_t kSavedAnswerLimit = 65536;
 
 // Watching a client for disconnects costs an I/O operation per request, so it starts only for
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
-// never pay for it, long generations (the ones worth cancelling) are watched.
+// never pay for it, long ones (queued, or long generations: the ones worth cancelling) are watched.
 constexpr auto kWatchDelay = std::chrono::milliseconds(20);
+
+// What a client going away cancels: its wait in the admission queue, its upstream call.
+struct Cancel {
+  Admission* admission = nullptr;
+  std::shared_ptr<Admission::Waiter> waiter;
+  http::UpstreamCall* call = nullptr;
+  void fire() {
+    if (waiter && admission) admission->cancel(waiter);
+    if (call) call->abort();
+  }
+};
 
 struct PendingWatch {
   PendingWatch* prev = this;
   PendingWatch* next = this;
   http::Exchange* ex = nullptr;
-  http::UpstreamCall** current = nullptr;
+  Cancel* cancel = nullptr;
   Clock::time_point since{};
   void unlink() {
     prev->next = next;
@@ -38,21 +57,38 @@ struct PendingWatch {
   }
 };
 
-// Per request thread: the upstream keep-alive pool, spare relay buffers, pending watches.
-struct ThreadState {
-  explicit ThreadState(std::chrono::seconds connect_timeout)
-      : pool(http::ConnectionPool::Options{512, std::chrono::seconds(30), connect_timeout}) {}
+}  // namespace
+
+struct RequestThread::State {
+  explicit State(const GatewayConfig& c)
+      : pool(http::ConnectionPool::Options{
+            static_cast<size_t>(c.max_idle_connections_per_worker),
+            std::chrono::milliseconds(c.worker_idle_connection_timeout_ms),
+            std::chrono::seconds(c.connect_timeout_secs)}) {}
   http::ConnectionPool pool;
   std::vector<std::unique_ptr<char[]>> spare;
   PendingWatch pending;  // list head
   std::unique_ptr<asio::steady_timer> sweep;
   bool sweeping = false;
+  bool closed = false;
 };
 
-void sweep_watches(ThreadState& ts) {
+namespace {
+
+thread_local RequestThread::State* tl_state = nullptr;
+
+// The calling thread's state: the one bound by its owner (kvgate's main), else a thread-local one
+// (tests and tools that run a Gateway on threads of their own).
+RequestThread::State& thread_state(const GatewayConfig& config) {
+  if (tl_state) return *tl_state;
+  thread_local RequestThread::State fallback(config);
+  return fallback;
+}
+
+void sweep_watches(RequestThread::State& ts) {
   ts.sweep->expires_after(kWatchDelay);
   ts.sweep->async_wait([&ts](const boost::system::error_code& ec) {
-    if (ec) {
+    if (ec || ts.closed) {
       ts.sweeping = false;
       return;
     }
@@ -60,9 +96,7 @@ void sweep_watches(ThreadState& ts) {
     for (PendingWatch* w = ts.pending.next; w != &ts.pending;) {
       PendingWatch* next = w->next;
       if (w->since <= due) {
-        w->ex->watch_disconnect([current = w->current] {
-          if (*current) (*current)->abort();
-        });
+        w->ex->watch_disconnect([cancel = w->cancel] { cancel->fire(); });
         w->unlink();
       }
       w = next;
@@ -78,15 +112,15 @@ void sweep_watches(ThreadState& ts) {
 // Registers a request for the sweep; on destruction stops its watch (whichever was set up).
 class WatchGuard {
  public:
-  WatchGuard(ThreadState& ts, http::Exchange& ex, http::UpstreamCall** current) : ex_(ex) {
+  WatchGuard(RequestThread::State& ts, http::Exchange& ex, Cancel* cancel) : ex_(ex) {
     node_.ex = &ex;
-    node_.current = current;
+    node_.cancel = cancel;
     node_.since = Clock::now();
     node_.prev = ts.pending.prev;
     node_.next = &ts.pending;
     ts.pending.prev->next = &node_;
     ts.pending.prev = &node_;
-    if (!ts.sweeping) {
+    if (!ts.sweeping && !ts.closed) {
       if (!ts.sweep) ts.sweep = std::make_unique<asio::steady_timer>(ex.executor());
       ts.sweeping = true;
       sweep_watches(ts);
@@ -104,15 +138,10 @@ class WatchGuard {
   PendingWatch node_;
 };
 
-ThreadState& thread_state(std::chrono::seconds connect_timeout) {
-  thread_local ThreadState state(connect_timeout);
-  return state;
-}
-
 // A relay buffer borrowed from the thread's spares for the life of one response.
 class RelayBuffer {
  public:
-  explicit RelayBuffer(ThreadState& ts) : ts_(ts) {
+  explicit RelayBuffer(RequestThread::State& ts) : ts_(ts) {
     if (!ts_.spare.empty()) {
       buf_ = std::move(ts_.spare.back());
       ts_.spare.pop_back();
@@ -123,10 +152,12 @@ class RelayBuffer {
   ~RelayBuffer() {
     if (ts_.spare.size() < 1024) ts_.spare.push_back(std::move(buf_));
   }
+  RelayBuffer(const RelayBuffer&) = delete;
+  RelayBuffer& operator=(const RelayBuffer&) = delete;
   char* data() { return buf_.get(); }
 
  private:
-  ThreadState& ts_;
+  RequestThread::State& ts_;
   std::unique_ptr<char[]> buf_;
 };
 
@@ -141,15 +172,53 @@ std::string_view new_request_id(char* out) {
   return std::string_view(out, 32);
 }
 
-bool constant_time_equals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+std::array<unsigned char, 32> sha256(std::string_view s) {
+  std::array<unsigned char, 32> d{};
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
+  return d;
 }
 
+// What a policy may read of the request's headers. X-SMG-Target-Worker pins a worker: only
+// honoured when the operator allows it (--allow-target-worker-header).
+struct HeaderView {
+  const http::Exchange* ex;
+  bool allow_target;
+};
 std::string_view header_of(const void* self, std::string_view name) {
-  return static_cast<const http::Exchange*>(self)->header(name);
+  const auto* v = static_cast<const HeaderView*>(self);
+  if (!v->allow_target && http::iequals(name, "x-smg-target-worker")) return {};
+  return v->ex->header(name);
+}
+
+// Header names a message lists in its Connection header(s): hop-by-hop for this message only.
+class ConnectionTokens {
+ public:
+  void add(std::string_view value) {
+    while (!value.empty()) {
+      size_t comma = value.find(',');
+      std::string_view t = value.substr(0, comma);
+      value = comma == std::string_view::npos ? std::string_view{} : value.substr(comma + 1);
+      while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+      while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+      if (!t.empty() && tokens_.size() < 32) tokens_.push_back(t);
+    }
+  }
+  bool contains(std::string_view name) const {
+    for (auto t : tokens_) {
+      if (http::iequals(t, name)) return true;
+    }
+    return false;
+  }
+  bool empty() const { return tokens_.empty(); }
+
+ private:
+  std::vector<std::string_view> tokens_;
+};
+
+// A Forwarded "for=" node (RFC 7239): IPv6 addresses quoted and bracketed.
+std::string forwarded_node(const std::string& addr) {
+  if (addr.find(':') != std::string::npos) return "\"[" + addr + "]\"";
+  return addr.empty() ? "unknown" : addr;
 }
 
 struct RouteEntry {
@@ -157,7 +226,102 @@ struct RouteEntry {
   std::optional<ApiRoute> api;  // proxied inference route; nullopt = gateway's own
 };
 
+// How an attempt's outcome counts for the worker's circuit breaker.
+enum class Verdict { kSuccess, kFailure, kNeutral };
+
+// A dispatch to one worker: opened with the policy's on_dispatched and the worker's in-flight
+// count; closed exactly once with the outcome (policy on_completed, breaker), on every path,
+// including a coroutine destroyed at shutdown (then as a client abort).
+class Dispatch {
+ public:
+  Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass)
+      : policy_(policy), ctx_(ctx), d_(d), pass_(pass) {
+    policy_.on_dispatched(d_, ctx_);
+    d_.worker->begin_request();
+  }
+  ~Dispatch() {
+    if (!done_) {
+      finish(Outcome{.status = kClientClosedStatus, .ok = false, .started = started_guess},
+             Verdict::kNeutral);
+    }
+    d_.worker->end_request();
+  }
+  Dispatch(const Dispatch&) = delete;
+  Dispatch& operator=(const Dispatch&) = delete;
+
+  void finish(const Outcome& o, Verdict v) {
+    if (done_) return;
+    done_ = true;
+    Worker& w = *d_.worker;
+    switch (v) {
+      case Verdict::kSuccess:
+        w.record_success(pass_);
+        break;
+      case Verdict::kFailure:
+        w.record_failure(pass_, Clock::now());
+        break;
+      case Verdict::kNeutral:
+        w.record_neutral(pass_);
+        break;
+    }
+    policy_.on_completed(d_, ctx_, o);
+  }
+  bool trial() const { return pass_ == CircuitBreaker::Pass::kTrial; }
+  bool started_guess = false;  // for the destructor: whether the request reached the worker
+
+ private:
+  Policy& policy_;
+  RouteContext& ctx_;
+  Decision d_;
+  CircuitBreaker::Pass pass_;
+  bool done_ = false;
+};
+
+// A worker's answer kept to give the client when no retry works out (its own 429/503...).
+struct SavedAnswer {
+  int status = 0;
+  std::string content_type;
+  std::string retry_after;
+  std::string body;
+};
+
+// Holds a retry slot of the budget until released or destroyed.
+class BudgetSlot {
+ public:
+  explicit BudgetSlot(RetryBudget& b) : budget_(b) {}
+  ~BudgetSlot() { release(); }
+  BudgetSlot(const BudgetSlot&) = delete;
+  BudgetSlot& operator=(const BudgetSlot&) = delete;
+  bool acquire() {
+    release();
+    held_ = budget_.try_acquire();
+    return held_;
+  }
+  void release() {
+    if (held_) budget_.release();
+    held_ = false;
+  }
+
+ private:
+  RetryBudget& budget_;
+  bool held_ = false;
+};
+
 }  // namespace
+
+RequestThread::RequestThread(const GatewayConfig& config)
+    : state_(std::make_unique<State>(config)) {}
+RequestThread::~RequestThread() = default;
+
+void RequestThread::bind() {
+  tl_state = state_.get();
+}
+
+void RequestThread::close() {
+  state_->closed = true;
+  state_->pool.close();
+  state_->sweep.reset();
+}
 
 Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
                  std::unique_ptr<Policy> policy, GatewayMetrics& metrics)
@@ -167,16 +331,21 @@ Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
       metrics_(metrics),
       admission_(config.max_concurrent_requests, static_cast<size_t>(config.queue_size),
                  std::chrono::seconds(config.queue_timeout_secs)),
+      retry_{
+          .max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries),
+          .initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms),
+          .max_backoff = std::chrono::milliseconds(config.retry_max_backoff_ms),
+          .multiplier = config.retry_backoff_multiplier,
+          .jitter = config.retry_jitter_factor,
+          .budget_percent = config.retry_budget_percent,
+          .budget_min_concurrency = config.retry_budget_min_concurrency},
+      budget_(retry_),
       rid_headers_(request_id_header_names(config)),
       timeout_(config.request_timeout_secs),
       parse_options_(policy_->parse_options()),
-      wants_usage_(policy_->wants_usage()) {
-  retry_.max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries);
-  retry_.initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms);
-  retry_.max_backoff = std::chrono::milliseconds(config.retry_max_backoff_ms);
-  retry_.multiplier = config.retry_backoff_multiplier;
-  retry_.jitter = config.retry_jitter_factor;
-}
+      wants_usage_(policy_->wants_usage()),
+      has_api_key_(!config.api_key.empty()),
+      api_key_digest_(sha256(config.api_key)) {}
 
 Gateway::~Gateway() = default;
 
@@ -197,6 +366,19 @@ awaitable<void> Gateway::fail(http::Exchange& ex, const GatewayError& e, std::st
   co_await answer(ex, e.status, error_body(e), rid);
 }
 
+bool Gateway::authorized(const http::Exchange& ex) const {
+  // "Authorization: Bearer <key>", the scheme in any case (RFC 9110 11.1). The key is compared
+  // through its SHA-256 digest in constant time: neither its bytes nor its length leak through
+  // timing.
+  std::string_view auth = ex.header("authorization");
+  size_t sp = auth.find(' ');
+  if (sp == std::string_view::npos || !http::iequals(auth.substr(0, sp), "bearer")) return false;
+  std::string_view token = auth.substr(sp + 1);
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  auto digest = sha256(token);
+  return CRYPTO_memcmp(digest.data(), api_key_digest_.data(), digest.size()) == 0;
+}
+
 awaitable<void> Gateway::handle(http::Exchange& ex) {
   auto start = Clock::now();
   in_flight_.fetch_add(1, std::memory_order_relaxed);
@@ -215,9 +397,10 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     rid = ex.header(h);
     if (!rid.empty()) break;
   }
-  if (rid.empty() || rid.size() > 256) {
-    rid = new_request_id(generated);
-  }
+  // A client-supplied id travels in headers and logs: printable ASCII only, and bounded.
+  bool rid_ok = !rid.empty() && rid.size() <= 256 &&
+                std::all_of(rid.begin(), rid.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (!rid_ok) rid = new_request_id(generated);
 
   static constexpr RouteEntry kRoutes[] = {
       {"/generate", ApiRoute::kGenerate},
@@ -251,13 +434,10 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     record(route->path, 405, "", false, start);
     co_return;
   }
-  if (!config_.api_key.empty() && !probe) {
-    std::string_view auth = ex.header("authorization");
-    if (!auth.starts_with("Bearer ") || !constant_time_equals(auth.substr(7), config_.api_key)) {
-      co_await fail(ex, errors::unauthorized(), rid);
-      record(route->path, 401, "", false, start);
-      co_return;
-    }
+  if (has_api_key_ && !probe && !authorized(ex)) {
+    co_await fail(ex, errors::unauthorized(), rid);
+    record(route->path, 401, "", false, start);
+    co_return;
   }
   if (route->api) {
     co_await proxy(ex, *route->api, rid);
@@ -307,16 +487,26 @@ awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
 
 awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view rid) {
   auto start = Clock::now();
+  auto deadline = start + timeout_;
   std::string_view route_label = to_string(route);
-  RequestInfo info;
-  if (std::string err = parse_request(route, ex.body(), info, parse_options_); !err.empty()) {
-    co_await fail(ex, errors::bad_json(std::move(err)), rid);
-    record(route_label, 400, "", false, start);
-    co_return;
-  }
-  std::string_view model = metrics_.models.admit(info.model);
+  RequestThread::State& ts = thread_state(config_);
+  budget_.request_started();
+  struct EndRequest {
+    RetryBudget& b;
+    ~EndRequest() { b.request_ended(); }
+  } end_request{budget_};
 
-  // Admission: wait for a slot, or refuse.
+  // A client that goes away cancels what the request waits for (queue slot, upstream call).
+  Cancel cancel;
+  cancel.admission = &admission_;
+  WatchGuard watch(ts, ex, &cancel);
+  auto client_left = [&](std::string_view model, bool stream) {
+    metrics_.client_disconnects.with({}).inc();
+    record(route_label, kClientClosedStatus, model, stream, start);
+  };
+
+  // Phase: admit. Before parsing: parsing, rendering and tokenizing cost CPU in proportion to the
+  // body, and only admitted requests may spend it.
   struct Slot {
     Admission* a = nullptr;
     ~Slot() {
@@ -325,66 +515,89 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   } slot;
   if (admission_.enabled()) {
     metrics_.queue_depth_now.add(1);
-    auto r = co_await admission_.acquire(ex.executor());
+    auto r = co_await admission_.acquire(ex.executor(), &cancel.waiter);
     metrics_.queue_depth_now.add(-1);
+    cancel.waiter.reset();
+    if (r == Admission::Result::kAdmitted) slot.a = &admission_;
+    if (r == Admission::Result::kCancelled || ex.client_gone()) {
+      client_left("", false);
+      co_return;
+    }
     if (r == Admission::Result::kQueueFull) {
       metrics_.admission_rejected.with({"queue_full"}).inc();
       co_await fail(ex, errors::queue_full(admission_.queue_size()), rid);
-      record(route_label, 429, model, info.stream, start);
+      record(route_label, 429, "", false, start);
       co_return;
     }
     if (r == Admission::Result::kTimeout) {
       metrics_.admission_rejected.with({"timeout"}).inc();
       co_await fail(ex, errors::queue_timeout(static_cast<long>(config_.queue_timeout_secs)), rid);
-      record(route_label, 408, model, info.stream, start);
+      record(route_label, 408, "", false, start);
       co_return;
     }
-    slot.a = &admission_;
   }
 
-  auto deadline = start + timeout_;
+  // Phase: parse.
+  RequestInfo info;
+  if (std::string err = parse_request(route, ex.body(), info, parse_options_); !err.empty()) {
+    co_await fail(ex, errors::bad_json(std::move(err)), rid);
+    record(route_label, 400, "", false, start);
+    co_return;
+  }
+  std::string_view model = metrics_.models.admit(info.model);
+  HeaderView header_view{&ex, config_.allow_target_worker_header};
   RouteContext ctx;
   ctx.request = &info;
   ctx.header_fn = &header_of;
-  ctx.header_self = &ex;
+  ctx.header_self = &header_view;
 
-  // Request headers forwarded upstream: all but hop-by-hop ones and those the client call sets.
+  // Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
+  // upstream call sets; X-Forwarded-For and Forwarded extended with this client.
+  ConnectionTokens conn_tokens;
+  std::string xff, forwarded;
+  ex.for_each_header([&](std::string_view name, std::string_view value) {
+    if (http::iequals(name, "connection")) conn_tokens.add(value);
+  });
   http::HeaderBuffer<24> fwd;
   ex.for_each_header([&](std::string_view name, std::string_view value) {
     auto kind = http::classify_header(name);
-    if (kind == http::HeaderKind::kOther || kind == http::HeaderKind::kContentType) {
-      fwd.push_back({name, value});  // not hop-by-hop, and not one the upstream call sets
+    if (kind != http::HeaderKind::kOther && kind != http::HeaderKind::kContentType) return;
+    if (!conn_tokens.empty() && conn_tokens.contains(name)) return;
+    if (http::iequals(name, "x-forwarded-for")) {
+      xff.append(value).append(", ");
+      return;
     }
+    if (http::iequals(name, "forwarded")) {
+      forwarded.append(value).append(", ");
+      return;
+    }
+    if (!config_.allow_target_worker_header && http::iequals(name, "x-smg-target-worker")) return;
+    fwd.push_back({name, value});
   });
+  const std::string& client_addr = ex.remote_address();
+  xff.append(client_addr.empty() ? "unknown" : client_addr);
+  forwarded.append("for=").append(forwarded_node(client_addr));
+  forwarded.append(ex.secure() ? ";proto=https" : ";proto=http");
+  fwd.push_back({"x-forwarded-for", xff});
+  fwd.push_back({"forwarded", forwarded});
   fwd.push_back({"x-request-id", rid});
 
-  ThreadState& ts = thread_state(std::chrono::seconds(config_.connect_timeout_secs));
-  http::UpstreamCall* current = nullptr;
-  WatchGuard watch(ts, ex, &current);
-
+  // Phases select / send / retry.
+  auto set = registry_.snapshot();  // keeps every worker of this request alive
   std::vector<uint64_t> failed;
-  std::string last_worker;
-  std::string last_detail;
-  bool last_was_connect = false;
+  std::vector<Worker*> charge_if_served;  // answered 500 once: charged if another worker serves
+  int ran_and_failed = 0;                 // 500/504 answers: at most one is retried
   int attempts_made = 0;
+  int denied = 0;
+  http::CallError last_error = http::CallError::kNone;
+  std::optional<SavedAnswer> saved;
+  std::optional<std::chrono::milliseconds> retry_after;
+  BudgetSlot budget_slot(budget_);
   asio::steady_timer backoff_timer(ex.executor());
-  thread_local std::vector<Worker*> candidates;
+  std::vector<Worker*> candidates;
+  candidates.reserve(set->workers.size());
 
-  for (int attempt = 0; attempt < retry_.max_attempts; ++attempt) {
-    if (attempt > 0) {
-      metrics_.retries.with({route_label}).inc();
-      auto delay = backoff_delay(retry_, attempt - 1, thread_rng().uniform());
-      if (Clock::now() + delay >= deadline) break;
-      backoff_timer.expires_after(delay);
-      co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
-      if (ex.client_gone()) {
-        metrics_.client_disconnects.with({}).inc();
-        record(route_label, kClientClosedStatus, model, info.stream, start);
-        co_return;
-      }
-    }
-    auto set = registry_.snapshot();
-    auto now = Clock::now();
+  auto list_candidates = [&](Clock::time_point now) {
     candidates.clear();
     for (const auto& w : set->workers) {
       if (std::find(failed.begin(), failed.end(), w->id()) != failed.end()) continue;
@@ -395,6 +608,42 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         if (w->available(now)) candidates.push_back(w.get());
       }
     }
+  };
+  // Whether another attempt may follow one that failed safely; takes the budget slot if so.
+  auto may_retry = [&]() -> std::string_view {
+    if (attempts_made >= retry_.max_attempts) return "attempts";
+    auto now = Clock::now();
+    auto wait = backoff_delay(retry_, attempts_made - 1, thread_rng().uniform());
+    if (retry_after) {
+      if (*retry_after > retry_.max_backoff) return "retry_after";
+      wait = std::max(wait, *retry_after);
+    }
+    if (now + wait >= deadline) return "deadline";
+    list_candidates(now);
+    if (candidates.empty()) return "no_worker";
+    if (!budget_slot.acquire()) return "budget";
+    return "";
+  };
+  auto retry_denied = [&](std::string_view why) {
+    metrics_.retries_denied.with({why}).inc();
+    log::debug("not retrying").kv("rid", rid).kv("why", why).kv("attempts", attempts_made);
+  };
+
+  for (;;) {
+    if (attempts_made > 0) {
+      metrics_.retries.with({route_label}).inc();
+      auto delay = backoff_delay(retry_, attempts_made - 1, thread_rng().uniform());
+      if (retry_after) delay = std::max(delay, *retry_after);
+      retry_after.reset();
+      backoff_timer.expires_after(delay);
+      co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (ex.client_gone()) {
+        client_left(model, info.stream);
+        co_return;
+      }
+    }
+    auto now = Clock::now();
+    list_candidates(now);
     if (candidates.empty()) {
       if (attempts_made == 0) {
         co_await fail(ex, errors::no_worker(set->workers.size()), rid);
@@ -407,93 +656,185 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     Worker* w = d.worker;
     if (w == nullptr) {
       metrics_.branch_counter(policy_->name(), d.branch).inc();
+      if (attempts_made > 0) break;
       co_await fail(ex, errors::policy_refused(policy_->name(), d.branch), rid);
       record(route_label, 503, model, info.stream, start);
       co_return;
     }
-    const auto& m = w->metrics();
-    (void)m;
+    CircuitBreaker::Pass pass = w->admit(now);
+    if (pass == CircuitBreaker::Pass::kDenied) {
+      // Its breaker turned (another request took the half-open trial): choose again, bounded.
+      failed.push_back(w->id());
+      if (++denied > static_cast<int>(set->workers.size()) + 1) break;
+      continue;
+    }
     if (w->metrics().selected) w->metrics().selected->inc();
     metrics_.branch_counter(policy_->name(), d.branch).inc();
-    policy_->on_dispatched(d, ctx);
     ++attempts_made;
-
-    w->begin_request();
-    struct EndRequest {
-      Worker* w;
-      ~EndRequest() { w->end_request(); }
-    } end_request{w};
+    Dispatch dispatch(*policy_, ctx, d, pass);
     http::UpstreamCall call(ex.executor(), ts.pool, w->target(), w->id());
     call.set_deadline(deadline);
-    current = &call;
-    struct ClearCurrent {
-      http::UpstreamCall*& c;
-      ~ClearCurrent() { c = nullptr; }
-    } clear_current{current};
+    cancel.call = &call;
+    struct ClearCall {
+      Cancel& c;
+      ~ClearCall() { c.call = nullptr; }
+    } clear_call{cancel};
+    // Tags a log line with the attempt (the line is written at the end of the full expression).
+    auto log_attempt = [&](log::Line&& line) -> log::Line& {
+      return line.kv("rid", rid)
+          .kv("worker_id", w->id())
+          .kv("worker", w->url())
+          .kv("attempt", attempts_made);
+    };
 
+    // Phase: send.
     http::CallError e = co_await call.start(ex.method(), ex.target(), fwd, ex.body());
+    dispatch.started_guess = call.request_sent();
     if (e == http::CallError::kAborted || ex.client_gone()) {
-      metrics_.client_disconnects.with({}).inc();
-      record(route_label, kClientClosedStatus, model, info.stream, start);
+      call.abort();
+      dispatch.finish(Outcome{.status = kClientClosedStatus, .started = call.request_sent()},
+                      Verdict::kNeutral);
+      client_left(model, info.stream);
       co_return;
     }
     if (e != http::CallError::kNone) {
+      last_error = e;
       metrics_.upstream_errors.with({w->url(), http::to_string(e)}).inc();
-      w->record_failure(Clock::now());
-      log::warn("upstream attempt failed")
-          .kv("rid", rid)
-          .kv("worker", w->url())
+      log_attempt(log::warn("upstream attempt failed"))
           .kv("error", http::to_string(e))
           .kv("detail", call.error_detail())
-          .kv("attempt", attempt + 1);
+          .kv("request_sent", call.request_sent());
+      dispatch.finish(Outcome{.status = 502, .started = call.request_sent()}, Verdict::kFailure);
       if (e == http::CallError::kTimeout) {
-        co_await fail(ex, errors::upstream_timeout(w->url(), static_cast<long>(timeout_.count())),
-                      rid);
+        co_await fail(ex, errors::upstream_timeout(static_cast<long>(timeout_.count())), rid);
         record(route_label, 504, model, info.stream, start);
-        policy_->on_completed(d, ctx, Outcome{504, false, std::nullopt, std::nullopt});
+        co_return;
+      }
+      if (call.request_sent()) {
+        // The worker received the whole request: it may be running it. Not retried.
+        retry_denied("unsafe");
+        GatewayError ge = e == http::CallError::kProtocol ? errors::upstream_protocol(w->id())
+                                                          : errors::upstream_no_answer(w->id());
+        co_await fail(ex, ge, rid);
+        record(route_label, ge.status, model, info.stream, start);
         co_return;
       }
       failed.push_back(w->id());
-      last_worker = w->url();
-      last_detail = std::string(http::to_string(e)) + ": " + call.error_detail();
-      last_was_connect = true;
+      if (auto why = may_retry(); !why.empty()) {
+        retry_denied(why);
+        break;
+      }
       continue;
     }
 
     int status = call.status();
-    if (retryable_status(status) && attempt + 1 < retry_.max_attempts && Clock::now() < deadline) {
-      metrics_.upstream_errors.with({w->url(), "status_" + std::to_string(status)}).inc();
-      if (status >= 500) w->record_failure(Clock::now());
-      log::warn("upstream answered a retryable status")
-          .kv("rid", rid)
-          .kv("worker", w->url())
-          .kv("status", status)
-          .kv("attempt", attempt + 1);
-      call.abort();
-      failed.push_back(w->id());
-      last_worker = w->url();
-      last_detail = "status " + std::to_string(status);
-      last_was_connect = false;
-      continue;
-    }
-    if (status >= 500) {
-      w->record_failure(Clock::now());
-    } else {
-      w->record_success();
+    bool ran = status == 500 || status == 504;
+    bool retryable = retryable_status(status) && !(ran && ran_and_failed > 0);
+    if (retryable) {
+      // Phase: retry (a status). The worker's Retry-After is honoured; when no retry may follow,
+      // this answer is the client's (below), not a gateway error.
+      retry_after.reset();
+      if (auto ra = call.header("retry-after"); !ra.empty()) {
+        retry_after = parse_retry_after(ra, std::chrono::system_clock::now());
+      }
+      if (auto why = may_retry(); !why.empty()) {
+        retry_denied(why);
+      } else {
+        metrics_.upstream_errors.with({w->url(), "status_" + std::to_string(status)}).inc();
+        log_attempt(log::warn("upstream answered a retryable status")).kv("status", status);
+        SavedAnswer answer{.status = status,
+                           .content_type = std::string(call.header("content-type")),
+                           .retry_after = std::string(call.header("retry-after"))};
+        if (co_await call.read_all(answer.body, kSavedAnswerLimit) == http::CallError::kNone) {
+          saved = std::move(answer);
+        }
+        // A 500/504 ran the request and failed: it counts against the worker only if another
+        // worker then serves the same request (else the request, not the worker, is at fault).
+        Verdict v = ran             ? (dispatch.trial() ? Verdict::kFailure : Verdict::kNeutral)
+                    : status >= 500 ? Verdict::kFailure
+                                    : Verdict::kNeutral;
+        if (ran) {
+          ++ran_and_failed;
+          if (!dispatch.trial()) charge_if_served.push_back(w);
+        }
+        dispatch.finish(Outcome{.status = status, .started = !refused_status(status)}, v);
+        failed.push_back(w->id());
+        continue;
+      }
     }
 
-    // Commit to this response: from here on nothing is retried.
+    // Phase: a stream's first event, read before the client sees anything: an abort there is a
+    // failed attempt, retried like a refused one when it may be.
+    std::string pre;  // body bytes read before committing
+    bool sse = call.header("content-type").starts_with("text/event-stream");
+    RelayBuffer buf(ts);
+    if (sse && status == 200 && !call.done()) {
+      http::CallError re = http::CallError::kNone;
+      while (pre.size() < kFirstEventLimit && !first_event_end(pre)) {
+        size_t n = co_await call.read_some(buf.data(), kRelayBufferSize, re);
+        if (n == 0 || re != http::CallError::kNone) break;
+        pre.append(buf.data(), n);
+      }
+      if (re == http::CallError::kAborted || ex.client_gone()) {
+        call.abort();
+        dispatch.finish(Outcome{.status = kClientClosedStatus, .started = true}, Verdict::kNeutral);
+        client_left(model, info.stream);
+        co_return;
+      }
+      if (re != http::CallError::kNone && pre.empty()) {
+        // Headers, then nothing: the worker had the request; not retried.
+        metrics_.upstream_errors.with({w->url(), "stream_" + std::string(http::to_string(re))})
+            .inc();
+        log_attempt(log::warn("upstream stream ended before its first event"))
+            .kv("error", http::to_string(re))
+            .kv("detail", call.error_detail());
+        dispatch.finish(Outcome{.status = 502, .started = true}, Verdict::kFailure);
+        GatewayError ge = re == http::CallError::kTimeout
+                              ? errors::upstream_timeout(static_cast<long>(timeout_.count()))
+                              : errors::upstream_no_answer(w->id());
+        co_await fail(ex, ge, rid);
+        record(route_label, ge.status, model, info.stream, start);
+        co_return;
+      }
+      if (auto end = first_event_end(pre)) {
+        if (auto abort = event_abort(std::string_view(pre).substr(0, *end))) {
+          metrics_.stream_aborts.with({w->url()}).inc();
+          log_attempt(log::warn("upstream aborted the stream in its first event"))
+              .kv("message", abort->message)
+              .kv("status", abort->status);
+          if (auto why = may_retry(); !why.empty()) {
+            retry_denied(why);  // the abort goes to the client as the worker sent it
+          } else {
+            call.abort();
+            dispatch.finish(
+                Outcome{.status = abort->status ? abort->status : 503, .started = false},
+                Verdict::kFailure);
+            last_error = http::CallError::kNone;
+            saved.reset();
+            failed.push_back(w->id());
+            continue;
+          }
+        }
+      }
+    }
+
+    // Phase: relay. Committed to this answer: from here on nothing is retried.
+    for (Worker* charged : charge_if_served) {
+      if (charged != w && status < 500) charged->record_failure(CircuitBreaker::Pass::kNormal, now);
+    }
+    charge_if_served.clear();
+    ConnectionTokens resp_tokens;
+    call.for_each_header([&](std::string_view name, std::string_view value) {
+      if (http::iequals(name, "connection")) resp_tokens.add(value);
+    });
     http::HeaderBuffer<24> out;
-    bool sse = false;
     call.for_each_header([&](std::string_view name, std::string_view value) {
       switch (http::classify_header(name)) {
         case http::HeaderKind::kContentType:
-          sse = value.starts_with("text/event-stream");
-          [[fallthrough]];
         case http::HeaderKind::kOther:
         case http::HeaderKind::kHost:
         case http::HeaderKind::kExpect:
-          out.push_back({name, value});
+          if (resp_tokens.empty() || !resp_tokens.contains(name)) out.push_back({name, value});
           break;
         default:  // hop-by-hop, content-length (we frame the body), x-request-id (ours)
           break;
@@ -510,6 +851,10 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
 
     int final_status = status;
+    // A 500/504 after one elsewhere: the request, not this worker, is at fault.
+    Verdict verdict = status < 500                ? Verdict::kSuccess
+                      : ran && ran_and_failed > 0 ? Verdict::kNeutral
+                                                  : Verdict::kFailure;
     UsageScanner usage;
     bool scan_usage = wants_usage_ && status < 400;
     if (call.done()) {
@@ -517,19 +862,21 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     } else {
       auto length = call.content_length();
       co_await ex.begin_body(status, out, length);
-      if (sse) co_await ex.flush();  // a stream's client sees the status before the first token
-      RelayBuffer buf(ts);
-      for (;;) {
+      bool ok = true;
+      if (!pre.empty()) {
+        if (scan_usage) usage.feed(pre);
+        ok = co_await ex.write_body(pre);
+      }
+      for (; ok;) {
         http::CallError re = http::CallError::kNone;
         size_t n = co_await call.read_some(buf.data(), kRelayBufferSize, re);
         if (n > 0 && scan_usage) usage.feed(std::string_view(buf.data(), n));
         if (n > 0 && !co_await ex.write_body(std::string_view(buf.data(), n))) {
-          call.abort();
-          final_status = kClientClosedStatus;
+          ok = false;
           break;
         }
         if (re == http::CallError::kAborted || ex.client_gone()) {
-          final_status = kClientClosedStatus;
+          ok = false;
           break;
         }
         if (re != http::CallError::kNone) {
@@ -537,44 +884,65 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
           metrics_.upstream_errors
               .with({w->url(), "mid_response_" + std::string(http::to_string(re))})
               .inc();
-          w->record_failure(Clock::now());
-          log::warn("upstream failed mid-response")
-              .kv("rid", rid)
-              .kv("worker", w->url())
+          log_attempt(log::warn("upstream failed mid-response"))
               .kv("error", http::to_string(re))
               .kv("detail", call.error_detail());
+          GatewayError ge = re == http::CallError::kTimeout
+                                ? errors::upstream_timeout(static_cast<long>(timeout_.count()))
+                                : errors::upstream_failed(w->id());
           if (sse && !length) {
-            GatewayError ge =
-                re == http::CallError::kTimeout
-                    ? errors::upstream_timeout(w->url(), static_cast<long>(timeout_.count()))
-                    : errors::upstream_failed(w->url(), call.error_detail());
             std::string event = "data: " + error_body(ge) + "\n\ndata: [DONE]\n\n";
             co_await ex.write_body(event);
             co_await ex.end_body();
           } else {
             ex.close_after();
           }
-          final_status = re == http::CallError::kTimeout ? 504 : 502;
+          final_status = ge.status;
+          verdict = Verdict::kFailure;
           break;
         }
         if (n == 0) {
-          if (!co_await ex.end_body()) final_status = kClientClosedStatus;
+          if (!co_await ex.end_body()) ok = false;
           break;
         }
       }
+      if (!ok) {
+        call.abort();
+        final_status = kClientClosedStatus;
+      }
     }
-    if (final_status == kClientClosedStatus) metrics_.client_disconnects.with({}).inc();
-    policy_->on_completed(
-        d, ctx,
-        Outcome{final_status, final_status < 400, usage.cached_tokens(), usage.prompt_tokens()});
+    if (final_status == kClientClosedStatus) {
+      metrics_.client_disconnects.with({}).inc();
+      verdict = Verdict::kNeutral;
+    }
+    dispatch.finish(Outcome{.status = final_status,
+                            .ok = final_status < 400,
+                            .cached_tokens = usage.cached_tokens(),
+                            .prompt_tokens = usage.prompt_tokens(),
+                            .started = true},
+                    verdict);
     record(route_label, final_status, model, info.stream, start);
     co_return;
   }
 
-  // Every attempt failed before a response could be relayed.
-  GatewayError ge = last_was_connect || !last_worker.empty()
-                        ? errors::upstream_unreachable(last_worker, attempts_made, last_detail)
-                        : errors::no_worker(registry_.snapshot()->workers.size());
+  // No attempt produced an answer to relay: the last refusal a worker sent, else a gateway error.
+  if (ex.client_gone()) {
+    client_left(model, info.stream);
+    co_return;
+  }
+  if (saved) {
+    http::HeaderBuffer<4> h;
+    h.push_back({"content-type", saved->content_type.empty() ? std::string_view("application/json")
+                                                             : saved->content_type});
+    if (!saved->retry_after.empty()) h.push_back({"retry-after", saved->retry_after});
+    h.push_back({"x-request-id", rid});
+    co_await ex.respond(saved->status, h, saved->body);
+    record(route_label, saved->status, model, info.stream, start);
+    co_return;
+  }
+  GatewayError ge = last_error != http::CallError::kNone
+                        ? errors::upstream_unreachable(attempts_made)
+                        : errors::no_worker(set->workers.size());
   co_await fail(ex, ge, rid);
   record(route_label, ge.status, model, info.stream, start);
 }

@@ -1,9 +1,18 @@
-// gateway/gateway: the request path of kvgate. Routes a request, reads what routing needs from the
-// body (RequestInfo), applies admission, asks the policy for a worker, sends the request with
-// retries (only before the first response byte reaches the client) and relays the response as it
-// arrives. Also answers the gateway's own endpoints (/health, /liveness, /readiness, /v1/models).
+// gateway/gateway: the request path of kvgate. A proxied request goes through named phases, in
+// this order (gateway.cc follows it):
+//   admit    wait for a concurrency slot (or 429/408), before any costly work on the body;
+//   parse    read what routing needs from the body (RequestInfo), or 400;
+//   select   ask the policy for a worker among the available ones, take a breaker pass;
+//   send     write the request to the worker and read its answer's head (and, for a stream, its
+//            first event, which may be an abort);
+//   retry    when the attempt failed in a way that is safe to retry, within the budget: select
+//            again; else the worker's own answer goes to the client;
+//   relay    stream the answer to the client as it arrives;
+//   complete every dispatch gets exactly one completion (policy hook, breaker outcome, loads).
+// Also answers the gateway's own endpoints (/health, /liveness, /readiness, /v1/models).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -19,6 +28,30 @@
 #include "workers/worker.h"
 
 namespace kvgate {
+
+// What each request thread keeps between requests: its upstream keep-alive pool, spare relay
+// buffers, the sweep that starts disconnect watches. Owned by whoever runs the thread; it must
+// outlive every request coroutine of that thread and be closed before the thread's io_context is
+// destroyed (its pooled sockets and timer belong to that context). Shutdown order:
+//   stop the io_context -> close() -> destroy the io_context (unfinished requests are destroyed
+//   and still find this alive) -> destroy this.
+class RequestThread {
+ public:
+  explicit RequestThread(const GatewayConfig& config);
+  ~RequestThread();
+  RequestThread(const RequestThread&) = delete;
+  RequestThread& operator=(const RequestThread&) = delete;
+  // Makes this the state of the calling thread (call first thing on the thread).
+  void bind();
+  // Drops pooled connections and the sweep timer; nothing is pooled afterwards.
+  void close();
+
+  struct State;
+  State& state() { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
 
 class Gateway {
  public:
@@ -36,10 +69,12 @@ class Gateway {
     parse_options_.chat_template = tmpl;
   }
   Admission& admission() { return admission_; }
+  const RetryBudget& retry_budget() const { return budget_; }
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }
 
  private:
+  struct Attempt;
   awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view rid);
   awaitable<void> list_models(http::Exchange& ex, std::string_view rid);
   awaitable<void> answer(http::Exchange& ex, int status, std::string_view body,
@@ -47,6 +82,7 @@ class Gateway {
   awaitable<void> fail(http::Exchange& ex, const GatewayError& e, std::string_view rid);
   void record(std::string_view route, int status, std::string_view model, bool streaming,
               Clock::time_point start);
+  bool authorized(const http::Exchange& ex) const;
 
   const GatewayConfig& config_;
   WorkerRegistry& registry_;
@@ -54,10 +90,13 @@ class Gateway {
   GatewayMetrics& metrics_;
   Admission admission_;
   RetryConfig retry_;
+  RetryBudget budget_;
   std::vector<std::string> rid_headers_;
   std::chrono::seconds timeout_;
   ParseOptions parse_options_;
   bool wants_usage_;
+  bool has_api_key_;
+  std::array<unsigned char, 32> api_key_digest_{};
   std::atomic<int64_t> in_flight_{0};
 };
 

@@ -59,6 +59,17 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets
                                    {"reason"})),
       client_disconnects(r.counter("kvgate_client_disconnects_total",
                                    "Requests whose client went away before the response ended")),
+      retries_denied(r.counter("kvgate_retries_denied_total",
+                               "Failed attempts not retried, by reason (unsafe: the worker had "
+                               "the whole request; budget, deadline, retry_after, attempts, "
+                               "no_worker)",
+                               {"reason"})),
+      stream_aborts(r.counter("kvgate_upstream_stream_aborts_total",
+                              "Streams a worker aborted in their first event (HTTP 200, then an "
+                              "abort or error event), by worker",
+                              {"worker"})),
+      worker_load_poll_failures(r.counter("kvgate_worker_load_poll_failures_total",
+                                          "Failed /get_load polls, by worker", {"worker"})),
       in_flight_now(in_flight.with({})),
       queue_depth_now(queue_depth.with({})) {}
 

@@ -50,6 +50,9 @@ struct GatewayMetrics {
   metrics::GaugeFamily& queue_depth;
   metrics::CounterFamily& admission_rejected;
   metrics::CounterFamily& client_disconnects;
+  metrics::CounterFamily& retries_denied;
+  metrics::CounterFamily& stream_aborts;
+  metrics::CounterFamily& worker_load_poll_failures;
   LabelLimiter models{64};
   metrics::Gauge& in_flight_now;
   metrics::Gauge& queue_depth_now;

@@ -2,7 +2,10 @@
 #include "gateway/retry.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <ctime>
+#include <string>
 
 namespace kvgate {
 
@@ -12,6 +15,42 @@ std::chrono::milliseconds backoff_delay(const RetryConfig& c, int retry, double 
   double spread = 1.0 + c.jitter * (2.0 * u - 1.0);
   double ms = std::max(0.0, base * spread);
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));
+}
+
+std::optional<std::chrono::milliseconds> parse_retry_after(
+    std::string_view v, std::chrono::system_clock::time_point now) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  if (v.empty()) return std::nullopt;
+  if (v.front() >= '0' && v.front() <= '9') {
+    uint64_t secs = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), secs);
+    if (ec == std::errc::result_out_of_range) return std::chrono::hours(24 * 365);
+    if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
+    secs = std::min<uint64_t>(secs, 365ull * 24 * 3600);
+    return std::chrono::seconds(secs);
+  }
+  // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT".
+  std::tm tm{};
+  std::string text(v);
+  const char* end = ::strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == nullptr || *end != '\0') return std::nullopt;
+  auto when = std::chrono::system_clock::from_time_t(::timegm(&tm));
+  if (when <= now) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(when - now);
+}
+
+int64_t RetryBudget::allowed() const {
+  auto requests = static_cast<double>(requests_.load(std::memory_order_relaxed));
+  return std::max(min_, static_cast<int64_t>(requests * percent_ / 100.0));
+}
+
+bool RetryBudget::try_acquire() {
+  int64_t limit = allowed();
+  int64_t now = retries_.fetch_add(1, std::memory_order_relaxed);
+  if (now < limit) return true;
+  retries_.fetch_sub(1, std::memory_order_relaxed);
+  return false;
 }
 
 }  // namespace kvgate

@@ -1,11 +1,18 @@
-// http/client: see client.h. The only client-side translation unit that includes Beast.
+// http/client: see client.h. The only client-side translation unit that includes Beast and
+// Asio's TLS.
 #include "http/client.h"
 
 #include <netdb.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/buffer_body.hpp>
@@ -18,9 +25,70 @@
 namespace kvgate::http {
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
+namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 namespace {
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+// Interim (1xx) answers skipped before the real one; more is a broken or hostile peer.
+constexpr int kMaxInterimResponses = 8;
+}  // namespace
+
+struct TlsClientContext::Impl {
+  ssl::context ctx{ssl::context::tls_client};
+};
+
+TlsClientContext::TlsClientContext() : impl_(std::make_unique<Impl>()) {}
+TlsClientContext::~TlsClientContext() = default;
+void* TlsClientContext::native() const {
+  return &impl_->ctx;
+}
+
+std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::string& ca_file,
+                                                                 const std::string& cert_file,
+                                                                 const std::string& key_file,
+                                                                 std::string& error) {
+  std::shared_ptr<TlsClientContext> c(new TlsClientContext());
+  auto& ctx = c->impl_->ctx;
+  ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                  ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+  ctx.set_verify_mode(ssl::verify_peer);
+  boost::system::error_code ec;
+  if (ca_file.empty()) {
+    ctx.set_default_verify_paths(ec);
+    if (ec) {
+      error = "cannot load the system's CA certificates (" + ec.message() +
+              "); give --worker-ca-cert-path";
+      return nullptr;
+    }
+  } else {
+    ctx.load_verify_file(ca_file, ec);
+    if (ec) {
+      error = "--worker-ca-cert-path " + ca_file + ": cannot load CA certificates (" +
+              ec.message() + "); give a PEM file";
+      return nullptr;
+    }
+  }
+  if (cert_file.empty() != key_file.empty()) {
+    error =
+        "a client certificate needs both --worker-client-cert-path and "
+        "--worker-client-key-path";
+    return nullptr;
+  }
+  if (!cert_file.empty()) {
+    ctx.use_certificate_chain_file(cert_file, ec);
+    if (ec) {
+      error = "--worker-client-cert-path " + cert_file + ": cannot load it (" + ec.message() +
+              "); give a PEM file";
+      return nullptr;
+    }
+    ctx.use_private_key_file(key_file, ssl::context::pem, ec);
+    if (ec || SSL_CTX_check_private_key(ctx.native_handle()) != 1) {
+      error = "--worker-client-key-path " + key_file +
+              ": cannot load it or it does not match --worker-client-cert-path";
+      return nullptr;
+    }
+  }
+  return c;
 }
 
 struct Connection {
@@ -29,19 +97,42 @@ struct Connection {
   }
   tcp::socket socket;
   Deadline deadline;
+  std::unique_ptr<ssl::stream<tcp::socket&>> tls;  // https workers
   beast::flat_buffer buffer;
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
   Clock::time_point idle_since{};
+
+  // Runs `fn(stream)` with the stream requests travel on (TLS or plain).
+  template <class Fn>
+  auto with_stream(Fn&& fn) {
+    return tls ? fn(*tls) : fn(socket);
+  }
+  // Whether an idle pooled connection may carry a new request: the peer has not closed it and
+  // has not sent anything (an HTTP peer says nothing unasked; leftover bytes would be read as the
+  // next request's answer).
+  bool fit_for_reuse() {
+    if (!socket.is_open() || buffer.size() != 0) return false;
+    if (tls && SSL_pending(tls->native_handle()) > 0) return false;
+    char c = 0;
+    ssize_t n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
+    // n == 0: closed by the peer. n > 0: bytes nobody asked for, except that a TLS peer may send
+    // records of its own (session tickets); those are not an answer, and a TLS close_notify is
+    // followed by the peer closing, caught on the next check.
+    return n > 0 && tls != nullptr;
+  }
 };
 
 std::string parse_url(std::string_view url, Target& out) {
   std::string_view rest = url;
+  bool https = false;
   if (rest.starts_with("http://")) {
     rest.remove_prefix(7);
   } else if (rest.starts_with("https://")) {
-    return "'" + std::string(url) + "': https upstreams are not supported yet; use http://";
+    rest.remove_prefix(8);
+    https = true;
   } else if (rest.find("://") != std::string_view::npos) {
-    return "'" + std::string(url) + "': unsupported scheme; use http://host:port";
+    return "'" + std::string(url) + "': unsupported scheme; use http://host:port or https://";
   }
   auto slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
@@ -65,7 +156,7 @@ std::string parse_url(std::string_view url, Target& out) {
     if (colon != std::string_view::npos) port_text = authority.substr(colon + 1);
   }
   if (host.empty()) return "'" + std::string(url) + "': missing host";
-  uint16_t port = 80;
+  uint16_t port = https ? 443 : 80;
   if (!port_text.empty()) {
     unsigned v = 0;
     auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
@@ -77,11 +168,13 @@ std::string parse_url(std::string_view url, Target& out) {
   }
   out.host = host;
   out.port = port;
+  out.https = https;
   out.base_path = std::string(path);
   bool v6 = host.find(':') != std::string::npos;
   out.host_header =
       (v6 ? "[" + host + "]" : host) + (port_text.empty() ? "" : ":" + std::to_string(port));
-  out.url = "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port) + out.base_path;
+  out.url = std::string(https ? "https://" : "http://") + (v6 ? "[" + host + "]" : host) + ":" +
+            std::to_string(port) + out.base_path;
   out.endpoints.clear();
   return "";
 }
@@ -130,12 +223,15 @@ std::unique_ptr<Connection> ConnectionPool::take(uint64_t key) {
   while (!v.empty()) {
     std::unique_ptr<Connection> c = std::move(v.back());
     v.pop_back();
-    if (now - c->idle_since < options_.idle_timeout) return c;
+    if (now - c->idle_since >= options_.idle_timeout) continue;  // the worker may be closing it
+    if (c->fit_for_reuse()) return c;
+    ++stale_dropped_;
   }
   return nullptr;
 }
 
 void ConnectionPool::give(uint64_t key, std::unique_ptr<Connection> c) {
+  if (closed_) return;  // closes c
   auto& v = idle_[key];
   if (v.size() >= options_.max_idle_per_target) return;  // closes c
   c->idle_since = Clock::now();
@@ -145,6 +241,11 @@ void ConnectionPool::give(uint64_t key, std::unique_ptr<Connection> c) {
 
 void ConnectionPool::drop(uint64_t key) {
   idle_.erase(key);
+}
+
+void ConnectionPool::close() {
+  closed_ = true;
+  idle_.clear();
 }
 
 size_t ConnectionPool::idle_count() const {
@@ -176,7 +277,10 @@ UpstreamCall::UpstreamCall(asio::any_io_executor ex, ConnectionPool& pool, const
     : ex_(std::move(ex)), pool_(pool), target_(target), key_(key) {}
 
 UpstreamCall::~UpstreamCall() {
-  if (conn_ && done_ && !aborted_ && conn_->parser && conn_->parser->keep_alive()) {
+  // Back to the pool only after a clean, complete exchange: the request written whole, the
+  // response read to its end with nothing after it, and the peer willing to keep the connection.
+  if (conn_ && sent_ && done_ && !aborted_ && conn_->parser && conn_->parser->is_done() &&
+      conn_->parser->keep_alive() && conn_->buffer.size() == 0 && conn_->socket.is_open()) {
     conn_->parser.reset();
     pool_.give(key_, std::move(conn_));
   }
@@ -191,7 +295,8 @@ CallError UpstreamCall::classify(const boost::system::error_code& ec) {
   detail_ = ec.message();
   if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
       ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
-      ec == bhttp::error::partial_message || ec == asio::error::operation_aborted) {
+      ec == bhttp::error::partial_message || ec == asio::error::operation_aborted ||
+      ec == ssl::error::stream_truncated) {
     return CallError::kReset;
   }
   if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category()) {
@@ -211,6 +316,19 @@ awaitable<CallError> UpstreamCall::connect() {
   conn_->deadline.expires_at(std::min(deadline_, connect_deadline));
   auto [ec, ep] = co_await asio::async_connect(conn_->socket, target_.endpoints, kTuple);
   (void)ep;
+  if (!ec && target_.https) {
+    if (!target_.tls) {
+      detail_ = "https worker without TLS settings";
+      co_return CallError::kConnect;
+    }
+    auto* ctx = static_cast<ssl::context*>(target_.tls->native());
+    conn_->tls = std::make_unique<ssl::stream<tcp::socket&>>(conn_->socket, *ctx);
+    // SNI, and the certificate must name the host of the worker's URL.
+    SSL_set_tlsext_host_name(conn_->tls->native_handle(), target_.host.c_str());
+    conn_->tls->set_verify_callback(ssl::host_name_verification(target_.host));
+    auto [hec] = co_await conn_->tls->async_handshake(ssl::stream_base::client, kTuple);
+    ec = hec;
+  }
   if (ec) {
     if (aborted_) co_return CallError::kAborted;
     bool timed_out = conn_->deadline.expired();
@@ -233,9 +351,12 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
     append_content_length(head_, body.size());
   }
   head_.append("\r\n");
+  const size_t total = head_.size() + body.size();
 
   conn_ = pool_.take(key_);
   fresh_ = false;
+  sent_ = false;
+  response_started_ = false;
   for (int attempt = 0;; ++attempt) {
     if (!conn_) {
       if (CallError e = co_await connect(); e != CallError::kNone) co_return e;
@@ -243,34 +364,52 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
     if (aborted_) co_return CallError::kAborted;
     conn_->deadline.expires_at(deadline_);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(body)};
-    auto [wec, wn] = co_await asio::async_write(conn_->socket, bufs, kTuple);
-    (void)wn;
-    boost::system::error_code ec = wec;
-    if (!ec) {
-      conn_->parser.emplace();
-      conn_->parser->header_limit(64 * 1024);
-      conn_->parser->body_limit(boost::none);
-      auto [rec, rn] =
-          co_await bhttp::async_read_header(conn_->socket, conn_->buffer, *conn_->parser, kTuple);
-      (void)rn;
-      ec = rec;
-    }
-    if (!ec) {
-      done_ = conn_->parser->is_done();
-      co_return CallError::kNone;
+    auto [wec, wn] =
+        co_await conn_->with_stream([&](auto& s) { return asio::async_write(s, bufs, kTuple); });
+    if (!wec && wn == total) {
+      sent_ = true;
+      break;
     }
     if (aborted_) co_return CallError::kAborted;
-    bool stale = !fresh_ && attempt == 0 &&
-                 (ec == bhttp::error::end_of_stream || ec == asio::error::connection_reset ||
-                  ec == asio::error::broken_pipe || ec == asio::error::eof);
-    if (stale) {
-      conn_.reset();  // the peer closed this idle connection; try once on a new one
+    // The request did not reach the worker whole, so the worker cannot have started it. A reused
+    // connection the peer had closed is replaced once; a fresh one failing is a real failure.
+    if (!fresh_ && attempt == 0 && !conn_->deadline.expired()) {
+      conn_.reset();
       continue;
     }
-    CallError e = classify(ec);
+    CallError e = classify(wec ? wec : make_error_code(asio::error::broken_pipe));
     conn_.reset();
     co_return e;
   }
+
+  // The answer's head; interim 1xx answers (100 Continue, 103 Early Hints) are read and skipped:
+  // the final answer follows on the same connection.
+  for (int interim = 0;; ++interim) {
+    conn_->parser.emplace();
+    conn_->parser->header_limit(64 * 1024);
+    conn_->parser->body_limit(boost::none);
+    auto [rec, rn] = co_await conn_->with_stream([&](auto& s) {
+      return bhttp::async_read_header(s, conn_->buffer, *conn_->parser, kTuple);
+    });
+    if (rn > 0 || conn_->buffer.size() > 0) response_started_ = true;
+    if (rec) {
+      if (aborted_) co_return CallError::kAborted;
+      CallError e = classify(rec);
+      conn_.reset();
+      co_return e;
+    }
+    response_started_ = true;
+    int status = static_cast<int>(conn_->parser->get().result_int());
+    if (status >= 200) break;
+    if (status == 101 || interim + 1 >= kMaxInterimResponses) {
+      detail_ = status == 101 ? "the worker switched protocols (101), which was not asked for"
+                              : "too many interim (1xx) answers";
+      conn_.reset();
+      co_return CallError::kProtocol;
+    }
+  }
+  done_ = conn_->parser->is_done();
+  co_return CallError::kNone;
 }
 
 int UpstreamCall::status() const {
@@ -322,7 +461,8 @@ awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& erro
   for (;;) {
     p.get().body().data = buf;
     p.get().body().size = cap;
-    auto [ec, n] = co_await bhttp::async_read_some(conn_->socket, conn_->buffer, p, kTuple);
+    auto [ec, n] = co_await conn_->with_stream(
+        [&](auto& s) { return bhttp::async_read_some(s, conn_->buffer, p, kTuple); });
     (void)n;
     if (ec == bhttp::error::need_buffer) ec = {};
     size_t got = cap - p.get().body().size;

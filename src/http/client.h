@@ -1,8 +1,14 @@
-// http/client: upstream HTTP/1.1 calls over per-thread keep-alive connection pools. A call sends
-// one request, reads the status and headers, then the body in pieces as they arrive (the proxy
-// relays each piece before reading the next: backpressure, no unbounded buffering). A reused
-// connection that turns out closed by the peer is replaced transparently, once, before any response
-// byte.
+// http/client: upstream HTTP/1.1 calls (http:// or https://) over per-thread keep-alive connection
+// pools. A call sends one request, reads the status and headers (skipping interim 1xx answers),
+// then the body in pieces as they arrive (the proxy relays each piece before reading the next:
+// backpressure, no unbounded buffering).
+//
+// Connection reuse is what makes a proxy leak one user's answer to another, so it is strict: a
+// connection goes back to the pool only when its response was read to the end, the peer allowed
+// keep-alive, the request was written whole and nothing unread is left; a pooled connection is
+// checked before reuse (a peer that closed it, or sent bytes nobody asked for, means it is
+// dropped). A reused connection that fails while the request is being written is replaced
+// transparently, once: the worker cannot have started a request it did not receive whole.
 #pragma once
 
 #include <chrono>
@@ -19,18 +25,44 @@
 
 namespace kvgate::http {
 
+class TlsClientContext;
+
 // Where an upstream lives: parsed once from a URL, resolved once.
 struct Target {
   std::string url;   // as configured, without a trailing slash
   std::string host;  // host name or IP literal (no brackets)
   uint16_t port = 80;
+  bool https = false;
+  // https: how to verify the worker and what to present (set before use; see TlsClientContext).
+  std::shared_ptr<const TlsClientContext> tls;
   std::string host_header;  // host[:port] for the Host header
   std::string base_path;    // "" or "/prefix" (prepended to every request path)
   std::vector<asio::ip::tcp::endpoint> endpoints;
 };
 
-// Parses "http://host[:port][/base]". Returns "" or an error naming what is wrong.
+// Parses "http[s]://host[:port][/base]". Returns "" or an error naming what is wrong.
 std::string parse_url(std::string_view url, Target& out);
+
+// TLS settings for https workers: the CA bundle that verifies them (the system's when empty) and
+// an optional client certificate + key (mutual TLS). The worker's certificate must name the host
+// of its URL. Immutable once made; shared by every connection.
+class TlsClientContext {
+ public:
+  // Returns null and sets `error` (naming the file and the fix) when a file cannot be used.
+  static std::shared_ptr<const TlsClientContext> create(const std::string& ca_file,
+                                                        const std::string& cert_file,
+                                                        const std::string& key_file,
+                                                        std::string& error);
+  ~TlsClientContext();
+  TlsClientContext(const TlsClientContext&) = delete;
+  TlsClientContext& operator=(const TlsClientContext&) = delete;
+  void* native() const;  // the asio::ssl::context (opaque here: no TLS headers in this one)
+
+ private:
+  TlsClientContext();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 // Resolves host (blocking; call at startup or on a control thread). Returns "" or an error.
 std::string resolve(Target& target);
 
@@ -41,8 +73,10 @@ class ConnectionPool {
  public:
   struct Options {
     size_t max_idle_per_target = 512;
-    std::chrono::seconds idle_timeout{30};
-    std::chrono::seconds connect_timeout{10};
+    // Below the keep-alive timeout of the workers' HTTP servers (uvicorn, which SGLang runs,
+    // closes idle connections after 5 s): a connection the worker is about to close is not reused.
+    std::chrono::milliseconds idle_timeout{4000};
+    std::chrono::milliseconds connect_timeout{10000};
   };
   ConnectionPool();
   explicit ConnectionPool(Options options);
@@ -50,23 +84,30 @@ class ConnectionPool {
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
 
+  // An idle connection to `key` still fit for a request, or null. Connections found closed by the
+  // peer, or with bytes nobody asked for, are dropped on the way.
   std::unique_ptr<Connection> take(uint64_t key);
   void give(uint64_t key, std::unique_ptr<Connection> c);
   // Drops every idle connection of `key` (a worker was removed or failed).
   void drop(uint64_t key);
+  // Drops every idle connection and pools none from now on (the thread is shutting down).
+  void close();
   const Options& options() const { return options_; }
   size_t idle_count() const;
+  uint64_t stale_dropped() const { return stale_dropped_; }
 
  private:
   Options options_;
+  bool closed_ = false;
+  uint64_t stale_dropped_ = 0;
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<Connection>>> idle_;
 };
 
 enum class CallError {
   kNone,
-  kConnect,   // could not connect (refused, unreachable, connect timeout)
+  kConnect,   // could not connect (refused, unreachable, connect or TLS handshake timeout)
   kTimeout,   // the deadline passed
-  kReset,     // the connection failed after the request was sent
+  kReset,     // the connection failed (see UpstreamCall::request_sent() for how far it got)
   kProtocol,  // the peer's response is not valid HTTP
   kAborted,   // abort() was called (client went away)
 };
@@ -98,6 +139,11 @@ class UpstreamCall {
   void abort();
   bool aborted() const { return aborted_; }
   bool connected_fresh() const { return fresh_; }
+  // True once the whole request (head and body) was handed to the worker's connection: from then
+  // on the worker may be running it, and sending it again could run it twice.
+  bool request_sent() const { return sent_; }
+  // True once any byte of the response arrived.
+  bool response_started() const { return response_started_; }
   // The failed connect/IO error text, for logs and error messages.
   const std::string& error_detail() const { return detail_; }
 
@@ -116,6 +162,8 @@ class UpstreamCall {
   bool done_ = false;
   bool aborted_ = false;
   bool fresh_ = false;
+  bool sent_ = false;
+  bool response_started_ = false;
 };
 
 // One-shot GET/POST with a fresh connection and a timeout: health probes, load polls, admin.

@@ -4,9 +4,11 @@
 namespace kvgate::http {
 
 struct Deadline::State {
-  State(const asio::any_io_executor& ex, asio::ip::tcp::socket& s) : timer(ex), socket(&s) {}
+  State(const asio::any_io_executor& ex, asio::ip::tcp::socket& s, Deadline::Action a)
+      : timer(ex), socket(&s), action(a) {}
   asio::steady_timer timer;
   asio::ip::tcp::socket* socket;  // null once the owner is gone
+  Deadline::Action action;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point armed = Clock::time_point::max();  // when the pending wait fires
   uint64_t generation = 0;
@@ -26,7 +28,11 @@ void arm(const std::shared_ptr<Deadline::State>& s, Clock::time_point at) {
     if (Clock::now() >= s->deadline) {
       s->expired = true;
       boost::system::error_code ignored;
-      s->socket->close(ignored);
+      if (s->action == Deadline::Action::kClose) {
+        s->socket->close(ignored);
+      } else {
+        s->socket->cancel(ignored);
+      }
       return;
     }
     arm(s, s->deadline);
@@ -35,8 +41,8 @@ void arm(const std::shared_ptr<Deadline::State>& s, Clock::time_point at) {
 
 }  // namespace
 
-Deadline::Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket)
-    : state_(std::make_shared<State>(ex, socket)) {}
+Deadline::Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket, Action action)
+    : state_(std::make_shared<State>(ex, socket, action)) {}
 
 Deadline::~Deadline() {
   state_->socket = nullptr;

@@ -1,7 +1,8 @@
-// http/deadline: closes a socket when a movable deadline passes. Moving the deadline later costs
-// no timer operation (the timer fires at the old time, sees the new deadline and re-arms once), so
-// a connection can refresh its deadline on every read and write for free. Beast's tcp_stream arms
-// and cancels a timer per operation instead, which showed up as a timerfd_settime per I/O.
+// http/deadline: ends a socket's pending I/O when a movable deadline passes. Moving the deadline
+// later costs no timer operation (the timer fires at the old time, sees the new deadline and
+// re-arms once), so a connection can refresh or disarm its deadline around every read and write
+// for free. Beast's tcp_stream arms and cancels a timer per operation instead, which showed up as
+// a timerfd_settime per I/O.
 #pragma once
 
 #include <memory>
@@ -12,7 +13,13 @@ namespace kvgate::http {
 
 class Deadline {
  public:
-  Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket);
+  // What happens when the deadline passes: the socket is closed (upstream calls: every later
+  // operation fails too), or only its pending operations are cancelled (the server, which may
+  // still answer 408 on the same connection).
+  enum class Action { kClose, kCancel };
+
+  Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket,
+           Action action = Action::kClose);
   ~Deadline();
   Deadline(const Deadline&) = delete;
   Deadline& operator=(const Deadline&) = delete;
@@ -20,7 +27,8 @@ class Deadline {
   void expires_at(Clock::time_point t);
   void expires_after(Clock::duration d) { expires_at(Clock::now() + d); }
   void never() { expires_at(Clock::time_point::max()); }
-  // True once the deadline passed and the socket was closed because of it.
+  // True once the deadline passed and the socket was closed or cancelled because of it (until
+  // the deadline is set again).
   bool expired() const;
 
   struct State;

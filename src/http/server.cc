@@ -1,10 +1,17 @@
-// http/server: see server.h. The only server-side translation unit that includes Beast.
+// http/server: see server.h. The only server-side translation unit that includes Beast and
+// Asio's TLS.
 #include "http/server.h"
+
+#include <openssl/ssl.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -14,23 +21,92 @@
 
 #include "http/deadline.h"
 #include "http/padded_body.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace kvgate::http {
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
+namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+namespace {
+
+// Bytes a connection keeps for reading while a request is in progress. Released while the
+// connection is idle: 10,000 idle keep-alive connections must not hold 10,000 read buffers.
+constexpr size_t kReadBufferSize = 16384;
+
+// What a forced close (shutdown after the grace period) does to an exchange in progress.
+class ForceClosable {
+ public:
+  virtual void force_close() = 0;
+
+ protected:
+  ~ForceClosable() = default;
+};
+
+// A connection, in the list of its io_context (only that context's thread touches the list).
+struct SessionNode {
+  SessionNode* prev = this;
+  SessionNode* next = this;
+  tcp::socket* socket = nullptr;
+  ForceClosable* exchange = nullptr;  // the exchange in progress, if any
+  bool idle = false;                  // waiting for the next request
+  void link_after(SessionNode& head) {
+    prev = &head;
+    next = head.next;
+    head.next->prev = this;
+    head.next = this;
+  }
+  void unlink() {
+    prev->next = next;
+    next->prev = prev;
+    prev = next = this;
+  }
+};
+
+}  // namespace
+
+std::string_view ServerStats::reject_name(size_t kind) {
+  switch (kind) {
+    case kBadRequest:
+      return "bad_request";
+    case kHeadersTooLarge:
+      return "headers_too_large";
+    case kBodyTooLarge:
+      return "body_too_large";
+    case kHeaderTimeout:
+      return "header_timeout";
+    case kBodyTimeout:
+      return "body_timeout";
+    case kTlsHandshake:
+      return "tls_handshake";
+    default:
+      return "unknown";
+  }
+}
 
 struct Server::Shared {
   ServerConfig config;
   Handler handler;
   std::atomic<bool> stopping{false};
+  ServerStats stats;
+  std::unique_ptr<ssl::context> tls;
+  std::vector<asio::io_context*> contexts;
+  std::vector<std::unique_ptr<SessionNode>> sessions;  // list heads, one per context
 };
 
 namespace {
 
 using Request = bhttp::request<PaddedStringBody>;
+
+tcp::socket& lowest(tcp::socket& s) {
+  return s;
+}
+tcp::socket& lowest(ssl::stream<tcp::socket&>& s) {
+  return s.next_layer();
+}
 
 // Shared with the disconnect watch's completion, which may run after the exchange is gone.
 struct WatchState {
@@ -38,21 +114,34 @@ struct WatchState {
   bool gone = false;
   char peek = 0;
   std::function<void()> fn;
+  // Runs the callback once, at most.
+  void fire() {
+    if (done) return;
+    done = true;
+    gone = true;
+    auto f = std::move(fn);
+    fn = nullptr;
+    if (f) f();
+  }
 };
 
-class ExchangeImpl final : public Exchange {
+template <class Stream>
+class ExchangeImpl final : public Exchange, public ForceClosable {
  public:
-  ExchangeImpl(tcp::socket& socket, Deadline& deadline, beast::flat_buffer& buffer, Request& req,
-               const std::string& remote, const ServerConfig& cfg, std::string& scratch)
-      : socket_(socket),
+  ExchangeImpl(Stream& stream, Deadline& deadline, beast::flat_buffer& buffer, Request& req,
+               const std::string& remote, Server::Shared& srv, std::string& scratch)
+      : stream_(stream),
+        socket_(lowest(stream)),
         deadline_(deadline),
         buffer_(buffer),
         req_(req),
         remote_(remote),
-        cfg_(cfg),
+        srv_(srv),
         head_(scratch) {}
 
   ~ExchangeImpl() override { unwatch_disconnect(); }
+  ExchangeImpl(const ExchangeImpl&) = delete;
+  ExchangeImpl& operator=(const ExchangeImpl&) = delete;
 
   std::string_view method() const override { return req_.method_string(); }
   std::string_view target() const override { return req_.target(); }
@@ -67,6 +156,7 @@ class ExchangeImpl final : public Exchange {
   }
   std::string& body() override { return req_.body(); }
   const std::string& remote_address() const override { return remote_; }
+  bool secure() const override { return !std::is_same_v<Stream, tcp::socket>; }
 
   awaitable<bool> respond(int status, HeaderList headers, std::string_view body) override {
     start_head(status, headers);
@@ -165,6 +255,11 @@ class ExchangeImpl final : public Exchange {
     if (watch_ || complete_) return;
     watch_ = std::make_shared<WatchState>();
     watch_->fn = std::move(fn);
+    if (gone_) {
+      // Already closed (by force): tell the watcher, from the executor, not from inside this call.
+      asio::post(socket_.get_executor(), [w = watch_] { w->fire(); });
+      return;
+    }
     if (buffer_.size() > 0) return;  // pipelined bytes already here: the client is still talking
     // A one-byte MSG_PEEK receive: it completes on EOF or reset (client gone) or when the next
     // pipelined request arrives (left in the socket). Being a speculative read, it costs no system
@@ -176,10 +271,7 @@ class ExchangeImpl final : public Exchange {
                                      [state](const boost::system::error_code& ec, size_t n) {
                                        if (state->done || ec == asio::error::operation_aborted)
                                          return;
-                                       if (ec || n == 0) {
-                                         state->gone = true;
-                                         if (state->fn) state->fn();
-                                       }
+                                       if (ec || n == 0) state->fire();
                                      }));
   }
   bool client_gone() const override { return gone_ || (watch_ && watch_->gone); }
@@ -191,6 +283,14 @@ class ExchangeImpl final : public Exchange {
     cancel_.emit(asio::cancellation_type::all);
   }
 
+  void force_close() override {
+    gone_ = true;
+    close_ = true;
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    if (watch_) watch_->fire();
+  }
+
   asio::any_io_executor executor() override { return socket_.get_executor(); }
 
  private:
@@ -198,7 +298,8 @@ class ExchangeImpl final : public Exchange {
     head_.clear();
     append_status_line(head_, status, req_.version() >= 11 ? 11 : 10);
     for (const auto& h : headers) append_header(head_, h.name, h.value);
-    bool keep = req_.keep_alive() && !close_;
+    // While the server drains, every answer closes its connection.
+    bool keep = req_.keep_alive() && !close_ && !srv_.stopping.load(std::memory_order_relaxed);
     if (!keep) {
       close_ = true;
       head_.append("connection: close\r\n");
@@ -211,12 +312,16 @@ class ExchangeImpl final : public Exchange {
   template <class Buffers>
   awaitable<bool> write(const Buffers& bufs) {
     if (gone_) co_return false;
-    // A client that stops reading is dropped. The idle timeout, not the (longer) read timeout:
-    // the deadline then never moves earlier between requests, so the timer is not re-armed.
-    deadline_.expires_after(cfg_.idle_timeout);
-    auto [ec, n] = co_await asio::async_write(socket_, bufs, kTuple);
+    // Bounded by progress, not by the length of the response: a write the client does not take
+    // within the write timeout ends the connection; between writes nothing is armed, so a stream
+    // may be quiet as long as its handler allows.
+    deadline_.expires_after(srv_.config.write_timeout);
+    auto [ec, n] = co_await asio::async_write(stream_, bufs, kTuple);
     (void)n;
+    bool timed_out = ec && deadline_.expired();
+    deadline_.never();
     if (ec) {
+      if (timed_out) srv_.stats.write_timeouts.fetch_add(1, std::memory_order_relaxed);
       gone_ = true;
       close_ = true;
       co_return false;
@@ -224,12 +329,13 @@ class ExchangeImpl final : public Exchange {
     co_return true;
   }
 
+  Stream& stream_;
   tcp::socket& socket_;
   Deadline& deadline_;
   beast::flat_buffer& buffer_;
   Request& req_;
   const std::string& remote_;
-  const ServerConfig& cfg_;
+  Server::Shared& srv_;
   std::string& head_;
   std::optional<uint64_t> remaining_;
   std::shared_ptr<WatchState> watch_;
@@ -244,55 +350,115 @@ class ExchangeImpl final : public Exchange {
   bool gone_ = false;
 };
 
-// Writes a minimal error response on a connection whose request could not be read.
-awaitable<void> reject(tcp::socket& socket, Deadline& deadline, int status, std::string_view code,
-                       std::string_view message) {
-  std::string body = R"({"error":{"type":"invalid_request_error","code":")" + std::string(code) +
-                     R"(","message":")";
-  for (char c : message) {
-    if (c == '"' || c == '\\') body.push_back('\\');
-    if (static_cast<unsigned char>(c) >= 0x20) body.push_back(c);
+// Reads and discards what the client still sends, until it closes or the linger time passes
+// (then the caller closes). Closing with unread bytes would make the kernel send a reset, and the
+// client could lose the answer it has not read yet.
+awaitable<void> linger(tcp::socket& socket, Deadline& deadline, std::chrono::milliseconds time) {
+  boost::system::error_code ignored;
+  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  deadline.expires_after(time);
+  thread_local std::array<char, 4096> discard;  // contents never read: sharing it is harmless
+  size_t total = 0;
+  for (;;) {
+    auto [ec, n] = co_await socket.async_read_some(asio::buffer(discard), kTuple);
+    total += n;
+    if (ec || total > (size_t{64} << 20)) break;
   }
-  body += "\"}}";
+  deadline.never();
+}
+
+// Answers a request that could not be read with a JSON error and closes the connection lingering.
+template <class Stream>
+awaitable<void> reject(Stream& stream, Deadline& deadline, const ServerConfig& cfg, int status,
+                       std::string_view code, std::string_view message) {
+  std::string body = R"({"error":{"type":"invalid_request_error","code":)";
+  json::append_string(body, code);
+  body += R"(,"message":)";
+  json::append_string(body, message);
+  body += "}}";
   std::string head;
   append_status_line(head, status);
   append_header(head, "content-type", "application/json");
-  append_header(head, "content-length", std::to_string(body.size()));
+  append_content_length(head, body.size());
   append_header(head, "connection", "close");
   head += "\r\n";
   std::array<asio::const_buffer, 2> bufs{asio::buffer(head), asio::buffer(body)};
-  deadline.expires_after(std::chrono::seconds(5));
-  co_await asio::async_write(socket, bufs, kTuple);
+  deadline.expires_after(cfg.write_timeout);
+  auto [ec, n] = co_await asio::async_write(stream, bufs, kTuple);
+  (void)n;
+  deadline.never();
+  if (!ec) co_await linger(lowest(stream), deadline, cfg.linger_timeout);
+}
+
+// True when the request has no Transfer-Encoding, or exactly "chunked" (in any case).
+bool only_chunked(const Request& req) {
+  int count = 0;
+  for (const auto& f : req) {
+    if (f.name() != bhttp::field::transfer_encoding) continue;
+    std::string_view v = f.value();
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    if (++count > 1 || !iequals(v, "chunked")) return false;
+  }
+  return true;
 }
 
 bool is_quiet_close(const boost::system::error_code& ec) {
   return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
          ec == asio::error::connection_reset || ec == asio::error::bad_descriptor ||
-         ec == asio::error::operation_aborted || ec == bhttp::error::partial_message;
+         ec == asio::error::operation_aborted || ec == bhttp::error::partial_message ||
+         ec == ssl::error::stream_truncated;
 }
 
-awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket) {
-  const ServerConfig& cfg = srv->config;
-  boost::system::error_code ignored;
-  socket.set_option(tcp::no_delay(true), ignored);
-  std::string remote;
-  {
-    auto ep = socket.remote_endpoint(ignored);
-    if (!ignored) remote = ep.address().to_string();
-  }
-  Deadline deadline(socket.get_executor(), socket);
+// Serves requests on one connection until it closes.
+template <class Stream>
+awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, SessionNode& node,
+                      const std::string& remote) {
+  const ServerConfig& cfg = srv.config;
+  tcp::socket& socket = lowest(stream);
   beast::flat_buffer buffer;
-  buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
   std::string scratch;
-  scratch.reserve(512);
 
   for (;;) {
+    if (buffer.size() == 0) {
+      // Idle: hold no buffers while waiting for the next request; wake when its first byte comes.
+      if (srv.stopping.load(std::memory_order_relaxed)) break;
+      buffer.shrink_to_fit();
+      scratch.clear();
+      scratch.shrink_to_fit();
+      bool tls_pending = false;
+      if constexpr (!std::is_same_v<Stream, tcp::socket>) {
+        tls_pending = SSL_pending(stream.native_handle()) > 0;
+      }
+      if (!tls_pending) {
+        node.idle = true;
+        deadline.expires_after(cfg.idle_timeout);
+        auto [wec] = co_await socket.async_wait(tcp::socket::wait_read, kTuple);
+        node.idle = false;
+        if (wec) {
+          srv.stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+      }
+      buffer.reserve(kReadBufferSize);
+      scratch.reserve(512);
+    }
     bhttp::request_parser<PaddedStringBody> parser;
     parser.header_limit(static_cast<std::uint32_t>(cfg.header_limit));
     parser.body_limit(cfg.body_limit);
-    deadline.expires_after(buffer.size() ? cfg.read_timeout : cfg.idle_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(socket, buffer, parser, kTuple);
+    deadline.expires_after(cfg.header_timeout);
+    bool reading_body = false;
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
     (void)n;
+    if (!ec && !only_chunked(parser.get())) {
+      // Any coding but chunked alone (RFC 9112 6.1: a body of unknown length, or one the worker
+      // would not know to decode) is refused before its body is read.
+      deadline.never();
+      srv.stats.rejected[ServerStats::kBadRequest].fetch_add(1, std::memory_order_relaxed);
+      co_await reject(stream, deadline, cfg, 400, "bad_http_request",
+                      "unsupported Transfer-Encoding: only 'chunked' is accepted");
+      break;
+    }
     if (!ec && !parser.is_done() && buffer.size() > 0) {
       // The body usually arrives with the head: parse it in place, no asynchronous round trip.
       size_t used = parser.put(buffer.data(), ec);
@@ -300,37 +466,65 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket)
       if (ec == bhttp::error::need_more) ec = {};
     }
     if (!ec && !parser.is_done()) {
+      reading_body = true;
       if (buffer.size() == 0 && http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
         static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-        co_await asio::async_write(socket, asio::buffer(kContinue), kTuple);
+        deadline.expires_after(cfg.write_timeout);
+        auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+        (void)cn;
+        ec = cec;
       }
-      deadline.expires_after(cfg.read_timeout);
-      std::tie(ec, n) = co_await bhttp::async_read(socket, buffer, parser, kTuple);
+      if (!ec) {
+        deadline.expires_after(cfg.body_timeout);
+        std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kTuple);
+      }
     }
+    bool timed_out = ec && deadline.expired();
+    deadline.never();
     if (ec) {
-      if (ec == bhttp::error::body_limit) {
-        co_await reject(socket, deadline, 413, "payload_too_large",
+      auto count = [&](ServerStats::Reject r) {
+        srv.stats.rejected[r].fetch_add(1, std::memory_order_relaxed);
+      };
+      if (timed_out) {
+        bool body = reading_body;
+        count(body ? ServerStats::kBodyTimeout : ServerStats::kHeaderTimeout);
+        auto limit = body ? cfg.body_timeout : cfg.header_timeout;
+        std::string secs = std::to_string(std::chrono::duration<double>(limit).count());
+        secs.erase(secs.find_last_not_of('0') + 1);
+        if (secs.back() == '.') secs.pop_back();
+        co_await reject(stream, deadline, cfg, 408, "request_timeout",
+                        std::string(body ? "the request body" : "the request headers") +
+                            " did not arrive within " + secs + " s");
+      } else if (ec == bhttp::error::body_limit) {
+        count(ServerStats::kBodyTooLarge);
+        co_await reject(stream, deadline, cfg, 413, "payload_too_large",
                         "request body exceeds --max-payload-size (" +
                             std::to_string(cfg.body_limit) + " bytes)");
       } else if (ec == bhttp::error::header_limit) {
-        co_await reject(socket, deadline, 431, "headers_too_large",
+        count(ServerStats::kHeadersTooLarge);
+        co_await reject(stream, deadline, cfg, 431, "headers_too_large",
                         "request headers exceed " + std::to_string(cfg.header_limit) + " bytes");
       } else if (!is_quiet_close(ec)) {
-        co_await reject(socket, deadline, 400, "bad_http_request",
+        count(ServerStats::kBadRequest);
+        co_await reject(stream, deadline, cfg, 400, "bad_http_request",
                         "malformed HTTP request: " + ec.message());
       }
       break;
     }
-    deadline.never();
     Request& req = parser.get();
     bool close = false;
     {
-      ExchangeImpl ex(socket, deadline, buffer, req, remote, cfg, scratch);
+      ExchangeImpl<Stream> ex(stream, deadline, buffer, req, remote, srv, scratch);
+      node.exchange = &ex;
+      struct Clear {
+        SessionNode& n;
+        ~Clear() { n.exchange = nullptr; }
+      } clear{node};
       try {
-        co_await srv->handler(ex);
+        co_await srv.handler(ex);
       } catch (const std::exception& e) {
         // Handlers map bad input to 4xx themselves; this is a bug: answer 500 (below) and log it.
-        log::error("handler failed").kv("error", e.what()).kv("target", ex.target());
+        log::error("handler failed").kv("error", e.what()).kv("path", ex.path());
       }
       if (!ex.response_complete()) {
         if (!ex.response_started() && !ex.client_gone()) {
@@ -343,13 +537,74 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket)
       }
       close = ex.must_close() || ex.client_gone() || !req.keep_alive();
     }
-    if (close || srv->stopping.load(std::memory_order_relaxed)) break;
+    if (close || srv.stopping.load(std::memory_order_relaxed)) break;
+  }
+}
+
+// Counts a connection open until the session ends.
+struct ConnectionCount {
+  ServerStats& stats;
+  ~ConnectionCount() { stats.connections.fetch_sub(1, std::memory_order_relaxed); }
+};
+
+awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket, size_t slot) {
+  ConnectionCount counted{srv->stats};
+  SessionNode node;
+  node.socket = &socket;
+  node.link_after(*srv->sessions[slot]);
+  struct Unlink {
+    SessionNode& n;
+    ~Unlink() { n.unlink(); }
+  } unlink{node};
+
+  boost::system::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  std::string remote;
+  {
+    auto ep = socket.remote_endpoint(ignored);
+    if (!ignored) remote = ep.address().to_string();
+  }
+  Deadline deadline(socket.get_executor(), socket, Deadline::Action::kCancel);
+  if (srv->tls) {
+    ssl::stream<tcp::socket&> tls(socket, *srv->tls);
+    deadline.expires_after(srv->config.header_timeout);
+    auto [ec] = co_await tls.async_handshake(ssl::stream_base::server, kTuple);
+    deadline.never();
+    if (ec) {
+      srv->stats.rejected[ServerStats::kTlsHandshake].fetch_add(1, std::memory_order_relaxed);
+      log::debug("TLS handshake failed").kv("client", remote).kv("error", ec.message());
+    } else {
+      co_await serve(*srv, tls, deadline, node, remote);
+      if (socket.is_open()) {
+        // close_notify, bounded: a client that does not answer it is not waited for.
+        deadline.expires_after(std::chrono::milliseconds(500));
+        co_await tls.async_shutdown(kTuple);
+        deadline.never();
+      }
+    }
+  } else {
+    co_await serve(*srv, socket, deadline, node, remote);
   }
   socket.shutdown(tcp::socket::shutdown_send, ignored);
   socket.close(ignored);
 }
 
-awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* acceptor) {
+awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* acceptor,
+                            size_t slot) {
+  auto admit = [&](tcp::socket s) {
+    auto& st = srv->stats;
+    st.accepted.fetch_add(1, std::memory_order_relaxed);
+    size_t max = srv->config.max_connections;
+    if (max > 0 && st.connections.load(std::memory_order_relaxed) >= static_cast<int64_t>(max)) {
+      // Over the limit: refused at once (counted), so what a client can hold stays bounded.
+      st.refused.fetch_add(1, std::memory_order_relaxed);
+      boost::system::error_code ignored;
+      s.close(ignored);
+      return;
+    }
+    st.connections.fetch_add(1, std::memory_order_relaxed);
+    asio::co_spawn(acceptor->get_executor(), session(srv, std::move(s), slot), asio::detached);
+  };
   for (;;) {
     auto [ec, socket] = co_await acceptor->async_accept(kTuple);
     if (srv->stopping.load()) co_return;
@@ -360,7 +615,7 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
       co_await t.async_wait(kTuple);
       continue;
     }
-    asio::co_spawn(acceptor->get_executor(), session(srv, std::move(socket)), asio::detached);
+    admit(std::move(socket));
     // Take every connection already waiting (like nginx's multi_accept): on a busy loop each
     // asynchronous accept waits its turn behind all other handlers, and a burst of new
     // connections would otherwise trickle in one per turn.
@@ -369,9 +624,38 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
       boost::system::error_code aec;
       acceptor->accept(more, aec);
       if (aec) break;
-      asio::co_spawn(acceptor->get_executor(), session(srv, std::move(more)), asio::detached);
+      admit(std::move(more));
     }
   }
+}
+
+std::unique_ptr<ssl::context> make_tls_context(const ServerConfig& cfg) {
+  if (cfg.tls_cert_path.empty() && cfg.tls_key_path.empty()) return nullptr;
+  if (cfg.tls_cert_path.empty() || cfg.tls_key_path.empty()) {
+    throw std::runtime_error("TLS needs both --tls-cert-path and --tls-key-path");
+  }
+  auto ctx = std::make_unique<ssl::context>(ssl::context::tls_server);
+  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                   ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 |
+                   ssl::context::single_dh_use);
+  boost::system::error_code ec;
+  ctx->use_certificate_chain_file(cfg.tls_cert_path, ec);
+  if (ec) {
+    throw std::runtime_error("--tls-cert-path " + cfg.tls_cert_path +
+                             ": cannot load the certificate chain (" + ec.message() +
+                             "); give a PEM file");
+  }
+  ctx->use_private_key_file(cfg.tls_key_path, ssl::context::pem, ec);
+  if (ec) {
+    throw std::runtime_error("--tls-key-path " + cfg.tls_key_path +
+                             ": cannot load the private key (" + ec.message() +
+                             "); give an unencrypted PEM key matching --tls-cert-path");
+  }
+  if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+    throw std::runtime_error("--tls-key-path " + cfg.tls_key_path +
+                             " does not match the certificate in --tls-cert-path");
+  }
+  return ctx;
 }
 
 }  // namespace
@@ -380,7 +664,9 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
     : shared_(std::make_shared<Shared>()) {
   shared_->config = std::move(config);
   shared_->handler = std::move(handler);
+  shared_->contexts = contexts;
   const auto& cfg = shared_->config;
+  shared_->tls = make_tls_context(cfg);
   boost::system::error_code ec;
   auto address = asio::ip::make_address(cfg.host, ec);
   if (ec) {
@@ -389,6 +675,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
   }
   uint16_t port = cfg.port;
   for (auto* ctx : contexts) {
+    shared_->sessions.push_back(std::make_unique<SessionNode>());
     auto acc = std::make_unique<tcp::acceptor>(*ctx);
     tcp::endpoint ep(address, port);
     acc->open(ep.protocol(), ec);
@@ -420,19 +707,46 @@ Server::~Server() {
 }
 
 void Server::start() {
-  for (auto& acc : acceptors_) {
-    asio::co_spawn(acc->get_executor(), accept_loop(shared_, acc.get()), asio::detached);
+  for (size_t i = 0; i < acceptors_.size(); ++i) {
+    asio::co_spawn(acceptors_[i]->get_executor(), accept_loop(shared_, acceptors_[i].get(), i),
+                   asio::detached);
   }
 }
 
 void Server::stop() {
   if (shared_->stopping.exchange(true)) return;
-  for (auto& acc : acceptors_) {
-    asio::post(acc->get_executor(), [a = acc.get()] {
+  for (size_t i = 0; i < acceptors_.size(); ++i) {
+    asio::post(acceptors_[i]->get_executor(), [a = acceptors_[i].get(), srv = shared_, i] {
       boost::system::error_code ignored;
       a->close(ignored);
+      // Idle keep-alive connections close now; the others close after their exchange.
+      SessionNode& head = *srv->sessions[i];
+      for (SessionNode* n = head.next; n != &head; n = n->next) {
+        if (n->idle) n->socket->cancel(ignored);
+      }
     });
   }
+}
+
+void Server::close_all() {
+  stop();
+  for (size_t i = 0; i < shared_->contexts.size(); ++i) {
+    asio::post(*shared_->contexts[i], [srv = shared_, i] {
+      SessionNode& head = *srv->sessions[i];
+      boost::system::error_code ignored;
+      for (SessionNode* n = head.next; n != &head; n = n->next) {
+        if (n->exchange) {
+          n->exchange->force_close();
+        } else {
+          n->socket->close(ignored);
+        }
+      }
+    });
+  }
+}
+
+const ServerStats& Server::stats() const {
+  return shared_->stats;
 }
 
 }  // namespace kvgate::http

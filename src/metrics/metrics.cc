@@ -220,10 +220,16 @@ HistogramFamily& Registry::histogram(std::string name, std::string help,
   return ref;
 }
 
+void Registry::add_collector(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  collectors_.push_back(std::move(fn));
+}
+
 std::string Registry::expose() const {
   std::string out;
   out.reserve(16384);
   std::lock_guard lock(mu_);
+  for (const auto& c : collectors_) c();
   for (const auto& f : families_) f->expose(out);
   return out;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -21,6 +22,8 @@ class Counter {
  public:
   void inc(uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
   uint64_t value() const { return v_.load(std::memory_order_relaxed); }
+  // For collectors mirroring a count kept elsewhere (which only grows).
+  void mirror(uint64_t total) { v_.store(total, std::memory_order_relaxed); }
 
  private:
   std::atomic<uint64_t> v_{0};
@@ -113,11 +116,15 @@ class Registry {
   GaugeFamily& gauge(std::string name, std::string help, std::vector<std::string> labels = {});
   HistogramFamily& histogram(std::string name, std::string help, std::vector<std::string> labels,
                              std::vector<double> bounds);
+  // Runs `fn` before every exposition (to copy values kept elsewhere into gauges and counters).
+  // `fn` must not call back into the registry's family creation.
+  void add_collector(std::function<void()> fn);
   // Text exposition of every family, in registration order.
   std::string expose() const;
 
  private:
   mutable std::mutex mu_;
+  std::vector<std::function<void()>> collectors_;
   std::vector<std::unique_ptr<FamilyBase>> families_;
 };
 

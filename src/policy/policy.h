@@ -39,6 +39,9 @@ struct Outcome {
   // As the worker reported them (meta_info or usage), when it did.
   std::optional<int64_t> cached_tokens;
   std::optional<int64_t> prompt_tokens;
+  // The worker may have computed the prompt (false: it never got the request whole, or refused
+  // it with 408/429/503, or aborted it before any output).
+  bool started = true;
 };
 
 class Policy {

@@ -15,52 +15,77 @@ std::string_view to_string(BreakerState s) {
   return "unknown";
 }
 
-bool CircuitBreaker::allow(TimePoint now) {
+bool CircuitBreaker::could_pass(TimePoint now) const {
   if (!config_.enabled) return true;
-  auto s = static_cast<BreakerState>(state_.load(std::memory_order_acquire));
-  if (s != BreakerState::kOpen) return true;
-  int64_t opened = opened_at_ns_.load(std::memory_order_acquire);
-  int64_t now_ns = now.time_since_epoch().count();
-  auto timeout_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(config_.open_timeout).count();
-  if (now_ns - opened < timeout_ns) return false;
-  uint8_t expected = static_cast<uint8_t>(BreakerState::kOpen);
-  if (state_.compare_exchange_strong(expected, static_cast<uint8_t>(BreakerState::kHalfOpen))) {
-    successes_.store(0);
+  if (state() == BreakerState::kClosed) return true;
+  std::lock_guard lock(mu_);
+  switch (state()) {
+    case BreakerState::kClosed:
+      return true;
+    case BreakerState::kOpen:
+      return now - opened_at_ >= config_.open_timeout;
+    case BreakerState::kHalfOpen:
+      return !trial_in_flight_;
   }
-  return true;
+  return false;
 }
 
-std::optional<BreakerState> CircuitBreaker::record_success() {
-  if (!config_.enabled) return std::nullopt;
+CircuitBreaker::Pass CircuitBreaker::admit(TimePoint now) {
+  if (!config_.enabled || state() == BreakerState::kClosed) return Pass::kNormal;
+  std::lock_guard lock(mu_);
+  auto s = state();
+  if (s == BreakerState::kClosed) return Pass::kNormal;
+  if (s == BreakerState::kOpen) {
+    if (now - opened_at_ < config_.open_timeout) return Pass::kDenied;
+    state_.store(static_cast<uint8_t>(BreakerState::kHalfOpen));
+    successes_ = 0;
+    trial_in_flight_ = false;
+  }
+  if (trial_in_flight_) return Pass::kDenied;
+  trial_in_flight_ = true;
+  return Pass::kTrial;
+}
+
+std::optional<BreakerState> CircuitBreaker::record_success(Pass pass) {
+  if (!config_.enabled || pass == Pass::kDenied) return std::nullopt;
   failures_.store(0, std::memory_order_relaxed);
-  auto s = static_cast<BreakerState>(state_.load(std::memory_order_acquire));
-  if (s != BreakerState::kHalfOpen) return std::nullopt;
-  if (successes_.fetch_add(1) + 1 >= config_.success_threshold) {
-    uint8_t expected = static_cast<uint8_t>(BreakerState::kHalfOpen);
-    if (state_.compare_exchange_strong(expected, static_cast<uint8_t>(BreakerState::kClosed))) {
-      successes_.store(0);
-      return BreakerState::kClosed;
-    }
-  }
-  return std::nullopt;
+  if (pass != Pass::kTrial) return std::nullopt;  // a request let through before it opened
+  std::lock_guard lock(mu_);
+  trial_in_flight_ = false;
+  if (state() != BreakerState::kHalfOpen) return std::nullopt;
+  if (++successes_ < config_.success_threshold) return std::nullopt;
+  successes_ = 0;
+  state_.store(static_cast<uint8_t>(BreakerState::kClosed));
+  return BreakerState::kClosed;
 }
 
-std::optional<BreakerState> CircuitBreaker::record_failure(TimePoint now) {
-  if (!config_.enabled) return std::nullopt;
-  successes_.store(0, std::memory_order_relaxed);
-  auto s = static_cast<BreakerState>(state_.load(std::memory_order_acquire));
-  if (s == BreakerState::kOpen) return std::nullopt;
-  bool trip =
-      s == BreakerState::kHalfOpen || failures_.fetch_add(1) + 1 >= config_.failure_threshold;
-  if (!trip) return std::nullopt;
-  uint8_t expected = static_cast<uint8_t>(s);
-  opened_at_ns_.store(now.time_since_epoch().count(), std::memory_order_release);
-  if (state_.compare_exchange_strong(expected, static_cast<uint8_t>(BreakerState::kOpen))) {
-    failures_.store(0);
+std::optional<BreakerState> CircuitBreaker::record_failure(Pass pass, TimePoint now) {
+  if (!config_.enabled || pass == Pass::kDenied) return std::nullopt;
+  if (pass == Pass::kTrial) {
+    std::lock_guard lock(mu_);
+    trial_in_flight_ = false;
+    if (state() != BreakerState::kHalfOpen) return std::nullopt;
+    state_.store(static_cast<uint8_t>(BreakerState::kOpen));
+    opened_at_ = now;
+    successes_ = 0;
     return BreakerState::kOpen;
   }
-  return std::nullopt;
+  if (state() != BreakerState::kClosed) return std::nullopt;  // already open: nothing to add
+  if (failures_.fetch_add(1, std::memory_order_relaxed) + 1 < config_.failure_threshold) {
+    return std::nullopt;
+  }
+  std::lock_guard lock(mu_);
+  if (state() != BreakerState::kClosed) return std::nullopt;
+  state_.store(static_cast<uint8_t>(BreakerState::kOpen));
+  opened_at_ = now;
+  failures_.store(0, std::memory_order_relaxed);
+  return BreakerState::kOpen;
+}
+
+void CircuitBreaker::record_neutral(Pass pass) {
+  if (!config_.enabled || pass != Pass::kTrial) return;
+  std::lock_guard lock(mu_);
+  trial_in_flight_ = false;
 }
 
 }  // namespace kvgate

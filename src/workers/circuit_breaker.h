@@ -1,12 +1,16 @@
 // workers/circuit_breaker: per-worker breaker. Closed -> Open after N consecutive failures;
-// Open -> HalfOpen once the open timeout has passed (checked lazily by allow()); HalfOpen -> Closed
-// after M consecutive successes, HalfOpen -> Open on any failure. Lock-free; all methods are safe
-// from any thread.
+// Open -> HalfOpen once the open timeout has passed; in HalfOpen only trial requests pass, one at a
+// time: M consecutive successful trials close it, a failed trial opens it again. Every request the
+// breaker lets through must be reported exactly once (success, failure, or neutral: the request
+// said nothing about the worker's health, e.g. the client went away), so a trial slot is never
+// lost. Closed is the common state and costs one atomic load per check; the rarer transitions take
+// a small lock. Safe from any thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string_view>
 
@@ -27,11 +31,18 @@ class CircuitBreaker {
   using TimePoint = std::chrono::steady_clock::time_point;
   explicit CircuitBreaker(BreakerConfig config = {}) : config_(config) {}
 
-  // May a request be sent now? Moves Open -> HalfOpen when the timeout has passed.
-  bool allow(TimePoint now);
-  // Outcome of a request. Return the new state when this call changed it.
-  std::optional<BreakerState> record_success();
-  std::optional<BreakerState> record_failure(TimePoint now);
+  // What admit() granted: a normal pass, or the half-open trial slot (report it!).
+  enum class Pass : uint8_t { kDenied, kNormal, kTrial };
+
+  // Could a request pass now (no side effect on the trial slot; use to list candidates)?
+  bool could_pass(TimePoint now) const;
+  // Lets one request through, taking the trial slot when half-open. Moves Open -> HalfOpen when
+  // the open timeout has passed. Every non-denied pass must be followed by exactly one record_*.
+  Pass admit(TimePoint now);
+  // Outcomes. Return the new state when this call changed it.
+  std::optional<BreakerState> record_success(Pass pass);
+  std::optional<BreakerState> record_failure(Pass pass, TimePoint now);
+  void record_neutral(Pass pass);
 
   BreakerState state() const { return static_cast<BreakerState>(state_.load()); }
   const BreakerConfig& config() const { return config_; }
@@ -39,9 +50,11 @@ class CircuitBreaker {
  private:
   BreakerConfig config_;
   std::atomic<uint8_t> state_{0};
-  std::atomic<uint32_t> failures_{0};
-  std::atomic<uint32_t> successes_{0};
-  std::atomic<int64_t> opened_at_ns_{0};
+  std::atomic<uint32_t> failures_{0};  // consecutive, while closed
+  mutable std::mutex mu_;              // transitions and the half-open fields below
+  uint32_t successes_ = 0;             // consecutive successful trials, while half-open
+  bool trial_in_flight_ = false;
+  TimePoint opened_at_{};
 };
 
 }  // namespace kvgate

@@ -10,6 +10,9 @@
 namespace kvgate {
 namespace {
 
+// Failed /get_load polls in a row after which a worker counts as loaded as the busiest one.
+constexpr uint32_t kLoadFailuresBeforePessimism = 3;
+
 std::optional<int64_t> rank_load(simdjson::dom::element e) {
   if (!e.is_object()) return std::nullopt;
   int64_t total = 0;
@@ -155,6 +158,7 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
   auto stopped = stopped_;
   asio::steady_timer timer(ctx_);
   auto interval = config_.load_interval;
+  uint32_t fails = 0;
   while (!*stopped) {
     if (w->healthy()) {
       auto r = co_await http::fetch(
@@ -163,7 +167,28 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
       if (*stopped) co_return;
       std::optional<int64_t> load;
       if (r.error == http::CallError::kNone && r.status == 200) load = parse_load_report(r.body);
-      w->set_reported_load(load.value_or(0));
+      if (load) {
+        fails = 0;
+        w->set_reported_load(*load);
+      } else {
+        // A worker that cannot say its load is often one too busy to answer: it must not look
+        // idle. Keep its last report; after a few failures in a row, count it as loaded as the
+        // busiest worker.
+        if (w->metrics().load_poll_failures) w->metrics().load_poll_failures->inc();
+        if (++fails >= kLoadFailuresBeforePessimism) {
+          int64_t worst = w->reported_load();
+          for (const auto& other : registry_.snapshot()->workers) {
+            worst = std::max(worst, other->reported_load());
+          }
+          w->set_reported_load(worst);
+        }
+        if (fails == 1) {
+          log::warn("worker load poll failed; keeping its last load")
+              .kv("worker", w->url())
+              .kv("why", r.error != http::CallError::kNone ? std::string(http::to_string(r.error))
+                                                           : "status " + std::to_string(r.status));
+        }
+      }
     }
     timer.expires_after(interval);
     auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));

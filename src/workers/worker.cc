@@ -38,13 +38,17 @@ void Worker::publish_breaker(std::optional<BreakerState> changed) {
       .kv("state", to_string(*changed));
 }
 
-void Worker::record_success() {
-  publish_breaker(breaker_.record_success());
+void Worker::record_success(CircuitBreaker::Pass pass) {
+  publish_breaker(breaker_.record_success(pass));
 }
 
-void Worker::record_failure(Clock::time_point now) {
+void Worker::record_failure(CircuitBreaker::Pass pass, Clock::time_point now) {
   if (metrics_.failures) metrics_.failures->inc();
-  publish_breaker(breaker_.record_failure(now));
+  publish_breaker(breaker_.record_failure(pass, now));
+}
+
+void Worker::record_neutral(CircuitBreaker::Pass pass) {
+  breaker_.record_neutral(pass);
 }
 
 std::vector<std::string> Worker::models() const {

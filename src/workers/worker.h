@@ -24,6 +24,7 @@ struct WorkerMetrics {
   metrics::Counter* requests = nullptr;
   metrics::Counter* failures = nullptr;
   metrics::Counter* selected = nullptr;  // chosen by the routing policy
+  metrics::Counter* load_poll_failures = nullptr;
 };
 
 class Worker {
@@ -36,21 +37,27 @@ class Worker {
 
   bool healthy() const { return healthy_.load(std::memory_order_acquire); }
   void set_healthy(bool h);
-  // Healthy and the breaker lets a request through now.
-  bool available(Clock::time_point now) { return healthy() && breaker_.allow(now); }
+  // Healthy and the breaker could let a request through now (no side effect: for listing
+  // candidates). Dispatching takes a pass with admit().
+  bool available(Clock::time_point now) const { return healthy() && breaker_.could_pass(now); }
+  CircuitBreaker::Pass admit(Clock::time_point now) { return breaker_.admit(now); }
 
   int64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
   void begin_request();
   void end_request();
-  // Load the server last reported on /get_load (running + waiting requests), 0 when unknown.
+  // Load the server last reported on /get_load (running + waiting requests), 0 before the first
+  // report. When polls fail, the health plane keeps the last value or raises it (never lowers it
+  // to look idle).
   int64_t reported_load() const { return reported_load_.load(std::memory_order_relaxed); }
   void set_reported_load(int64_t v);
   // What power_of_two and the least-loaded choices compare.
   int64_t load() const { return inflight() + reported_load(); }
 
   CircuitBreaker& breaker() { return breaker_; }
-  void record_success();
-  void record_failure(Clock::time_point now);
+  // The outcome of a request the breaker let through with `pass` (exactly one per admit()).
+  void record_success(CircuitBreaker::Pass pass);
+  void record_failure(CircuitBreaker::Pass pass, Clock::time_point now);
+  void record_neutral(CircuitBreaker::Pass pass);
 
   // Models the worker serves (raw JSON objects from its /v1/models), refreshed by the health plane.
   std::vector<std::string> models() const;

@@ -57,13 +57,12 @@ std::string describe_difference(const nlohmann::json& got, const nlohmann::json&
   return "extra keys: " + got.dump().substr(0, 200);
 }
 
-void check_model(const std::string& model, bool required) {
+// Every model scripts/setup fetches is required: a missing one fails (setup is broken).
+void check_model(const std::string& model) {
   std::string src = KVGATE_SOURCE_DIR;
   std::string dir = src + "/models/" + model;
-  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
-    if (required) FAIL() << dir << " is missing: run scripts/setup";
-    GTEST_SKIP() << dir << " not fetched";
-  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json"))
+      << dir << " is missing: run scripts/setup (make test does)";
   std::string conf = src + "/tests/conformance";
   ASSERT_TRUE(std::filesystem::exists(conf + "/node_modules/@anush008/tokenizers"))
       << "reference packages missing: run scripts/setup";
@@ -104,25 +103,25 @@ void check_model(const std::string& model, bool required) {
 }
 
 TEST(TokenizerConformance, Qwen3) {
-  check_model("qwen3", true);
+  check_model("qwen3");
 }
 TEST(TokenizerConformance, Llama3) {
-  check_model("llama3", true);
+  check_model("llama3");
 }
 TEST(TokenizerConformance, Llama31) {
-  check_model("llama3_1", false);
+  check_model("llama3_1");
 }
 TEST(TokenizerConformance, DeepSeekV3) {
-  check_model("deepseek_v3", false);
+  check_model("deepseek_v3");
 }
 TEST(TokenizerConformance, GptOss) {
-  check_model("gptoss", false);
+  check_model("gptoss");
 }
 TEST(TokenizerConformance, Llama2SentencePiece) {
-  check_model("llama2", false);
+  check_model("llama2");
 }
 TEST(TokenizerConformance, Gemma3SentencePiece) {
-  check_model("gemma3", false);
+  check_model("gemma3");
 }
 
 }  // namespace

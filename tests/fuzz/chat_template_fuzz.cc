@@ -26,8 +26,7 @@ const char kChatML[] =
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 
 std::unique_ptr<kvgate::tokenizer::ChatTemplate> make_template() {
-  std::string f = __FILE__;  // <repo>/tests/fuzz/chat_template_fuzz.cc
-  for (int i = 0; i < 3; ++i) f = f.substr(0, f.find_last_of('/'));
+  std::string f = KVGATE_SOURCE_DIR;
   std::string err;
   if (std::filesystem::exists(f + "/models/qwen3/tokenizer_config.json")) {
     if (auto t = kvgate::tokenizer::ChatTemplate::load(f + "/models/qwen3", err)) return t;

@@ -25,8 +25,7 @@ const char kTiny[] = R"({"version":"1.0","added_tokens":[
   "model":{"type":"BPE","vocab":{},"merges":[]}})";
 
 std::unique_ptr<kvgate::tokenizer::Tokenizer> make_tokenizer() {
-  std::string f = __FILE__;  // <repo>/tests/fuzz/tokenizer_fuzz.cc
-  for (int i = 0; i < 3; ++i) f = f.substr(0, f.find_last_of('/'));
+  std::string f = KVGATE_SOURCE_DIR;
   std::string err;
   if (std::filesystem::exists(f + "/models/qwen3/tokenizer.json")) {
     if (auto t = kvgate::tokenizer::Tokenizer::load(f + "/models/qwen3", err)) return t;

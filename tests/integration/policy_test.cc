@@ -10,6 +10,7 @@
 #include <set>
 
 #include "support/cluster.h"
+#include "support/models.h"
 
 namespace kvgate::testing {
 namespace {
@@ -82,7 +83,9 @@ TEST(Policies, RoutingKeyPoliciesAreSticky) {
 }
 
 TEST(Policies, TargetWorkerHeaderIsStrict) {
-  Cluster c(2, kSim, gateway("consistent_hashing"));
+  auto args = gateway("consistent_hashing");
+  args.push_back("--allow-target-worker-header");
+  Cluster c(2, kSim, args);
   HttpClient client(c.port());
   auto r = client.post("/generate", R"({"text":"hi","sampling_params":{"max_new_tokens":2}})",
                        {{"X-SMG-Target-Worker", "1"}});
@@ -91,6 +94,16 @@ TEST(Policies, TargetWorkerHeaderIsStrict) {
   r = client.post("/generate", R"({"text":"hi"})", {{"X-SMG-Target-Worker", "9"}});
   EXPECT_EQ(r.status, 503);
   EXPECT_NE(r.body.find("X-SMG-Target-Worker"), std::string::npos) << r.body;
+}
+
+TEST(Policies, TargetWorkerHeaderIgnoredUnlessAllowed) {
+  // A client cannot pin a worker unless the operator allows it: without the flag the header is
+  // not seen by the policy (an invalid index does not even fail).
+  Cluster c(2, kSim, gateway("consistent_hashing"));
+  HttpClient client(c.port());
+  auto r = client.post("/generate", R"({"text":"hi"})", {{"X-SMG-Target-Worker", "9"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("x-kvgate-route"), "consistent_hashing/random") << r.body;
 }
 
 TEST(Policies, PrefixHashAndBucketServe) {
@@ -168,8 +181,8 @@ TEST(Policies, CacheAwareHitRateFarAboveRoundRobin) {
 // The same with the model's real tokenizer and chat template on both sides (--tokenizer-path):
 // kvgate's tree then holds the prompt exactly as the engines render it.
 TEST(Policies, CacheAwareWithTheModelTokenizer) {
-  std::string dir = std::string(KVGATE_SOURCE_DIR) + "/models/qwen3";
-  if (!std::ifstream(dir + "/tokenizer.json")) GTEST_SKIP() << "models/qwen3 missing";
+  KVGATE_REQUIRE_MODEL("qwen3");
+  std::string dir = models_dir() + "/qwen3";
   HitRate rr = multiturn_hit_rate("round_robin", {}, {"--tokenizer-path", dir});
   HitRate ca =
       multiturn_hit_rate("cache_aware", {"--tokenizer-path", dir}, {"--tokenizer-path", dir});

@@ -1,6 +1,7 @@
-// Integration: what kvgate does when workers fail: a killed worker's in-flight requests are retried
-// elsewhere and it stops getting traffic; a stream broken mid-way ends with an error event; the
-// circuit breaker opens and recovers; timeouts, unreachable workers and client disconnects.
+// Integration: what kvgate does when workers fail: a killed worker's in-flight requests end with
+// one clear error each (never resent: the worker had them) and new ones go elsewhere; a stream
+// broken mid-way ends with an error event; the circuit breaker opens and recovers; timeouts,
+// unreachable workers and client disconnects. Errors name workers by id, never by URL.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -24,26 +25,47 @@ Response post_once(int port, const std::string& path, const std::string& body) {
   return c.post(path, body);
 }
 
-TEST(Reliability, KilledWorkerIsRetriedElsewhereThenExcluded) {
-  Cluster c(2, {"--ttft-ms", "1500", "--tpot-ms", "1"},
+// sglang:num_running_reqs of a sim started with --enable-metrics (-1 when unreadable).
+double sim_running(const Sim& sim) {
+  HttpClient h(sim.port);
+  std::string m = h.get("/metrics").body;
+  auto pos = m.find("\nsglang:num_running_reqs{");
+  if (pos == std::string::npos) return -1;
+  return std::atof(m.c_str() + m.find("} ", pos) + 2);
+}
+
+TEST(Reliability, KilledWorkerEndsItsRequestsClearlyThenIsExcluded) {
+  Cluster c(2, {"--ttft-ms", "5", "--tpot-ms", "100", "--enable-metrics"},
             {"--policy", "round_robin", "--debug-headers", "--health-check-interval-secs", "1",
              "--health-failure-threshold", "1", "--retry-initial-backoff-ms", "10"});
   std::vector<std::future<Response>> inflight;
   for (int i = 0; i < 6; ++i) {
-    inflight.push_back(std::async(std::launch::async,
-                                  [&] { return post_once(c.port(), "/generate", kGenerate); }));
+    inflight.push_back(std::async(std::launch::async, [&] {
+      return post_once(c.port(), "/generate",
+                       R"({"text":"hello","sampling_params":{"max_new_tokens":40}})");
+    }));
   }
-  std::this_thread::sleep_for(300ms);  // let the requests reach the workers (no condition to await)
+  // Every request reached a worker (three each, round robin) before the kill.
+  ASSERT_TRUE(wait_until([&] { return sim_running(c.sim(0)) == 3 && sim_running(c.sim(1)) == 3; }));
   std::string killed = c.sim(0).url();
   c.sim(0).kill();
-  int retried = 0;
+  int ok = 0, failed = 0;
   for (auto& f : inflight) {
     Response r = f.get();
-    EXPECT_EQ(r.status, 200) << r.body;
-    EXPECT_EQ(r.header("x-kvgate-worker"), c.sim(1).url());
-    if (r.header("x-kvgate-attempts") != "1") ++retried;
+    if (r.status == 200) {
+      ++ok;
+      EXPECT_EQ(r.header("x-kvgate-worker"), c.sim(1).url());
+    } else {
+      // The killed worker had these whole: resending could run them twice. One clear error each.
+      ++failed;
+      EXPECT_EQ(r.status, 502) << r.body;
+      EXPECT_NE(r.body.find("upstream_no_answer"), std::string::npos) << r.body;
+      EXPECT_EQ(r.body.find(killed), std::string::npos) << r.body;
+    }
   }
-  EXPECT_EQ(retried, 3);  // the three that were on the killed worker
+  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(failed, 3);
+  EXPECT_EQ(c.metric("kvgate_retries_denied_total{reason=\"unsafe\"}"), 3) << c.metrics();
   ASSERT_TRUE(c.wait_healthy(1)) << c.gateway().log();
   HttpClient client(c.port());
   for (int i = 0; i < 6; ++i) {
@@ -65,16 +87,15 @@ TEST(Reliability, MidStreamFailureEndsWithErrorEventNotAHang) {
             {"--policy", "round_robin", "--health-check-interval-secs", "60"});
   HttpClient client(c.port());
   client.set_timeout(10s);
-  auto start = std::chrono::steady_clock::now();
   auto r = client.post("/v1/chat/completions", kChatStream);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   ASSERT_EQ(r.status, 200);
   EXPECT_FALSE(r.truncated) << r.body;  // the chunked body was terminated properly
   auto events = sse_data(r.body);
   ASSERT_GE(events.size(), 2u) << r.body;
   EXPECT_EQ(events.back(), "[DONE]");
-  EXPECT_NE(events[events.size() - 2].find("\"error\""), std::string::npos) << r.body;
-  EXPECT_NE(events[events.size() - 2].find(c.sim(0).url()), std::string::npos) << r.body;
+  EXPECT_NE(events[events.size() - 2].find("\"upstream_failed\""), std::string::npos) << r.body;
+  EXPECT_NE(events[events.size() - 2].find("worker #1"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find(c.sim(0).url()), std::string::npos) << r.body;
 }
 
 TEST(Reliability, BreakerOpensAndRecovers) {
@@ -115,15 +136,13 @@ TEST(Reliability, UpstreamTimeoutIs504) {
   Cluster c(1, {"--hang-rate", "1"},
             {"--policy", "round_robin", "--request-timeout-secs", "1",
              "--health-check-interval-secs", "60"});
-  auto start = std::chrono::steady_clock::now();
   auto r = post_once(c.port(), "/generate", kGenerate);
   EXPECT_EQ(r.status, 504) << r.body;
   EXPECT_NE(r.body.find("upstream_timeout"), std::string::npos);
-  EXPECT_NE(r.body.find(c.sim(0).url()), std::string::npos);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(r.body.find(c.sim(0).url()), std::string::npos) << r.body;
 }
 
-TEST(Reliability, UnreachableAfterRetriesIs502NamingTheWorker) {
+TEST(Reliability, UnreachableAfterRetriesIs502WithoutInternalDetails) {
   Cluster c(1, {},
             {"--policy", "round_robin", "--health-check-interval-secs", "60",
              "--retry-initial-backoff-ms", "1", "--retry-max-retries", "3"});
@@ -131,8 +150,11 @@ TEST(Reliability, UnreachableAfterRetriesIs502NamingTheWorker) {
   auto r = post_once(c.port(), "/generate", kGenerate);
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_NE(r.body.find("upstream_unreachable"), std::string::npos) << r.body;
-  EXPECT_NE(r.body.find(c.sim(0).url()), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find(c.sim(0).url()), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("refused"), std::string::npos) << r.body;  // no socket error text
   EXPECT_NE(r.body.find("3 attempts"), std::string::npos) << r.body;
+  // The log has what the client does not: the worker's URL and the socket error.
+  EXPECT_NE(c.gateway().log().find(c.sim(0).url()), std::string::npos);
 }
 
 TEST(Reliability, NoHealthyWorkerIs503AndNotReady) {
@@ -161,14 +183,7 @@ TEST(Reliability, ClientDisconnectCancelsUpstream) {
                   R"({"text":"hi","sampling_params":{"max_new_tokens":100},"stream":true})", {},
                   [&](std::string_view) { return ++chunks < 2; });
   }  // closed after the first chunks; the generation had ~10 s to go
-  HttpClient sim(c.sim(0).port);
-  auto running = [&] {
-    std::string m = sim.get("/metrics").body;
-    auto pos = m.find("\nsglang:num_running_reqs{");
-    if (pos == std::string::npos) return -1.0;
-    return std::atof(m.c_str() + m.find("} ", pos) + 2);
-  };
-  EXPECT_TRUE(wait_until([&] { return running() == 0; }, 3s)) << sim.get("/metrics").body;
+  EXPECT_TRUE(wait_until([&] { return sim_running(c.sim(0)) == 0; }, 3s));
   EXPECT_TRUE(wait_until([&] { return c.metric("kvgate_client_disconnects_total") == 1; }, 3s));
 }
 

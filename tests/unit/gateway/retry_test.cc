@@ -27,6 +27,51 @@ TEST(Retry, JitterStaysWithinFactor) {
 TEST(Retry, RetryableStatuses) {
   for (int s : {408, 429, 500, 502, 503, 504}) EXPECT_TRUE(retryable_status(s)) << s;
   for (int s : {200, 400, 401, 404, 413, 501}) EXPECT_FALSE(retryable_status(s)) << s;
+  // Refusals say the worker did not run the request; 500 and 504 say it ran (and failed).
+  for (int s : {408, 429, 502, 503}) EXPECT_TRUE(refused_status(s)) << s;
+  for (int s : {500, 504, 200}) EXPECT_FALSE(refused_status(s)) << s;
+}
+
+TEST(Retry, RetryAfterSecondsAndDates) {
+  auto now = std::chrono::system_clock::from_time_t(784111777);  // Sun, 06 Nov 1994 08:49:37 GMT
+  EXPECT_EQ(parse_retry_after("120", now), milliseconds(120000));
+  EXPECT_EQ(parse_retry_after(" 0 ", now), milliseconds(0));
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now), milliseconds(10000));
+  EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:00 GMT", now), milliseconds(0));  // past
+  EXPECT_EQ(parse_retry_after("99999999999999999999999", now),
+            std::chrono::duration_cast<milliseconds>(std::chrono::hours(24 * 365)));
+  for (const char* bad : {"", "soon", "-5", "12abc", "Sun, 06 Nov 1994"}) {
+    EXPECT_FALSE(parse_retry_after(bad, now)) << bad;
+  }
+}
+
+TEST(Retry, BudgetAllowsAPercentageOfActiveRequestsWithAFloor) {
+  RetryConfig c;
+  c.budget_percent = 20;
+  c.budget_min_concurrency = 3;
+  RetryBudget b(c);
+  // With few requests in progress, the floor decides: 3 retries at once, not a 4th.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(b.try_acquire());
+  EXPECT_FALSE(b.try_acquire());
+  EXPECT_EQ(b.retries_in_progress(), 3);
+  b.release();
+  EXPECT_TRUE(b.try_acquire());
+  for (int i = 0; i < 3; ++i) b.release();
+  // 100 requests in progress: 20% of them may be retrying.
+  for (int i = 0; i < 100; ++i) b.request_started();
+  int granted = 0;
+  while (b.try_acquire()) ++granted;
+  EXPECT_EQ(granted, 20);
+  EXPECT_EQ(b.allowed(), 20);
+}
+
+TEST(Retry, ZeroBudgetMeansNoRetries) {
+  RetryConfig c;
+  c.budget_percent = 0;
+  c.budget_min_concurrency = 0;
+  RetryBudget b(c);
+  for (int i = 0; i < 10; ++i) b.request_started();
+  EXPECT_FALSE(b.try_acquire());
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ class TestServer {
   }
   int port() const { return server_->port(); }
   asio::io_context& ctx() { return ctx_; }
+  Server& server() { return *server_; }
 
  private:
   asio::io_context ctx_{1};
@@ -263,6 +264,7 @@ TEST(UpstreamCall, StaleKeepAliveConnectionIsReplaced) {
     co_await ex.respond(200, {}, "ok");
     ex.close_after();
   });
+  auto closed = [&] { return s.server().stats().connections.load() == 0; };
   TestServer client_side([](Exchange&) -> awaitable<void> { co_return; });
   Target t;
   parse_url("http://127.0.0.1:" + std::to_string(s.port()), t);
@@ -278,6 +280,9 @@ TEST(UpstreamCall, StaleKeepAliveConnectionIsReplaced) {
       co_return call.status();
     });
     EXPECT_EQ(status, 200) << "call " << i;
+    // The server closed the pooled connection before the next call (what the pool checks on
+    // reuse): the next call must see that and connect anew.
+    ASSERT_TRUE(testing::wait_until(closed));
   }
 }
 

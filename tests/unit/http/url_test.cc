@@ -26,11 +26,21 @@ TEST(Url, ParsesHostPortAndBase) {
 
 TEST(Url, RejectsWithReasons) {
   Target t;
-  EXPECT_NE(parse_url("https://x:1", t).find("https"), std::string::npos);
   EXPECT_NE(parse_url("http://x:0", t).find("between 1 and 65535"), std::string::npos);
   EXPECT_NE(parse_url("http://x:99999", t).find("between 1 and 65535"), std::string::npos);
   EXPECT_NE(parse_url("http://:80", t).find("missing host"), std::string::npos);
   EXPECT_NE(parse_url("grpc://x:1", t).find("unsupported scheme"), std::string::npos);
+}
+
+TEST(Url, Https) {
+  Target t;
+  ASSERT_EQ(parse_url("https://gpu-1.internal/v1base/", t), "");
+  EXPECT_TRUE(t.https);
+  EXPECT_EQ(t.port, 443);
+  EXPECT_EQ(t.url, "https://gpu-1.internal:443/v1base");
+  ASSERT_EQ(parse_url("http://gpu-1.internal", t), "");
+  EXPECT_FALSE(t.https);
+  EXPECT_EQ(t.port, 80);
 }
 
 TEST(Url, ResolvesLiteralsWithoutDns) {

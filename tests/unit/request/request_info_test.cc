@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "http/message.h"
+#include "support/models.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -130,11 +131,7 @@ TEST(RequestText, MessagesMustBeAList) {
 namespace kvgate {
 namespace {
 
-std::string models_dir() {
-  std::string f = __FILE__;  // <repo>/tests/unit/request/request_info_test.cc
-  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
-  return f + "/models";
-}
+using testing::models_dir;
 
 struct Model {
   std::unique_ptr<tokenizer::Tokenizer> tok;
@@ -151,7 +148,7 @@ Model load(const std::string& name) {
 
 TEST(RequestText, ChatRendersWithTheModelTemplateAndTokenizes) {
   Model m = load("qwen3");
-  if (!m.tok || !m.tmpl) GTEST_SKIP() << "models/qwen3 missing (scripts/setup)";
+  ASSERT_TRUE(m.tok && m.tmpl) << testing::missing_model("qwen3", "tokenizer_config.json");
   std::string body = padded(
       R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}],)"
       R"("chat_template_kwargs":{"enable_thinking":false}})");

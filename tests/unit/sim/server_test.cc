@@ -12,6 +12,7 @@
 #include "sim/pooling.h"
 #include "sim_harness.h"
 #include "support/http_client.h"
+#include "support/models.h"
 #include "support/process.h"
 
 namespace kvgate::sim {
@@ -211,10 +212,8 @@ TEST_F(SimServerTest, ErrorsInEachRoutesShape) {
 // With a model's template, a conversation the template rejects is a 400 carrying the template's
 // own message (SGLang answers the jinja exception), never a silent fallback.
 TEST_F(SimServerTest, ChatTemplateErrorIs400WithItsMessage) {
-  std::string f = __FILE__;  // <repo>/tests/unit/sim/server_test.cc
-  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
-  std::string dir = f + "/models/gemma3";
-  if (!std::ifstream(dir + "/tokenizer_config.json")) GTEST_SKIP() << "run scripts/setup";
+  KVGATE_REQUIRE_MODEL("gemma3", "tokenizer_config.json");
+  std::string dir = testing::models_dir() + "/gemma3";
   Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--tokenizer-path", dir});
   HttpClient c(s.port);
   auto r = c.post("/v1/chat/completions",

@@ -9,6 +9,7 @@
 
 #include "sim/chat_template.h"
 #include "sim/words.h"
+#include "support/models.h"
 
 namespace kvgate::sim {
 namespace {
@@ -88,11 +89,7 @@ TEST(SimTokenizer, DecodeOfEncodeIsIdentity) {
   EXPECT_EQ(out, "");
 }
 
-std::string models_dir() {
-  std::string f = __FILE__;  // <repo>/tests/unit/sim/tokenizer_test.cc
-  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
-  return f + "/models";
-}
+using testing::models_dir;
 
 TEST(SimTokenizer, FactoryPicksTheStandInOrTheModelTokenizer) {
   std::string note, error;
@@ -105,8 +102,8 @@ TEST(SimTokenizer, FactoryPicksTheStandInOrTheModelTokenizer) {
 }
 
 TEST(SimTokenizer, ModelTokenizerBehindTheInterface) {
+  KVGATE_REQUIRE_MODEL("qwen3");
   std::string dir = models_dir() + "/qwen3";
-  if (!std::filesystem::exists(dir + "/tokenizer.json")) GTEST_SKIP() << "run scripts/setup";
   std::string note, error;
   auto t = make_tokenizer(dir, note, error);
   ASSERT_TRUE(t) << error;
@@ -131,8 +128,8 @@ TEST(SimTokenizer, ModelTokenizerBehindTheInterface) {
 }
 
 TEST(SimChatTemplate, Llama3TemplateAndFallback) {
+  KVGATE_REQUIRE_MODEL("llama3", "tokenizer_config.json");
   std::string dir = models_dir() + "/llama3";
-  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) GTEST_SKIP() << "run scripts/setup";
   auto tmpl = make_chat_template(dir);
   std::vector<ChatMessage> msgs = {{"user", "  Hi  "}};
   std::string out;

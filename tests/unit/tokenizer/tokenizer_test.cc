@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/models.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvgate::tokenizer {
@@ -18,11 +19,7 @@ namespace {
 
 using Ids = std::vector<int32_t>;
 
-std::string models_dir() {
-  std::string f = __FILE__;  // <repo>/tests/unit/tokenizer/tokenizer_test.cc
-  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
-  return f + "/models";
-}
+using testing::models_dir;
 
 // A byte-level BPE over the GPT-2 alphabet: single bytes a b c (and space as "Ġ"), merges
 // "a b" (rank 0) -> ab, "ab c" (rank 1) -> abc, "Ġ a" -> Ġa, "b c" (rank 3) -> bc.
@@ -194,7 +191,7 @@ std::unique_ptr<Tokenizer> real(const std::string& model) {
 
 TEST(TokenizerModels, Qwen3SpotIds) {
   auto t = real("qwen3");
-  if (!t) GTEST_SKIP() << "models/qwen3 missing (scripts/setup)";
+  ASSERT_TRUE(t) << testing::missing_model("qwen3");
   EXPECT_EQ(t->encode("Hello world! 12345 <|im_start|>user\nhi<|im_end|>"),
             (Ids{9707, 1879, 0, 220, 16, 17, 18, 19, 20, 220, 151644, 872, 198, 6023, 151645}));
   EXPECT_EQ(t->eos_token(), "<|im_end|>");
@@ -205,7 +202,7 @@ TEST(TokenizerModels, Qwen3SpotIds) {
 
 TEST(TokenizerModels, PathologicalInputsFinish) {
   auto t = real("llama3");
-  if (!t) GTEST_SKIP() << "models/llama3 missing (scripts/setup)";
+  ASSERT_TRUE(t) << testing::missing_model("llama3");
   for (const std::string& s :
        {std::string(200000, ' '), std::string(200000, 'a'), std::string(100000, '\n'),
         std::string(50000, '9'), std::string(60000, '!'), std::string("\xF0\x9F\x98", 3)}) {
@@ -218,7 +215,7 @@ TEST(TokenizerModels, PathologicalInputsFinish) {
 
 TEST(TokenizerModels, ConcurrentEncodesMatchSerialOnes) {
   auto t = real("qwen3");
-  if (!t) GTEST_SKIP() << "models/qwen3 missing (scripts/setup)";
+  ASSERT_TRUE(t) << testing::missing_model("qwen3");
   std::vector<std::string> texts;
   texts.reserve(64);
   for (int i = 0; i < 64; ++i) {
@@ -257,8 +254,8 @@ TEST(TokenizerModels, ChatTemplatesOfTheModelsRender) {
         << err;
     EXPECT_NE(out.find("Hi"), std::string::npos);
   }
+  KVGATE_REQUIRE_MODEL("qwen3", "tokenizer_config.json");
   std::string dir = models_dir() + "/qwen3";
-  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) GTEST_SKIP();
   std::string err, out;
   auto ct = ChatTemplate::load(dir, err);
   ASSERT_TRUE(ct) << err;

@@ -1,0 +1,30 @@
+// gateway/stream_check: reads the first event of a worker's SSE stream before the client sees
+// anything. SGLang admits a request, sends HTTP 200 with the stream headers, and may then abort it
+// (queue full, a failed PD transfer, an internal error) in the first event: a chunk whose
+// finish_reason has type "abort", or `data: {"error": ...}`, then `data: [DONE]`. Status codes
+// alone would pass that on as a success; the gateway treats it as a failed attempt instead (it may
+// still retry: nothing reached the client).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kvgate {
+
+// End of the first complete SSE event in `buf` (the index just past its blank line), or nullopt
+// when no event is complete yet.
+std::optional<size_t> first_event_end(std::string_view buf);
+
+struct StreamAbort {
+  std::string message;  // the worker's words (its error message), for logs
+  int status = 0;       // the status_code it names, 0 when none
+};
+
+// Whether the SSE event `event` (its raw lines) aborts the request: a JSON data payload with a
+// top-level "error", or a finish_reason (meta_info.finish_reason, or any choice's finish_reason)
+// of type "abort". Anything else, including malformed payloads, is not an abort.
+std::optional<StreamAbort> event_abort(std::string_view event);
+
+}  // namespace kvgate

@@ -1,0 +1,531 @@
+// Tests for gateway/gateway in process: a Gateway served on loopback in front of scripted workers,
+// with a policy that records its hooks. What a review found, each failing before its fix: hooks
+// unbalanced (on_dispatched per attempt, on_completed skipped), retries of requests a worker had
+// whole, 429/503 retried without budget or Retry-After and replaced by a 502, a 500 charged to
+// every worker it visited, a half-open breaker letting everything through, a stream aborted in its
+// first event passed on as a success, hop-by-hop and pinning headers forwarded, queued requests of
+// departed clients kept, and suspended requests outliving their thread's state at shutdown.
+#include "gateway/gateway.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/as_tuple.hpp>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "http/client.h"
+#include "http/server.h"
+#include "support/http_client.h"
+#include "support/process.h"
+
+namespace kvgate {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::HttpClient;
+using testing::wait_until;
+
+// A worker: an HTTP server on its own thread running the test's handler.
+class FakeWorker {
+ public:
+  explicit FakeWorker(http::Handler h) {
+    http::ServerConfig cfg;
+    cfg.host = "127.0.0.1";
+    server_ = std::make_unique<http::Server>(std::vector<asio::io_context*>{&ctx_}, cfg,
+                                             [this, h = std::move(h)](http::Exchange& ex) {
+                                               requests++;
+                                               return h(ex);
+                                             });
+    server_->start();
+    thread_ = std::thread([this] {
+      auto guard = asio::make_work_guard(ctx_);
+      ctx_.run();
+    });
+  }
+  ~FakeWorker() {
+    server_->stop();
+    ctx_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server_->port()); }
+  std::atomic<int> requests{0};
+
+ private:
+  asio::io_context ctx_{1};
+  std::unique_ptr<http::Server> server_;
+  std::thread thread_;
+};
+
+awaitable<void> pause(http::Exchange& ex, std::chrono::milliseconds d) {
+  asio::steady_timer t(ex.executor(), d);
+  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+}
+
+http::Handler answer(int status, std::string body, std::vector<http::OwnedHeader> extra = {}) {
+  return [=](http::Exchange& ex) -> awaitable<void> {
+    std::vector<http::Header> h{{"content-type", "application/json"}};
+    for (const auto& e : extra) h.push_back({e.name, e.value});
+    co_await ex.respond(status, h, body);
+  };
+}
+
+// A policy that prefers workers in the order given (by index), and records every hook.
+class RecordingPolicy final : public Policy {
+ public:
+  struct Event {
+    char kind;  // 'd' dispatched, 'c' completed
+    uint64_t worker;
+    Outcome outcome;
+  };
+  std::string_view name() const override { return "recording"; }
+  Decision select(std::span<Worker* const> available, RouteContext&) override {
+    std::lock_guard lock(mu);
+    for (uint64_t id : preference) {
+      for (Worker* w : available) {
+        if (w->id() == id) return {w, std::nullopt, "preferred", 0};
+      }
+    }
+    return {available[0], std::nullopt, "first", 0};
+  }
+  void on_dispatched(const Decision& d, RouteContext&) override {
+    std::lock_guard lock(mu);
+    events.push_back({'d', d.worker->id(), {}});
+  }
+  void on_completed(const Decision& d, RouteContext&, const Outcome& o) override {
+    std::lock_guard lock(mu);
+    events.push_back({'c', d.worker->id(), o});
+  }
+  std::vector<Event> snapshot() {
+    std::lock_guard lock(mu);
+    return events;
+  }
+  // Each dispatch followed by exactly one completion of the same worker.
+  // Waits (the last completion is recorded after the client has its answer) until `n` events.
+  bool wait_events(size_t n) {
+    return wait_until([&] { return snapshot().size() >= n; });
+  }
+  bool balanced() {
+    auto ev = snapshot();
+    if (ev.size() % 2) return false;
+    for (size_t i = 0; i < ev.size(); i += 2) {
+      if (ev[i].kind != 'd' || ev[i + 1].kind != 'c' || ev[i].worker != ev[i + 1].worker) {
+        return false;
+      }
+    }
+    return true;
+  }
+  std::mutex mu;
+  std::vector<uint64_t> preference;
+  std::vector<Event> events;
+};
+
+// kvgate's request path in process: a Gateway over the given worker URLs on a loopback listener.
+class Harness {
+ public:
+  explicit Harness(std::vector<std::string> urls, std::function<void(GatewayConfig&)> tweak = {},
+                   BreakerConfig breaker = {}) {
+    cfg_.retry_initial_backoff_ms = 1;
+    cfg_.retry_max_backoff_ms = 30000;
+    if (tweak) tweak(cfg_);
+    auto set = std::make_shared<WorkerSet>();
+    uint64_t id = 1;
+    for (const auto& u : urls) {
+      http::Target t;
+      EXPECT_EQ(http::parse_url(u, t), "");
+      http::resolve(t);
+      auto w = std::make_shared<Worker>(id++, t, breaker);
+      w->set_healthy(true);
+      set->workers.push_back(w);
+    }
+    registry_.publish(set);
+    auto p = std::make_unique<RecordingPolicy>();
+    policy = p.get();
+    gateway_ = std::make_unique<Gateway>(cfg_, registry_, std::move(p), metrics);
+    thread_state_ = std::make_unique<RequestThread>(cfg_);
+    http::ServerConfig sc;
+    sc.host = "127.0.0.1";
+    server_ =
+        std::make_unique<http::Server>(std::vector<asio::io_context*>{ctx_.get()}, sc,
+                                       [this](http::Exchange& ex) { return gateway_->handle(ex); });
+    server_->start();
+    thread_ = std::thread([this] {
+      thread_state_->bind();
+      auto guard = asio::make_work_guard(*ctx_);
+      ctx_->run();
+    });
+  }
+  ~Harness() { shutdown(); }
+  // kvgate's teardown order: stop the loop, close the thread state, destroy the loop (suspended
+  // requests are destroyed then, and must still find what they use), then the state.
+  void shutdown() {
+    if (!ctx_) return;
+    server_->stop();
+    ctx_->stop();
+    thread_.join();
+    server_.reset();
+    thread_state_->close();
+    ctx_.reset();
+    thread_state_.reset();
+  }
+  int port() const { return port_ ? port_ : server_->port(); }
+  Worker& worker(size_t i) { return *registry_.snapshot()->workers[i]; }
+  Gateway& gateway() { return *gateway_; }
+  double metric(const std::string& series) {
+    std::string text = metrics_registry.expose();
+    auto pos = text.find("\n" + series + " ");
+    if (pos == std::string::npos) return -1;
+    return std::atof(text.c_str() + pos + series.size() + 2);
+  }
+
+  metrics::Registry metrics_registry;
+  GatewayMetrics metrics{metrics_registry, metrics::latency_buckets()};
+  RecordingPolicy* policy = nullptr;
+
+ private:
+  GatewayConfig cfg_;
+  WorkerRegistry registry_;
+  std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<asio::io_context> ctx_ = std::make_unique<asio::io_context>(1);
+  std::unique_ptr<RequestThread> thread_state_;
+  std::unique_ptr<http::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+const char* kBody = R"({"text":"hello","sampling_params":{"max_new_tokens":4}})";
+
+std::string closed_url() {
+  return "http://127.0.0.1:" + std::to_string(testing::free_port());
+}
+
+TEST(GatewayHooks, ConnectFailureCompletesAsNotStartedThenTheNextWorkerServes) {
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  Harness h({closed_url(), good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 200) << r.body;
+  ASSERT_TRUE(h.policy->wait_events(4));
+  auto ev = h.policy->snapshot();
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[1].worker, 1u);
+  EXPECT_FALSE(ev[1].outcome.started);  // never reached the worker: no prefix to record
+  EXPECT_FALSE(ev[1].outcome.ok);
+  EXPECT_EQ(ev[3].worker, 2u);
+  EXPECT_TRUE(ev[3].outcome.ok);
+  EXPECT_TRUE(h.policy->balanced());
+}
+
+TEST(GatewayHooks, ClientAbortMidStreamCompletesOnce) {
+  FakeWorker slow([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    for (int i = 0; i < 200; ++i) {
+      if (!co_await ex.write_body("data: {\"text\":\"x\"}\n\n")) co_return;
+      co_await pause(ex, 20ms);
+    }
+    co_await ex.end_body();
+  });
+  Harness h({slow.url()});
+  {
+    HttpClient c(h.port());
+    int pieces = 0;
+    c.stream("POST", "/generate", R"({"text":"hi","stream":true})", {},
+             [&](std::string_view) { return ++pieces < 3; });
+  }
+  ASSERT_TRUE(wait_until([&] { return h.policy->snapshot().size() == 2; }));
+  auto ev = h.policy->snapshot();
+  EXPECT_EQ(ev[1].outcome.status, 499);
+  EXPECT_TRUE(h.policy->balanced());
+  EXPECT_TRUE(wait_until([&] { return h.worker(0).inflight() == 0; }));
+}
+
+TEST(GatewayRetry, ResetAfterTheWholeRequestIsNotRetried) {
+  // The first worker takes the request and dies without answering: it may have been generating;
+  // the second worker must never see the request.
+  FakeWorker dying([](http::Exchange& ex) -> awaitable<void> {
+    ex.abort();
+    co_return;
+  });
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  Harness h({dying.url(), good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("upstream_no_answer"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("127.0.0.1"), std::string::npos) << r.body;  // no internal address
+  EXPECT_EQ(good.requests.load(), 0);
+  EXPECT_EQ(h.metric("kvgate_retries_denied_total{reason=\"unsafe\"}"), 1);
+  ASSERT_TRUE(h.policy->wait_events(2));
+  EXPECT_TRUE(h.policy->balanced());
+}
+
+TEST(GatewayRetry, RefusalIsRetriedElsewhereAndItsDispatchCompletesAsNotStarted) {
+  FakeWorker busy(answer(503, R"({"object":"error","message":"queue full"})"));
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  Harness h({busy.url(), good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 200) << r.body;
+  ASSERT_TRUE(h.policy->wait_events(4));
+  auto ev = h.policy->snapshot();
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[1].outcome.status, 503);
+  EXPECT_FALSE(ev[1].outcome.started);
+  EXPECT_TRUE(h.policy->balanced());
+}
+
+TEST(GatewayRetry, WorkersOwnRefusalReachesTheClientWhenRetriesGiveUp) {
+  // Both workers refuse: after the attempts, the client gets a worker's own 429, body and
+  // Retry-After included, not a gateway 502.
+  FakeWorker a(answer(429, R"({"error":"slow down a"})", {{"retry-after", "1"}}));
+  FakeWorker b(answer(429, R"({"error":"slow down b"})", {{"retry-after", "1"}}));
+  Harness h({a.url(), b.url()}, [](GatewayConfig& c) {
+    c.retry_max_retries = 3;
+    c.retry_max_backoff_ms = 2000;
+  });
+  HttpClient c(h.port());
+  c.set_timeout(20s);
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_NE(r.body.find("slow down"), std::string::npos) << r.body;
+  EXPECT_EQ(r.header("retry-after"), "1");
+  EXPECT_EQ(a.requests.load() + b.requests.load(), 3);
+}
+
+TEST(GatewayRetry, RetryAfterLongerThanTheBackoffCapPassesTheRefusalThrough) {
+  FakeWorker a(answer(503, R"({"error":"draining"})", {{"retry-after", "120"}}));
+  FakeWorker b(answer(200, R"({"text":"ok"})"));
+  Harness h({a.url(), b.url()}, [](GatewayConfig& c) { c.retry_max_backoff_ms = 5000; });
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.header("retry-after"), "120");
+  EXPECT_EQ(b.requests.load(), 0);
+  EXPECT_EQ(h.metric("kvgate_retries_denied_total{reason=\"retry_after\"}"), 1);
+}
+
+TEST(GatewayRetry, EmptyBudgetMeansTheFirstAnswerStands) {
+  FakeWorker busy(answer(503, R"({"error":"busy"})"));
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  Harness h({busy.url(), good.url()}, [](GatewayConfig& c) {
+    c.retry_budget_percent = 0;
+    c.retry_budget_min_concurrency = 0;
+  });
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(good.requests.load(), 0);
+  EXPECT_EQ(h.metric("kvgate_retries_denied_total{reason=\"budget\"}"), 1);
+}
+
+TEST(GatewayRetry, ARequestThatFailsEverywhereIsNotChargedToTheWorkers) {
+  // A poison request (500 on every worker) is retried once, then its 500 goes to the client;
+  // neither worker's breaker (threshold 1) opens: the request, not the workers, is at fault.
+  FakeWorker a(answer(500, R"({"error":"bad input"})"));
+  FakeWorker b(answer(500, R"({"error":"bad input"})"));
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h({a.url(), b.url()}, {}, br);
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 500);
+  EXPECT_EQ(a.requests.load() + b.requests.load(), 2);
+  EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kClosed);
+  EXPECT_EQ(h.worker(1).breaker().state(), BreakerState::kClosed);
+}
+
+TEST(GatewayRetry, A500IsChargedWhenAnotherWorkerServesTheRequest) {
+  FakeWorker a(answer(500, R"({"error":"oom"})"));
+  FakeWorker b(answer(200, R"({"text":"ok"})"));
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h({a.url(), b.url()}, {}, br);
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  EXPECT_EQ(c.post("/generate", kBody).status, 200);
+  EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kOpen);  // charged before relaying
+  EXPECT_EQ(h.worker(1).breaker().state(), BreakerState::kClosed);
+}
+
+TEST(GatewayRetry, StreamAbortedInItsFirstEventIsAFailedAttempt) {
+  // SGLang admits, sends 200 and the stream headers, then aborts in the first event. That is
+  // not a success: the next worker serves, the client never sees the abort.
+  FakeWorker aborting([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.flush();
+    co_await ex.write_body(
+        "data: {\"text\":\"\",\"meta_info\":{\"finish_reason\":{\"type\":\"abort\",\"message\":"
+        "\"queue full\",\"status_code\":503}}}\n\n");
+    co_await ex.write_body("data: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  FakeWorker good([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h({aborting.url(), good.url()}, {}, br);
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(testing::sse_data(r.body), (std::vector<std::string>{"{\"text\":\"fine\"}", "[DONE]"}));
+  EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kOpen);
+  ASSERT_TRUE(h.policy->wait_events(4));
+  EXPECT_TRUE(h.policy->balanced());
+}
+
+TEST(GatewayRetry, LastWorkerAbortingItsStreamIsRelayedAsItSentIt) {
+  FakeWorker aborting([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body("data: {\"error\":{\"message\":\"aborted\",\"code\":503}}\n\n");
+    co_await ex.write_body("data: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  Harness h({aborting.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; });
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 200);
+  auto events = testing::sse_data(r.body);
+  ASSERT_EQ(events.size(), 2u) << r.body;
+  EXPECT_NE(events[0].find("aborted"), std::string::npos);
+  EXPECT_EQ(events[1], "[DONE]");
+}
+
+TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {
+  std::atomic<bool> failing{true};
+  FakeWorker flaky([&](http::Exchange& ex) -> awaitable<void> {
+    if (failing) {
+      co_await ex.respond(502, {}, "down");
+      co_return;
+    }
+    co_await pause(ex, 300ms);  // a slow trial: the others arrive while it runs
+    co_await ex.respond(200, {}, "{}");
+  });
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  br.success_threshold = 1;
+  br.open_timeout = 200ms;
+  Harness h({flaky.url(), good.url()}, {}, br);
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  EXPECT_EQ(c.post("/generate", kBody).status, 200);  // 502 from flaky, retried on good
+  ASSERT_EQ(h.worker(0).breaker().state(), BreakerState::kOpen);
+  failing = false;
+  int before = flaky.requests.load();
+  ASSERT_TRUE(wait_until([&] { return h.worker(0).available(Clock::now()); }));
+  std::vector<std::future<testing::Response>> burst;
+  for (int i = 0; i < 8; ++i) {
+    burst.push_back(std::async(std::launch::async, [&] {
+      HttpClient cc(h.port());
+      return cc.post("/generate", kBody);
+    }));
+  }
+  for (auto& f : burst) EXPECT_EQ(f.get().status, 200);
+  EXPECT_EQ(flaky.requests.load() - before, 1);  // one trial, not the whole burst
+  EXPECT_TRUE(wait_until([&] { return h.worker(0).breaker().state() == BreakerState::kClosed; }));
+}
+
+TEST(GatewayHeaders, HopByHopPinningAndForwardingHeaders) {
+  std::mutex mu;
+  std::map<std::string, std::string> seen;
+  FakeWorker echo([&](http::Exchange& ex) -> awaitable<void> {
+    {
+      std::lock_guard lock(mu);
+      ex.for_each_header([&](std::string_view n, std::string_view v) {
+        std::string name(n);
+        for (auto& ch : name) ch = static_cast<char>(std::tolower(ch));
+        seen[name] = std::string(v);
+      });
+    }
+    const http::Header h[] = {{"content-type", "application/json"},
+                              {"connection", "x-internal"},
+                              {"x-internal", "secret"},
+                              {"x-public", "yes"}};
+    co_await ex.respond(200, h, "{}");
+  });
+  Harness h({echo.url()});
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody,
+                  {{"Connection", "keep-alive, X-Hop"},
+                   {"X-Hop", "must not pass"},
+                   {"X-Forwarded-For", "203.0.113.7"},
+                   {"X-SMG-Target-Worker", "0"},
+                   {"X-Custom", "passes"}});
+  ASSERT_EQ(r.status, 200);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen.count("x-hop"), 0u);
+  EXPECT_EQ(seen.count("x-smg-target-worker"), 0u);
+  EXPECT_EQ(seen["x-custom"], "passes");
+  EXPECT_EQ(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+  EXPECT_EQ(seen["forwarded"], "for=127.0.0.1;proto=http");
+  EXPECT_FALSE(seen["x-request-id"].empty());
+  EXPECT_EQ(r.header("x-internal"), "");  // named in the worker's Connection header
+  EXPECT_EQ(r.header("x-public"), "yes");
+}
+
+TEST(GatewayAdmission, ClientLeavingTheQueueFreesItsPlace) {
+  FakeWorker slow([](http::Exchange& ex) -> awaitable<void> {
+    co_await pause(ex, 1500ms);
+    co_await ex.respond(200, {}, "{}");
+  });
+  Harness h({slow.url()}, [](GatewayConfig& c) {
+    c.max_concurrent_requests = 1;
+    c.queue_size = 10;
+  });
+  auto first = std::async(std::launch::async, [&] {
+    HttpClient c(h.port());
+    return c.post("/generate", kBody);
+  });
+  ASSERT_TRUE(wait_until([&] { return h.gateway().admission().active() == 1; }));
+  {
+    HttpClient queued(h.port());
+    queued.set_timeout(200ms);
+    queued.post("/generate", kBody);  // times out client-side and closes while queued
+  }
+  EXPECT_TRUE(wait_until([&] { return h.gateway().admission().queued() == 0; }, 3s));
+  EXPECT_EQ(first.get().status, 200);
+  EXPECT_EQ(slow.requests.load(), 1);  // the departed client's request never ran
+}
+
+TEST(GatewayShutdown, SuspendedRequestsAreCompletedWhenTheirLoopIsDestroyed) {
+  // After the grace period the loops stop with requests still suspended; destroying the loop
+  // destroys them, and each dispatch still gets its one completion (as a client abort).
+  std::atomic<bool> reached{false};
+  FakeWorker hanging([&](http::Exchange& ex) -> awaitable<void> {
+    reached = true;
+    co_await pause(ex, 10s);
+    co_await ex.respond(200, {}, "{}");
+  });
+  auto h = std::make_unique<Harness>(std::vector<std::string>{hanging.url()});
+  auto pending = std::async(std::launch::async, [&] {
+    HttpClient c(h->port());
+    c.set_timeout(15s);
+    return c.post("/generate", kBody);
+  });
+  ASSERT_TRUE(wait_until([&] { return reached.load(); }));
+  RecordingPolicy* policy = h->policy;
+  auto& worker = h->worker(0);
+  h->shutdown();
+  EXPECT_TRUE(policy->balanced());
+  EXPECT_EQ(worker.inflight(), 0);
+  EXPECT_EQ(pending.get().status, 0);  // the connection went away with the gateway
+}
+
+}  // namespace
+}  // namespace kvgate

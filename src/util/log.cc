@@ -315,9 +315,41 @@ std::size_t set_queue_bytes_for_testing(std::size_t bytes) {
   return Sink::instance().set_capacity(bytes);
 }
 
+bool RateLimit::admit(std::uint64_t& suppressed) {
+  // The coarse clock is read in the vDSO without a system call; its few milliseconds of
+  // resolution are plenty for windows of seconds.
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return admit_at(static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000, suppressed);
+}
+
+bool RateLimit::admit_at(std::int64_t now_ms, std::uint64_t& suppressed) {
+  suppressed = 0;
+  std::int64_t start = window_start_ms_.load(std::memory_order_relaxed);
+  if (now_ms - start >= per_ms_ &&
+      window_start_ms_.compare_exchange_strong(start, now_ms, std::memory_order_relaxed)) {
+    // This call opens a new window and is its first line. Calls that raced in between count
+    // toward the old window.
+    std::uint64_t calls = calls_.exchange(1, std::memory_order_relaxed);
+    suppressed = calls > lines_ ? calls - lines_ : 0;
+    return true;
+  }
+  return calls_.fetch_add(1, std::memory_order_relaxed) < lines_;
+}
+
 Line::Line(Level l, std::string_view msg)
     : enabled_(static_cast<int>(l) >= g_level.load(std::memory_order_relaxed)) {
   if (enabled_) begin(l, msg);
+}
+
+Line::Line(Level l, std::string_view msg, RateLimit& limit)
+    : enabled_(static_cast<int>(l) >= g_level.load(std::memory_order_relaxed)) {
+  if (!enabled_) return;  // a disabled level does not count against the limit
+  std::uint64_t suppressed = 0;
+  enabled_ = limit.admit(suppressed);
+  if (!enabled_) return;
+  begin(l, msg);
+  if (suppressed > 0) kv("suppressed", suppressed);
 }
 
 void Line::begin(Level l, std::string_view msg) {

@@ -1,6 +1,6 @@
 // util/log: structured one-line logs ("ts=... level=info msg=... key=value") on fd 2 (stderr, or
-// the file --log-dir points it at). Owns the global log level and the asynchronous sink that writes
-// the lines.
+// the file --log-dir points it at). Owns the global log level, the asynchronous sink that writes
+// the lines, and the per-call-site rate limits.
 //
 // Logging never waits for I/O. The calling thread formats its line and appends it, under a short
 // mutex, to a queue bounded in bytes (kQueueBytes); one writer thread drains the queue to fd 2.
@@ -21,6 +21,8 @@
 // for a queue and a thread: about 150 lines here, with exactly the semantics above.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -52,12 +54,47 @@ void flush();
 int set_fd_for_testing(int fd);
 std::size_t set_queue_bytes_for_testing(std::size_t bytes);
 
+// Lets a repeated warning through at most `lines` times per `per` at one call site; the next line
+// let through carries suppressed=K, the calls held back since the previous one. Declare one static
+// per call site (constant-initialized, no guard):
+//
+//   static log::RateLimit limit(5, std::chrono::seconds(10));
+//   if (auto l = log::warn(limit, "load report malformed")) l.kv("worker", url).kv("error", e);
+//
+// The `if` form skips evaluating the kv arguments when the line is held back; a plain
+// log::warn(limit, "...").kv(...) works too. A held-back call costs the level check, a coarse
+// monotonic clock read (vDSO, no system call), one atomic load and one relaxed fetch_add (the
+// count). At the edge of a window a few concurrent callers may get through beyond `lines`.
+class RateLimit {
+ public:
+  constexpr RateLimit(std::uint32_t lines, std::chrono::milliseconds per)
+      : lines_(lines == 0 ? 1 : lines), per_ms_(per.count()) {}
+  RateLimit(const RateLimit&) = delete;
+  RateLimit& operator=(const RateLimit&) = delete;
+
+  // True when a line may be written now; `suppressed` is set to the calls held back since the last
+  // line let through (non-zero only on the first line of a window).
+  bool admit(std::uint64_t& suppressed);
+  // The same at a given time in milliseconds of a monotonic clock (tests).
+  bool admit_at(std::int64_t now_ms, std::uint64_t& suppressed);
+
+ private:
+  const std::uint64_t lines_;
+  const std::int64_t per_ms_;
+  // Start of the current window; "long ago" so that the first call opens one.
+  std::atomic<std::int64_t> window_start_ms_{INT64_MIN / 2};
+  // Calls in the current window, let through or not.
+  std::atomic<std::uint64_t> calls_{0};
+};
+
 // A line under construction: log::Line(Level::kInfo, "worker healthy").kv("worker", url);
 // The line is queued for writing when the object is destroyed. A line is disabled when its level
-// is below the global level; then kv() does nothing and the line converts to false.
+// is below the global level or its rate limit held it back; then kv() does nothing and the line
+// converts to false.
 class Line {
  public:
   Line(Level level, std::string_view msg);
+  Line(Level level, std::string_view msg, RateLimit& limit);
   ~Line();
   Line(const Line&) = delete;
   Line& operator=(const Line&) = delete;
@@ -100,6 +137,17 @@ inline Line warn(std::string_view msg) {
 }
 inline Line error(std::string_view msg) {
   return Line(Level::kError, msg);
+}
+
+// Rate-limited forms (see RateLimit).
+inline Line info(RateLimit& limit, std::string_view msg) {
+  return Line(Level::kInfo, msg, limit);
+}
+inline Line warn(RateLimit& limit, std::string_view msg) {
+  return Line(Level::kWarn, msg, limit);
+}
+inline Line error(RateLimit& limit, std::string_view msg) {
+  return Line(Level::kError, msg, limit);
 }
 
 }  // namespace kvgate::log

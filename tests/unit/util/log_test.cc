@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -240,6 +242,90 @@ TEST(Log, QueuedLinesAreWrittenWhenTheProcessExits) {
   auto lines = split_lines(text.str());
   ASSERT_EQ(lines.size(), static_cast<std::size_t>(kLines));
   EXPECT_NE(lines.back().find("i=" + std::to_string(kLines - 1)), std::string::npos);
+}
+
+TEST(LogRateLimit, LetsLinesThroughPerWindowAndCountsTheRest) {
+  log::RateLimit limit(3, std::chrono::seconds(1));
+  std::uint64_t suppressed = 99;
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) {
+    if (limit.admit_at(5000, suppressed)) {
+      ++admitted;
+      EXPECT_EQ(suppressed, 0U);
+    }
+  }
+  EXPECT_EQ(admitted, 3);
+  EXPECT_FALSE(limit.admit_at(5999, suppressed));
+  // The next window's first line reports the 8 held back.
+  EXPECT_TRUE(limit.admit_at(6000, suppressed));
+  EXPECT_EQ(suppressed, 8U);
+  EXPECT_TRUE(limit.admit_at(6001, suppressed));
+  EXPECT_EQ(suppressed, 0U);
+  // A window that held nothing back reports nothing.
+  EXPECT_TRUE(limit.admit_at(9000, suppressed));
+  EXPECT_EQ(suppressed, 0U);
+}
+
+TEST(LogRateLimit, ConcurrentCallersAreCountedExactlyWithinAWindow) {
+  log::RateLimit limit(100, std::chrono::seconds(1));
+  std::uint64_t suppressed = 0;
+  ASSERT_TRUE(limit.admit_at(0, suppressed));  // opens the window
+  constexpr int kThreads = 8;
+  constexpr int kCalls = 10000;
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      std::uint64_t s = 0;
+      for (int i = 0; i < kCalls; ++i) {
+        if (limit.admit_at(500, s)) admitted.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(admitted.load(), 99);
+  ASSERT_TRUE(limit.admit_at(1000, suppressed));
+  EXPECT_EQ(suppressed, static_cast<std::uint64_t>(kThreads * kCalls - 99));
+}
+
+TEST(LogRateLimit, TheNextLineSaysHowManyWereSuppressed) {
+  Capture cap;
+  // One line per millisecond: call until a second line gets through, which takes one tick of the
+  // coarse clock; every call in between is held back and counted.
+  log::RateLimit limit(1, std::chrono::milliseconds(1));
+  int calls = 0;
+  int emitted = 0;
+  while (emitted < 2) {
+    ++calls;
+    if (auto l = log::warn(limit, "upstream flapping")) {
+      ++emitted;
+      l.kv("call", calls);
+    }
+  }
+  auto lines = split_lines(cap.finish());
+  ASSERT_EQ(lines.size(), 2U);
+  EXPECT_NE(lines[0].find("level=warn msg=\"upstream flapping\" call=1"), std::string::npos)
+      << lines[0];
+  std::string second = "msg=\"upstream flapping\" ";
+  if (calls > 2) second += "suppressed=" + std::to_string(calls - 2) + " ";
+  second += "call=" + std::to_string(calls);
+  EXPECT_NE(lines[1].find(second), std::string::npos) << lines[1];
+}
+
+TEST(LogRateLimit, LinesBelowTheLevelDoNotCount) {
+  Capture cap;
+  log::RateLimit limit(2, std::chrono::hours(1));
+  log::set_level(log::Level::kError);
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(static_cast<bool>(log::warn(limit, "quiet")));
+  log::set_level(log::Level::kInfo);
+  log::warn(limit, "loud").kv("n", 1);
+  log::warn(limit, "loud").kv("n", 2);
+  log::warn(limit, "loud").kv("n", 3);  // held back: the limit is 2 per hour
+  auto lines = split_lines(cap.finish());
+  ASSERT_EQ(lines.size(), 2U);
+  EXPECT_NE(lines[0].find("msg=loud n=1"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("msg=loud n=2"), std::string::npos) << lines[1];
 }
 
 }  // namespace

@@ -180,22 +180,22 @@ class Sink {
     return std::exchange(capacity_, bytes);
   }
 
-  // At exit(): write what is queued (for a while at most), stop the writer, and write any later
-  // line directly, since static destructors and other threads may still log.
+  // At exit(): let the writer write what is queued (lines logged meanwhile included) and stop;
+  // later lines, from static destructors or threads still running, are written directly. A
+  // writer stuck in write() for longer than kExitGrace is left behind: lines keep queueing (and
+  // dropping once the queue is full), so nothing else blocks, and exit ends the thread.
   void shut_down() {
     std::unique_lock lock(mu_);
     if (state_ != State::kQueued) {
       state_ = State::kDirect;
       return;
     }
-    state_ = State::kDirect;
     stop_ = true;
     lock.unlock();
     wake_.notify_one();
     lock.lock();
-    bool stopped = written_cv_.wait_for(lock, kExitGrace, [&] { return writer_done_; });
+    bool stopped = written_cv_.wait_for(lock, kExitGrace, [&] { return state_ == State::kDirect; });
     lock.unlock();
-    // A writer stuck in write() is left behind; exit ends it.
     if (stopped) {
       writer_.join();
     } else {
@@ -207,7 +207,7 @@ class Sink {
   enum class State {
     kIdle,    // nothing logged yet: no writer thread
     kQueued,  // lines go through the queue to the writer thread
-    kDirect,  // exiting, or no thread could be started: callers write their own lines
+    kDirect,  // the writer stopped at exit, or could not start: callers write their own lines
   };
 
   void start_locked() {
@@ -255,13 +255,13 @@ class Sink {
       written_ = upto;
       written_cv_.notify_all();
     }
-    writer_done_ = true;
+    state_ = State::kDirect;  // in the same critical section that found the queue empty
     written_cv_.notify_all();
   }
 
   std::mutex mu_;
   std::condition_variable wake_;        // the writer: lines, a drop report, or stop
-  std::condition_variable written_cv_;  // flush(): `written_` moved, or the writer ended
+  std::condition_variable written_cv_;  // `written_` moved, or the writer stopped
   State state_ = State::kIdle;
   int fd_ = STDERR_FILENO;
   std::size_t capacity_ = kQueueBytes;
@@ -270,7 +270,6 @@ class Sink {
   std::uint64_t written_ = 0;  // of those, how many it has written
   std::uint64_t unreported_drops_ = 0;
   bool stop_ = false;
-  bool writer_done_ = false;
   std::thread writer_;
   std::thread::id writer_id_;
   std::terminate_handler previous_terminate_ = nullptr;

@@ -8,9 +8,10 @@
 // writer reports "log lines dropped" with the count in a line of its own. The writer thread starts
 // with the first line queued, so a process that never logs has no extra thread and nothing needs
 // to be called first. flush() waits for what was queued before it. At exit() (main returning) and
-// in std::terminate the queue is flushed for up to a few seconds, so a stuck stderr cannot hang the
-// exit; lines logged after exit() began are written synchronously. _exit() and fatal signals lose
-// what is still queued.
+// in std::terminate the queue is written out, waiting a few seconds at most so that a stuck stderr
+// cannot hang the exit; once the writer has stopped, later lines (static destructors) are written
+// by their callers, as they are if no thread can be started. _exit() and fatal signals lose what
+// is still queued.
 //
 // Why not spdlog's async logger: Debian 12 packages spdlog 1.10 (plus libfmt). Its async queue,
 // when full, either blocks the caller (the default policy) or overwrites the oldest queued line

@@ -227,6 +227,9 @@ TEST(Log, QueuedLinesAreWrittenWhenTheProcessExits) {
   constexpr int kLines = 5000;
   EXPECT_EXIT(
       {
+        // Registered before the first line, so it runs after the log's own exit handler: its
+        // line is written directly, the writer having stopped.
+        std::atexit([] { log::info("logged after the writer stopped"); });
         int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) std::_Exit(2);
         log::set_fd_for_testing(fd);
@@ -240,8 +243,25 @@ TEST(Log, QueuedLinesAreWrittenWhenTheProcessExits) {
   std::filesystem::remove(path);
   ::unsetenv(kPathVar);
   auto lines = split_lines(text.str());
-  ASSERT_EQ(lines.size(), static_cast<std::size_t>(kLines));
-  EXPECT_NE(lines.back().find("i=" + std::to_string(kLines - 1)), std::string::npos);
+  ASSERT_EQ(lines.size(), static_cast<std::size_t>(kLines + 1));
+  EXPECT_NE(lines[kLines - 1].find("i=" + std::to_string(kLines - 1)), std::string::npos);
+  EXPECT_NE(lines.back().find("msg=\"logged after the writer stopped\""), std::string::npos);
+}
+
+TEST(Log, ExitDoesNotHangWhenTheOutputIsStuck) {
+  // The child points the log at a pipe nobody reads and queues more than the pipe holds: the
+  // writer blocks in write() for good, and exit() must still finish (after its grace period).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        int fds[2];
+        if (::pipe(fds) != 0) std::_Exit(2);
+        log::set_fd_for_testing(fds[1]);
+        std::string pad(1000, 'x');
+        for (int i = 0; i < 1000; ++i) log::info("stuck").kv("pad", pad);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(LogRateLimit, LetsLinesThroughPerWindowAndCountsTheRest) {

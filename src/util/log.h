@@ -40,6 +40,7 @@ Level level();
 bool parse_level(std::string_view text, Level& out);
 
 // Bytes of formatted lines the queue holds while the writer is behind; past that lines are dropped.
+// The batch the writer has in hand is apart from it: the log holds twice this at most.
 inline constexpr std::size_t kQueueBytes = std::size_t{4} << 20;
 
 // Lines dropped since the process started because the queue was full (or the write failed).

@@ -318,6 +318,12 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
   export_server_stats(registry, *server);
+  {
+    auto& dropped = registry.counter("kvgate_log_dropped_lines_total",
+                                     "Log lines dropped because the log queue was full (the log "
+                                     "never blocks a request thread)");
+    registry.add_collector([&dropped] { dropped.with({}).mirror(log::dropped_lines()); });
+  }
 
   HealthConfig hc;
   hc.interval = std::chrono::seconds(cfg.health_check_interval_secs);
@@ -347,13 +353,6 @@ int main(int argc, char** argv) {
         },
         asio::detached);
   }
-  log::info("kvgate listening")
-      .kv("address", cfg.host + ":" + std::to_string(server->port()))
-      .kv("tls", !cfg.tls_cert_path.empty())
-      .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
-      .kv("policy", cfg.policy)
-      .kv("workers", cfg.worker_urls.size())
-      .kv("threads", n);
 
   // Shutdown. First signal: stop accepting, close idle connections, answer in-flight requests with
   // `connection: close`, and wait for them up to the grace period; then close what is left (their
@@ -391,8 +390,9 @@ int main(int argc, char** argv) {
             }
             co_return gateway.in_flight() == 0;
           };
-          if (!co_await wait_idle(Clock::now() +
-                                  std::chrono::seconds(cfg.shutdown_grace_period_secs))) {
+          bool idle = co_await wait_idle(Clock::now() +
+                                         std::chrono::seconds(cfg.shutdown_grace_period_secs));
+          if (!idle) {
             log::warn("grace period over; closing requests in flight")
                 .kv("in_flight", gateway.in_flight());
             server->close_all();
@@ -403,6 +403,14 @@ int main(int argc, char** argv) {
         asio::detached);
   };
   signals->async_wait(on_signal);
+  // Only now: a supervisor that signals as soon as it reads this line gets a graceful shutdown.
+  log::info("kvgate listening")
+      .kv("address", cfg.host + ":" + std::to_string(server->port()))
+      .kv("tls", !cfg.tls_cert_path.empty())
+      .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
+      .kv("policy", cfg.policy)
+      .kv("workers", cfg.worker_urls.size())
+      .kv("threads", n);
 
   std::vector<std::thread> threads;
   threads.reserve(contexts.size());

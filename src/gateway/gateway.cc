@@ -6,6 +6,8 @@
 #include <simdjson.h>
 
 #include <boost/asio/as_tuple.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include "gateway/errors.h"
@@ -32,6 +34,15 @@ constexpr size_t kSavedAnswerLimit = 65536;
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
 // never pay for it, long ones (queued, or long generations: the ones worth cancelling) are watched.
 constexpr auto kWatchDelay = std::chrono::milliseconds(20);
+
+// Per-site limits of the warnings a failing worker can make on every request (a dead worker
+// under load would otherwise write thousands of lines a second; suppressed ones are counted on
+// the next line of the site).
+log::RateLimit kLogAttemptFailed(20, std::chrono::seconds(10));
+log::RateLimit kLogRetryableStatus(20, std::chrono::seconds(10));
+log::RateLimit kLogNoFirstEvent(20, std::chrono::seconds(10));
+log::RateLimit kLogFirstEventAbort(20, std::chrono::seconds(10));
+log::RateLimit kLogMidResponse(20, std::chrono::seconds(10));
 
 // What a client going away cancels: its wait in the admission queue, its upstream call.
 struct Cancel {
@@ -69,6 +80,7 @@ struct RequestThread::State {
   std::vector<std::unique_ptr<char[]>> spare;
   PendingWatch pending;  // list head
   std::unique_ptr<asio::steady_timer> sweep;
+  std::unique_ptr<asio::steady_timer> reaper;
   bool sweeping = false;
   bool closed = false;
 };
@@ -77,12 +89,32 @@ namespace {
 
 thread_local RequestThread::State* tl_state = nullptr;
 
-// The calling thread's state: the one bound by its owner (kvgate's main), else a thread-local one
-// (tests and tools that run a Gateway on threads of their own).
-RequestThread::State& thread_state(const GatewayConfig& config) {
-  if (tl_state) return *tl_state;
-  thread_local RequestThread::State fallback(config);
-  return fallback;
+// The calling thread's state, bound by whoever runs the thread (RequestThread::bind).
+RequestThread::State& thread_state() {
+  if (!tl_state) {
+    std::fprintf(stderr, "kvgate: a request ran on a thread without RequestThread::bind()\n");
+    std::abort();
+  }
+  return *tl_state;
+}
+
+// Drops idle upstream connections past their reuse time, once a second: a worker closes its end
+// of them soon after (uvicorn: 5 s), and they would sit half-closed until the next request to
+// that worker.
+void start_reaper(RequestThread::State& ts, const asio::any_io_executor& ex) {
+  if (ts.reaper || ts.closed) return;
+  ts.reaper = std::make_unique<asio::steady_timer>(ex);
+  struct Loop {
+    RequestThread::State* ts;
+    void operator()(const boost::system::error_code& ec) const {
+      if (ec || ts->closed || !ts->reaper) return;
+      ts->pool.reap(Clock::now());
+      ts->reaper->expires_after(std::chrono::seconds(1));
+      ts->reaper->async_wait(*this);
+    }
+  };
+  ts.reaper->expires_after(std::chrono::seconds(1));
+  ts.reaper->async_wait(Loop{&ts});
 }
 
 void sweep_watches(RequestThread::State& ts) {
@@ -321,6 +353,7 @@ void RequestThread::close() {
   state_->closed = true;
   state_->pool.close();
   state_->sweep.reset();
+  state_->reaper.reset();
 }
 
 Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
@@ -489,7 +522,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   auto start = Clock::now();
   auto deadline = start + timeout_;
   std::string_view route_label = to_string(route);
-  RequestThread::State& ts = thread_state(config_);
+  RequestThread::State& ts = thread_state();
+  start_reaper(ts, ex.executor());
   budget_.request_started();
   struct EndRequest {
     RetryBudget& b;
@@ -700,7 +734,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     if (e != http::CallError::kNone) {
       last_error = e;
       metrics_.upstream_errors.with({w->url(), http::to_string(e)}).inc();
-      log_attempt(log::warn("upstream attempt failed"))
+      log_attempt(log::warn(kLogAttemptFailed, "upstream attempt failed"))
           .kv("error", http::to_string(e))
           .kv("detail", call.error_detail())
           .kv("request_sent", call.request_sent());
@@ -741,13 +775,14 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         retry_denied(why);
       } else {
         metrics_.upstream_errors.with({w->url(), "status_" + std::to_string(status)}).inc();
-        log_attempt(log::warn("upstream answered a retryable status")).kv("status", status);
+        log_attempt(log::warn(kLogRetryableStatus, "upstream answered a retryable status"))
+            .kv("status", status);
         SavedAnswer answer{.status = status,
                            .content_type = std::string(call.header("content-type")),
                            .retry_after = std::string(call.header("retry-after"))};
-        if (co_await call.read_all(answer.body, kSavedAnswerLimit) == http::CallError::kNone) {
-          saved = std::move(answer);
-        }
+        // (GCC 12 miscompiles co_await inside an if condition: awaited into a variable first.)
+        http::CallError read = co_await call.read_all(answer.body, kSavedAnswerLimit);
+        if (read == http::CallError::kNone) saved = std::move(answer);
         // A 500/504 ran the request and failed: it counts against the worker only if another
         // worker then serves the same request (else the request, not the worker, is at fault).
         Verdict v = ran             ? (dispatch.trial() ? Verdict::kFailure : Verdict::kNeutral)
@@ -785,7 +820,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         // Headers, then nothing: the worker had the request; not retried.
         metrics_.upstream_errors.with({w->url(), "stream_" + std::string(http::to_string(re))})
             .inc();
-        log_attempt(log::warn("upstream stream ended before its first event"))
+        log_attempt(log::warn(kLogNoFirstEvent, "upstream stream ended before its first event"))
             .kv("error", http::to_string(re))
             .kv("detail", call.error_detail());
         dispatch.finish(Outcome{.status = 502, .started = true}, Verdict::kFailure);
@@ -799,7 +834,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       if (auto end = first_event_end(pre)) {
         if (auto abort = event_abort(std::string_view(pre).substr(0, *end))) {
           metrics_.stream_aborts.with({w->url()}).inc();
-          log_attempt(log::warn("upstream aborted the stream in its first event"))
+          log_attempt(
+              log::warn(kLogFirstEventAbort, "upstream aborted the stream in its first event"))
               .kv("message", abort->message)
               .kv("status", abort->status);
           if (auto why = may_retry(); !why.empty()) {
@@ -858,7 +894,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     UsageScanner usage;
     bool scan_usage = wants_usage_ && status < 400;
     if (call.done()) {
-      if (!co_await ex.respond(status, out, "")) final_status = kClientClosedStatus;
+      bool sent = co_await ex.respond(status, out, "");
+      if (!sent) final_status = kClientClosedStatus;
     } else {
       auto length = call.content_length();
       co_await ex.begin_body(status, out, length);
@@ -871,9 +908,12 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         http::CallError re = http::CallError::kNone;
         size_t n = co_await call.read_some(buf.data(), kRelayBufferSize, re);
         if (n > 0 && scan_usage) usage.feed(std::string_view(buf.data(), n));
-        if (n > 0 && !co_await ex.write_body(std::string_view(buf.data(), n))) {
-          ok = false;
-          break;
+        if (n > 0) {
+          bool written = co_await ex.write_body(std::string_view(buf.data(), n));
+          if (!written) {
+            ok = false;
+            break;
+          }
         }
         if (re == http::CallError::kAborted || ex.client_gone()) {
           ok = false;
@@ -884,7 +924,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
           metrics_.upstream_errors
               .with({w->url(), "mid_response_" + std::string(http::to_string(re))})
               .inc();
-          log_attempt(log::warn("upstream failed mid-response"))
+          log_attempt(log::warn(kLogMidResponse, "upstream failed mid-response"))
               .kv("error", http::to_string(re))
               .kv("detail", call.error_detail());
           GatewayError ge = re == http::CallError::kTimeout
@@ -902,7 +942,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
           break;
         }
         if (n == 0) {
-          if (!co_await ex.end_body()) ok = false;
+          bool ended = co_await ex.end_body();
+          if (!ended) ok = false;
           break;
         }
       }

@@ -243,6 +243,16 @@ void ConnectionPool::drop(uint64_t key) {
   idle_.erase(key);
 }
 
+void ConnectionPool::reap(Clock::time_point now) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    auto& v = it->second;
+    std::erase_if(v, [&](const std::unique_ptr<Connection>& c) {
+      return now - c->idle_since >= options_.idle_timeout;
+    });
+    it = v.empty() ? idle_.erase(it) : std::next(it);
+  }
+}
+
 void ConnectionPool::close() {
   closed_ = true;
   idle_.clear();
@@ -359,7 +369,8 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
   response_started_ = false;
   for (int attempt = 0;; ++attempt) {
     if (!conn_) {
-      if (CallError e = co_await connect(); e != CallError::kNone) co_return e;
+      CallError e = co_await connect();
+      if (e != CallError::kNone) co_return e;
     }
     if (aborted_) co_return CallError::kAborted;
     conn_->deadline.expires_at(deadline_);

@@ -90,6 +90,8 @@ class ConnectionPool {
   void give(uint64_t key, std::unique_ptr<Connection> c);
   // Drops every idle connection of `key` (a worker was removed or failed).
   void drop(uint64_t key);
+  // Drops idle connections past the idle timeout (call periodically: the worker closes its end).
+  void reap(Clock::time_point now);
   // Drops every idle connection and pools none from now on (the thread is shutting down).
   void close();
   const Options& options() const { return options_; }

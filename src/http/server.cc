@@ -350,16 +350,19 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   bool gone_ = false;
 };
 
-// Reads and discards what the client still sends, until it closes or the linger time passes
-// (then the caller closes). Closing with unread bytes would make the kernel send a reset, and the
-// client could lose the answer it has not read yet.
+// Reads and discards what the client still sends, until it closes, stays quiet for a moment, or
+// the linger time passes (then the caller closes). Closing with unread bytes would make the
+// kernel send a reset, and the client could lose the answer it has not read yet (nginx's
+// lingering close does the same).
 awaitable<void> linger(tcp::socket& socket, Deadline& deadline, std::chrono::milliseconds time) {
+  constexpr auto kQuiet = std::chrono::milliseconds(500);
   boost::system::error_code ignored;
   socket.shutdown(tcp::socket::shutdown_send, ignored);
-  deadline.expires_after(time);
+  auto until = Clock::now() + time;
   thread_local std::array<char, 4096> discard;  // contents never read: sharing it is harmless
   size_t total = 0;
   for (;;) {
+    deadline.expires_at(std::min(until, Clock::now() + kQuiet));
     auto [ec, n] = co_await socket.async_read_some(asio::buffer(discard), kTuple);
     total += n;
     if (ec || total > (size_t{64} << 20)) break;
@@ -610,7 +613,8 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
     if (srv->stopping.load()) co_return;
     if (ec) {
       if (ec == asio::error::operation_aborted) co_return;
-      log::warn("accept failed").kv("error", ec.message());
+      static log::RateLimit limit(5, std::chrono::seconds(10));
+      log::warn(limit, "accept failed").kv("error", ec.message());
       asio::steady_timer t(acceptor->get_executor(), std::chrono::milliseconds(50));
       co_await t.async_wait(kTuple);
       continue;

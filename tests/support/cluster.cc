@@ -1,6 +1,8 @@
 // tests/support/cluster: see cluster.h.
 #include "support/cluster.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -44,6 +46,8 @@ Cluster::Cluster(int n, std::vector<std::string> sim_args, std::vector<std::stri
                                 "127.0.0.1",
                                 "--prometheus-port",
                                 std::to_string(metrics_port_),
+                                "--shutdown-grace-period-secs",
+                                "2",
                                 "--worker-urls"};
   for (auto& s : sims_) a.push_back(s.url());
   a.insert(a.end(), gateway_args.begin(), gateway_args.end());
@@ -63,7 +67,14 @@ Cluster::Cluster(int n, std::vector<std::string> sim_args, std::vector<std::stri
 }
 
 Cluster::~Cluster() {
-  if (gateway_) gateway_->stop();
+  if (gateway_) {
+    // A clean exit is part of every test: a sanitizer report, a crash in teardown or a hang in
+    // the drain shows up here.
+    int status = gateway_->stop(std::chrono::seconds(20));
+    if (status != 0 && !gateway_exit_checked_) {
+      ADD_FAILURE() << "kvgate exited with status " << status << "; its log:\n" << gateway_->log();
+    }
+  }
   for (auto& s : sims_) {
     if (s.process) s.process->stop();
   }

@@ -34,6 +34,8 @@ class Cluster {
   Sim& sim(size_t i) { return sims_[i]; }
   size_t size() const { return sims_.size(); }
   Process& gateway() { return *gateway_; }
+  // For a test that stops kvgate itself and checks its exit: the destructor then does not.
+  void gateway_exit_checked() { gateway_exit_checked_ = true; }
   // Number of workers kvgate reports healthy on /readiness.
   int healthy_workers();
   bool wait_healthy(int n, std::chrono::milliseconds timeout = std::chrono::seconds(15));
@@ -46,6 +48,7 @@ class Cluster {
   std::unique_ptr<Process> gateway_;
   int gateway_port_ = 0;
   int metrics_port_ = 0;
+  bool gateway_exit_checked_ = false;
 };
 
 // A minimal JSON string-field lookup for tests: the value of the first "key":"..." in text.

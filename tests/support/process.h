@@ -39,6 +39,9 @@ class Process {
   // Waits for the process to exit on its own; returns exit status, or nullopt-ish -1000 on timeout.
   int wait_exit(std::chrono::milliseconds timeout);
   std::string log() const;
+  // What the running process holds now (from /proc): open descriptors, resident memory in KiB.
+  int fd_count() const;
+  long rss_kib() const;
   const std::string& log_path() const { return log_path_; }
 
  private:

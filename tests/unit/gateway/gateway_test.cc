@@ -224,7 +224,8 @@ TEST(GatewayHooks, ClientAbortMidStreamCompletesOnce) {
     const http::Header h[] = {{"content-type", "text/event-stream"}};
     co_await ex.begin_body(200, h, std::nullopt);
     for (int i = 0; i < 200; ++i) {
-      if (!co_await ex.write_body("data: {\"text\":\"x\"}\n\n")) co_return;
+      bool written = co_await ex.write_body("data: {\"text\":\"x\"}\n\n");
+      if (!written) co_return;
       co_await pause(ex, 20ms);
     }
     co_await ex.end_body();

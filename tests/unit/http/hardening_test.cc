@@ -145,7 +145,8 @@ TEST(ServerTimeouts, ClientThatStopsReadingIsDropped) {
         co_await ex.begin_body(200, {}, std::nullopt);
         std::string chunk(65536, 'x');
         for (int i = 0; i < 16384; ++i) {  // up to 1 GiB: far more than socket buffers hold
-          if (!co_await ex.write_body(chunk)) {
+          bool written = co_await ex.write_body(chunk);
+          if (!written) {
             write_failed.set_value(true);
             co_return;
           }

@@ -150,10 +150,18 @@ std::string to_markdown(const std::vector<Summary>& rows, const std::string& wor
                         const std::string& description, const std::string& setup) {
   std::string o =
       "# kvgate-bench compare: " + workload + "\n\n" + description + "\n\n" + setup + "\n\n";
-  o += "| policy | hit rate | of upper bound | server hit rate | TTFT p50 ms | TTFT p90 ms | TTFT "
-       "p99 ms "
-       "| ITL p50 ms | ITL p99 ms | e2e p50 ms | output tok/s | spread max/mean | errors |\n";
-  o += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  // One header cell per value each row below emits (tests/unit/bench/report_test.cc checks it).
+  static const char* kColumns[] = {
+      "policy",      "hit rate",     "of upper bound",  "server hit rate", "TTFT p50 ms",
+      "TTFT p90 ms", "TTFT p99 ms",  "ITL p50 ms",      "ITL p99 ms",      "e2e p50 ms",
+      "e2e p99 ms",  "output tok/s", "spread max/mean", "errors"};
+  std::string rule = "|";
+  o += "|";
+  for (const char* c : kColumns) {
+    o += std::string(" ") + c + " |";
+    rule += "---|";
+  }
+  o += "\n" + rule + "\n";
   for (const auto& s : rows) {
     o += "| " + s.label + " | " + pct(s.hit_rate) + " | " +
          (s.upper_bound > 0 && s.hit_rate >= 0 ? pct(s.hit_rate / s.upper_bound) : "-") + " | " +

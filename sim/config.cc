@@ -111,6 +111,15 @@ std::vector<K> build_table() {
        .field = &C::log_level,
        .choices = {"debug", "info", "warning", "error"}},
 
+      {.name = "timeout-keep-alive",
+       .group = kServer,
+       .value_name = "SECS",
+       .help = "Close a keep-alive connection after this long without a request (uvicorn's "
+               "timeout_keep_alive; SGLang passes $SGLANG_TIMEOUT_KEEP_ALIVE, default 5)",
+       .field = &C::timeout_keep_alive,
+       .min = 1,
+       .max = 86400},
+
       {.name = "chunked-prefill-size",
        .group = kServer,
        .value_name = "N",

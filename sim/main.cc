@@ -33,9 +33,7 @@ int fail(const std::string& msg) {
 // Binds one listener per loop, all on cfg.port (the first one's port when cfg.port is 0).
 std::string listen(const SimConfig& cfg, std::vector<std::unique_ptr<asio::io_context>>& contexts,
                    SimServer& sim, std::vector<std::unique_ptr<http::Server>>& servers) {
-  http::ServerConfig sc;
-  sc.host = cfg.host;
-  sc.port = static_cast<uint16_t>(cfg.port);
+  http::ServerConfig sc = http_server_config(cfg);
   try {
     for (auto& ctx : contexts) {
       servers.push_back(

@@ -349,6 +349,19 @@ TEST_F(SimServerTest, InjectedFailuresAndHealth) {
   EXPECT_EQ(c.post("/generate", with(kGen, "")).status, 200);
 }
 
+TEST(SimServerConfig, KeepAliveTimeoutReachesTheHttpServer) {
+  SimConfig c;
+  std::string error, help;
+  std::vector<std::string> args = {"--host", "0.0.0.0", "--port", "0"};
+  ASSERT_TRUE(parse_sim_args(args, c, error, help)) << error;
+  http::ServerConfig sc = http_server_config(c);
+  EXPECT_EQ(sc.idle_timeout, std::chrono::seconds(5));  // uvicorn as SGLang runs it
+  EXPECT_EQ(sc.host, "0.0.0.0");
+  args = {"--timeout-keep-alive", "42"};
+  ASSERT_TRUE(parse_sim_args(args, c, error, help)) << error;
+  EXPECT_EQ(http_server_config(c).idle_timeout, std::chrono::seconds(42));
+}
+
 TEST_F(SimServerTest, DroppedStreamClosesAfterKEvents) {
   Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--drop-mid-stream-rate", "1", "--drop-after-chunks",
          "3"});

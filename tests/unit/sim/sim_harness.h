@@ -80,7 +80,7 @@ class Sim {
         Clock::now() +
             std::chrono::milliseconds(static_cast<int64_t>(cfg.start_unhealthy_secs * 1000)));
     sim = std::make_unique<SimServer>(cfg, *engine, *metrics, *faults, *chat_template);
-    http::ServerConfig sc;
+    http::ServerConfig sc = http_server_config(cfg);
     sc.host = "127.0.0.1";
     server = std::make_unique<http::Server>(std::vector<asio::io_context*>{&ctx}, sc,
                                             [this](http::Exchange& ex) { return sim->handle(ex); });

@@ -1,5 +1,7 @@
 // Integration: what a router observes of kvgate-sim's HTTP timing, on a raw socket, as of SGLang
-// behind uvicorn: an idle keep-alive connection is closed after --timeout-keep-alive seconds.
+// behind uvicorn: a /generate stream's status and headers arrive before its first token; an OpenAI
+// stream's come with its first chunk (SGLang pulls that chunk before answering); an idle
+// keep-alive connection is closed after --timeout-keep-alive seconds.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -62,8 +64,53 @@ class Raw {
   std::string in_;
 };
 
+std::string post(const std::string& path, const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
 bool has_head(const std::string& s) {
   return s.find("\r\n\r\n") != std::string::npos;
+}
+
+TEST(SimHttp, GenerateStreamHeadersArriveBeforeTheFirstToken) {
+  Sim s;
+  s.port = free_port();
+  s.args = {"--ttft-ms", "3000", "--tpot-ms", "1"};  // first token 3 s after arrival
+  s.start();
+  Raw r(s.port);
+  ASSERT_TRUE(r.connected());
+  r.send(
+      post("/generate", R"({"text":"hi","sampling_params":{"max_new_tokens":2},"stream":true})"));
+  r.read_until(has_head, 10s);
+  ASSERT_TRUE(has_head(r.received())) << r.received();
+  const std::string head = r.received().substr(0, r.received().find("\r\n\r\n") + 4);
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 ", 0), 0u) << head;
+  EXPECT_NE(head.find("content-type: text/event-stream"), std::string::npos) << head;
+  // The head came alone: the prefill is still running.
+  EXPECT_EQ(r.received().find("data:"), std::string::npos) << r.received();
+  // Then the tokens, and the end of the stream.
+  r.read_until([](const std::string& in) { return in.find("data: [DONE]") != std::string::npos; },
+               15s);
+  EXPECT_NE(r.received().find("data: [DONE]"), std::string::npos) << r.received();
+  EXPECT_NE(r.received().find("\"completion_tokens\":2"), std::string::npos) << r.received();
+}
+
+TEST(SimHttp, OpenAiStreamHeadersComeWithTheFirstChunk) {
+  Sim s;
+  s.port = free_port();
+  s.args = {"--ttft-ms", "2500", "--tpot-ms", "1"};
+  s.start();
+  Raw r(s.port);
+  ASSERT_TRUE(r.connected());
+  r.send(post("/v1/chat/completions",
+              R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true})"));
+  // Nothing during the prefill: SGLang's OpenAI routes answer once the first chunk exists.
+  r.read_until([](const std::string& in) { return !in.empty(); }, 1500ms);
+  EXPECT_EQ(r.received(), "");
+  r.read_until([](const std::string& in) { return in.find("data: ") != std::string::npos; }, 10s);
+  EXPECT_EQ(r.received().rfind("HTTP/1.1 200 ", 0), 0u) << r.received();
+  EXPECT_NE(r.received().find("\"role\":\"assistant\""), std::string::npos) << r.received();
 }
 
 TEST(SimHttp, IdleKeepAliveConnectionIsClosedAfterTheTimeout) {

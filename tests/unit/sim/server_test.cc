@@ -310,6 +310,17 @@ TEST_F(SimServerTest, QueueLimitAnswers503) {
   auto o = c.post("/v1/completions", R"({"prompt":"one more"})");
   EXPECT_EQ(o.status, 503);
   EXPECT_EQ(int64_t(parse(o.body)["code"]), 503);
+  EXPECT_EQ(str(parse(o.body)["type"]), "503");  // FastAPI's HTTPException body
+  // Streams: SGLang's scheduler aborts the request, after status 200.
+  auto ev = events(c.post("/generate", R"({"text":"one more","stream":true})"));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(str(ev[0]["meta_info"]["finish_reason"]["message"]), "The request queue is full.");
+  EXPECT_EQ(int64_t(ev[0]["meta_info"]["finish_reason"]["status_code"]), 503);
+  ev = events(c.post("/v1/chat/completions",
+                     R"({"messages":[{"role":"user","content":"x"}],"stream":true})"));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(str(ev[0]["error"]["type"]), "SERVICE_UNAVAILABLE");
+  EXPECT_EQ(str(ev[0]["error"]["message"]), "The request queue is full.");
 }
 
 TEST_F(SimServerTest, EmbeddingsAndRerank) {

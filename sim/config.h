@@ -59,6 +59,7 @@ struct SimConfig {
   double hang_rate = 0;
   double drop_mid_stream_rate = 0;
   int64_t drop_after_chunks = 1;
+  double abort_first_event_rate = 0;
   double start_unhealthy_secs = 0;
 };
 

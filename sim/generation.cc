@@ -119,7 +119,7 @@ awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>
 }
 
 // The answer to a request SGLang's scheduler aborts before its first token (a full queue, a
-// failed KV transfer), built whole before any I/O.
+// failed KV transfer; here also --abort-first-event-rate), built whole before any I/O.
 // Streams: status 200 (/generate sent its headers at once; the OpenAI routes send them with their
 // first chunk, which is this abort), then per prompt a /generate chunk whose finish_reason is the
 // abort, or, on OpenAI routes, one error event (SGLang stops at the first abort) and the usage
@@ -192,7 +192,7 @@ std::vector<OutputView> abort_views(std::span<const std::string> ids,
   return views;
 }
 
-// The abort of a request before it reached the engine (a full queue).
+// The abort of a request before it reached the engine: a full queue, --abort-first-event-rate.
 AbortAnswer abort_before_start(const ParsedRequest& req, int status, std::string message,
                                bool cache_report) {
   const FinishReason abort = abort_reason(status, std::move(message));
@@ -312,6 +312,7 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
     }
   }
   std::optional<int64_t> drop_after;
+  bool aborted = false;
   switch (faults_.decide()) {
     case Fault::kFail:
       co_await respond_error(ex, route, static_cast<int>(faults_.settings().fail_status),
@@ -323,8 +324,19 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
     case Fault::kDrop:
       drop_after = faults_.settings().drop_after_chunks;
       break;
+    case Fault::kAbort:
+      aborted = true;
+      break;
     case Fault::kNone:
       break;
+  }
+  if (aborted) {
+    // As SGLang's scheduler aborts a request it cannot serve, before any token.
+    AbortAnswer a =
+        abort_before_start(scratch, 503, "injected abort (kvgate-sim --abort-first-event-rate)",
+                           config_.enable_cache_report);
+    co_await send_abort(ex, a.status, a.stream, a.body, false);
+    co_return;
   }
   if (config_.instant) {
     co_await answer_instant(ex, scratch, drop_after);

@@ -45,7 +45,8 @@ constexpr std::string_view kOutro =
     "  kvgate-sim --port 30003 --fail-rate 0.2 --fail-status 503\n"
     "Test control: POST /sim/faults "
     "{\"fail_rate\":0.5,\"hang_rate\":0,\"drop_mid_stream_rate\":0,\n"
-    "\"unhealthy\":true} changes faults at runtime; GET /sim/faults shows them.";
+    "\"abort_first_event_rate\":0,\"unhealthy\":true} changes faults at runtime; GET /sim/faults "
+    "shows them.";
 
 std::vector<K> build_table() {
   return {
@@ -110,6 +111,15 @@ std::vector<K> build_table() {
        .help = "Log level",
        .field = &C::log_level,
        .choices = {"debug", "info", "warning", "error"}},
+
+      {.name = "timeout-keep-alive",
+       .group = kServer,
+       .value_name = "SECS",
+       .help = "Close a keep-alive connection after this long without a request (uvicorn's "
+               "timeout_keep_alive; SGLang passes $SGLANG_TIMEOUT_KEEP_ALIVE, default 5)",
+       .field = &C::timeout_keep_alive,
+       .min = 1,
+       .max = 86400},
 
       {.name = "chunked-prefill-size",
        .group = kServer,
@@ -317,6 +327,14 @@ std::vector<K> build_table() {
        .field = &C::drop_after_chunks,
        .min = 0,
        .max = 1e9},
+      {.name = "abort-first-event-rate",
+       .group = kFaults,
+       .value_name = "P",
+       .help = "Share of generation requests SGLang's scheduler aborts before the first token: "
+               "streams answer 200 and abort in their first event, whole answers get 503",
+       .field = &C::abort_first_event_rate,
+       .min = 0,
+       .max = 1},
       {.name = "start-unhealthy-secs",
        .group = kFaults,
        .value_name = "SECS",
@@ -340,9 +358,10 @@ std::string validate(const SimConfig& c) {
            ") must hold at least one page of --page-size (" + std::to_string(c.page_size) +
            ") tokens";
   }
-  double total = c.fail_rate + c.hang_rate + c.drop_mid_stream_rate;
+  double total = c.fail_rate + c.hang_rate + c.drop_mid_stream_rate + c.abort_first_event_rate;
   if (total > 1 + 1e-9) {
-    return "--fail-rate + --hang-rate + --drop-mid-stream-rate add up to " +
+    return "--fail-rate + --hang-rate + --drop-mid-stream-rate + --abort-first-event-rate add up "
+           "to " +
            flags::format_number(total) + "; they are exclusive outcomes, keep the sum <= 1";
   }
   if (c.served_model_name.empty()) return "--served-model-name must not be empty";

@@ -27,6 +27,8 @@ struct SimConfig {
   bool incremental_streaming_output = false;
   bool stream_response_default_include_usage = false;
   std::string log_level = "info";
+  // uvicorn's timeout_keep_alive, which SGLang sets from $SGLANG_TIMEOUT_KEEP_ALIVE (default 5)
+  int64_t timeout_keep_alive = 5;
   // Continuous batching (SGLang's names) and KV events
   int64_t chunked_prefill_size = 8192;
   int64_t max_running_requests = 256;
@@ -57,6 +59,7 @@ struct SimConfig {
   double hang_rate = 0;
   double drop_mid_stream_rate = 0;
   int64_t drop_after_chunks = 1;
+  double abort_first_event_rate = 0;
   double start_unhealthy_secs = 0;
 };
 

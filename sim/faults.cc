@@ -16,7 +16,7 @@ int64_t to_ns(Clock::time_point t) {
 }
 
 bool any_rate(const FaultSettings& s) {
-  return s.fail_rate > 0 || s.hang_rate > 0 || s.drop_rate > 0;
+  return s.fail_rate > 0 || s.hang_rate > 0 || s.drop_rate > 0 || s.abort_rate > 0;
 }
 
 std::string read_rate(simdjson::dom::object& o, std::string_view key, double& out) {
@@ -41,6 +41,15 @@ std::string read_count(simdjson::dom::object& o, std::string_view key, int64_t l
 
 }  // namespace
 
+FaultSettings fault_settings(const SimConfig& c) {
+  return FaultSettings{.fail_rate = c.fail_rate,
+                       .fail_status = c.fail_status,
+                       .hang_rate = c.hang_rate,
+                       .drop_rate = c.drop_mid_stream_rate,
+                       .drop_after_chunks = c.drop_after_chunks,
+                       .abort_rate = c.abort_first_event_rate};
+}
+
 FaultInjector::FaultInjector(FaultSettings settings, uint64_t seed,
                              Clock::time_point unhealthy_until)
     : settings_(settings), rng_(seed), unhealthy_until_ns_(to_ns(unhealthy_until)) {
@@ -55,6 +64,7 @@ Fault FaultInjector::decide() {
   if (u < s.fail_rate) return Fault::kFail;
   if (u < s.fail_rate + s.hang_rate) return Fault::kHang;
   if (u < s.fail_rate + s.hang_rate + s.drop_rate) return Fault::kDrop;
+  if (u < s.fail_rate + s.hang_rate + s.drop_rate + s.abort_rate) return Fault::kAbort;
   return Fault::kNone;
 }
 
@@ -79,12 +89,14 @@ std::string FaultInjector::update(std::string& body) {
   if (auto e = read_rate(o, "fail_rate", s.fail_rate); !e.empty()) return e;
   if (auto e = read_rate(o, "hang_rate", s.hang_rate); !e.empty()) return e;
   if (auto e = read_rate(o, "drop_mid_stream_rate", s.drop_rate); !e.empty()) return e;
+  if (auto e = read_rate(o, "abort_first_event_rate", s.abort_rate); !e.empty()) return e;
   if (auto e = read_count(o, "fail_status", 400, 599, s.fail_status); !e.empty()) return e;
   if (auto e = read_count(o, "drop_after_chunks", 0, 1000000000, s.drop_after_chunks); !e.empty()) {
     return e;
   }
-  if (s.fail_rate + s.hang_rate + s.drop_rate > 1 + 1e-9) {
-    return "fail_rate + hang_rate + drop_mid_stream_rate must add up to at most 1";
+  if (s.fail_rate + s.hang_rate + s.drop_rate + s.abort_rate > 1 + 1e-9) {
+    return "fail_rate + hang_rate + drop_mid_stream_rate + abort_first_event_rate must add up to "
+           "at most 1";
   }
   std::optional<int64_t> until;
   simdjson::dom::element e;
@@ -120,6 +132,8 @@ std::string FaultInjector::to_json() const {
   append_double(out, s.drop_rate);
   out.append(R"(,"drop_after_chunks":)");
   append_int(out, s.drop_after_chunks);
+  out.append(R"(,"abort_first_event_rate":)");
+  append_double(out, s.abort_rate);
   out.append(R"(,"unhealthy":)");
   out.append(healthy() ? "false" : "true");
   out.push_back('}');

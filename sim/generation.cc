@@ -5,6 +5,7 @@
 #include <ctime>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "sim/pd.h"
 #include "sim/responses.h"
@@ -45,6 +46,22 @@ awaitable<void> respond_whole(http::Exchange& ex, std::string_view body, bool dr
   ex.close_after();
 }
 
+// Sends an abort answer (`body` stays alive with the caller). `head_started`: a stream's status
+// and headers already went out.
+awaitable<void> send_abort(http::Exchange& ex, int status, bool stream, std::string_view body,
+                           bool head_started) {
+  if (!stream) {
+    co_await ex.respond(status, kJson, body);
+    co_return;
+  }
+  if (!head_started) co_await ex.begin_body(200, kSse, std::nullopt);
+  // Awaited into a variable, never inside an if-condition: GCC 12.2 miscompiles `if (co_await x)`
+  // in some coroutines (the frame later resumes at a bad index: SIGSEGV or SIGILL even where that
+  // line never runs; reproduced with plain Boost.Asio). Same below.
+  bool sent = co_await ex.write_body(body);
+  if (sent) co_await ex.end_body();
+}
+
 // A hang fault: never answer; return when the client goes away.
 awaitable<void> hang(http::Exchange& ex) {
   auto timer = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
@@ -68,9 +85,11 @@ awaitable<bool> wait_all(http::Exchange& ex, Notifier& n, std::vector<Track>& tr
 }
 
 // Relays the tracks' progress as SSE until they all finish (or the client leaves, or a drop).
+// Without `head_started`, the status and headers go out with the first event.
 awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>& tracks,
-                             StreamWriter& writer, Emitter& em, const Tokenizer& tok) {
-  co_await ex.begin_body(200, kSse, std::nullopt);
+                             StreamWriter& writer, Emitter& em, const Tokenizer& tok,
+                             bool head_started) {
+  if (!head_started) co_await ex.begin_body(200, kSse, std::nullopt);
   for (;;) {
     co_await n.wait();
     if (ex.client_gone()) co_return;
@@ -97,6 +116,95 @@ awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>
       co_return;
     }
   }
+}
+
+// The answer to a request SGLang's scheduler aborts before its first token (a full queue, a
+// failed KV transfer; here also --abort-first-event-rate), built whole before any I/O.
+// Streams: status 200 (/generate sent its headers at once; the OpenAI routes send them with their
+// first chunk, which is this abort), then per prompt a /generate chunk whose finish_reason is the
+// abort, or, on OpenAI routes, one error event (SGLang stops at the first abort) and the usage
+// chunk when usage was asked for; then [DONE]. Whole answers: the abort's status with FastAPI's
+// HTTPException body on every route, or, for a 400, the route's own error body (SGLang raises a
+// ValueError then).
+FinishReason abort_reason(int status, std::string message) {
+  return FinishReason{
+      .kind = FinishReason::Kind::kAbort, .message = std::move(message), .status_code = status};
+}
+
+struct AbortAnswer {
+  int status = 200;
+  bool stream = false;
+  std::string body;
+};
+
+AbortAnswer make_abort_answer(const ParsedRequest& req, std::span<const OutputView> views,
+                              const FinishReason& abort, bool cache_report) {
+  AbortAnswer a;
+  const int status = abort.status_code > 0 ? abort.status_code : 500;
+  if (!req.stream) {
+    a.status = status;
+    if (status >= 500) {
+      append_http_exception_error(a.body, abort.message, status);
+    } else if (req.route == Route::kGenerate) {
+      append_generate_error(a.body, abort.message);
+    } else {
+      append_openai_error(a.body, abort.message, status);
+    }
+    return a;
+  }
+  a.stream = true;
+  Emitter em(std::nullopt);
+  if (req.route == Route::kGenerate) {
+    for (size_t i = 0; i < views.size(); ++i) {
+      em.event([&](std::string& out) {
+        append_generate_object(out, views[i], req.batch ? static_cast<int>(i) : -1);
+      });
+    }
+  } else {
+    em.event([&](std::string& out) { append_openai_abort_event(out, abort.message, status); });
+    if (req.include_usage && !views.empty()) {
+      OpenAIContext c{.id = views[0].id,
+                      .model = req.model,
+                      .created = static_cast<int64_t>(std::time(nullptr)),
+                      .cache_report = cache_report};
+      em.event([&](std::string& out) {
+        append_usage_chunk(out, c, req.route == Route::kChatCompletions, views.first(1));
+      });
+    }
+  }
+  em.done();
+  a.body = std::move(em.buffer());
+  return a;
+}
+
+// One view per prompt of an aborted request: no output, nothing cached.
+std::vector<OutputView> abort_views(std::span<const std::string> ids,
+                                    std::span<const int64_t> prompt_tokens, int dp_rank,
+                                    const FinishReason& abort, double e2e_latency) {
+  std::vector<OutputView> views;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    views.push_back(OutputView{.id = ids[i],
+                               .prompt_tokens = prompt_tokens[i],
+                               .dp_rank = dp_rank,
+                               .finish = &abort,
+                               .e2e_latency = e2e_latency});
+  }
+  return views;
+}
+
+// The abort of a request before it reached the engine: a full queue, --abort-first-event-rate.
+AbortAnswer abort_before_start(const ParsedRequest& req, int status, std::string message,
+                               bool cache_report) {
+  const FinishReason abort = abort_reason(status, std::move(message));
+  std::vector<std::string> ids;
+  std::vector<int64_t> prompt_tokens;
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    ids.push_back(req.rids[i].empty() ? random_hex_id() : req.rids[i]);
+    prompt_tokens.push_back(static_cast<int64_t>(req.prompts[i].size()));
+  }
+  auto views =
+      abort_views(ids, prompt_tokens, static_cast<int>(req.routed_dp_rank.value_or(0)), abort, 0.0);
+  return make_abort_answer(req, views, abort, cache_report);
 }
 
 // How the instant completion ends for a request of `max_new` tokens.
@@ -197,11 +305,14 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   if (!config_.instant) {
     if (std::string full = engine_.check_queue(scratch.routed_dp_rank, scratch.prompts.size());
         !full.empty()) {
-      co_await respond_error(ex, route, 503, full);
+      // SGLang's scheduler aborts it (503): a stream still answers 200, with the abort.
+      AbortAnswer a = abort_before_start(scratch, 503, full, config_.enable_cache_report);
+      co_await send_abort(ex, a.status, a.stream, a.body, false);
       co_return;
     }
   }
   std::optional<int64_t> drop_after;
+  bool aborted = false;
   switch (faults_.decide()) {
     case Fault::kFail:
       co_await respond_error(ex, route, static_cast<int>(faults_.settings().fail_status),
@@ -213,8 +324,19 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
     case Fault::kDrop:
       drop_after = faults_.settings().drop_after_chunks;
       break;
+    case Fault::kAbort:
+      aborted = true;
+      break;
     case Fault::kNone:
       break;
+  }
+  if (aborted) {
+    // As SGLang's scheduler aborts a request it cannot serve, before any token.
+    AbortAnswer a =
+        abort_before_start(scratch, 503, "injected abort (kvgate-sim --abort-first-event-rate)",
+                           config_.enable_cache_report);
+    co_await send_abort(ex, a.status, a.stream, a.body, false);
+    co_return;
   }
   if (config_.instant) {
     co_await answer_instant(ex, scratch, drop_after);
@@ -225,7 +347,19 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
 
 awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
                                        std::optional<int64_t> drop_after) {
+  const auto start = Clock::now();
   const Tokenizer& tok = engine_.tokenizer();
+  // SGLang's /generate returns its StreamingResponse at once: the status and headers go out before
+  // the prefill (on a PD decode server, before the wait for the KV), then a silence until the first
+  // token. Its OpenAI routes first pull the stream's first chunk (so that a validation error can
+  // still be a 400), so their headers go out with the first event (relay_stream).
+  bool head_started = false;
+  if (req.stream && req.route == Route::kGenerate) {
+    co_await ex.begin_body(200, kSse, std::nullopt);
+    bool flushed = co_await ex.flush();  // not in the if-condition: see send_abort
+    if (!flushed) co_return;
+    head_started = true;
+  }
   auto notifier = std::make_shared<Notifier>(ex.executor());
   // Wakes the KV wait of a PD decode request when the client goes away.
   auto gone = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
@@ -243,9 +377,24 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     }
   } cancel_on_exit{tracks};
   for (size_t i = 0; i < req.prompts.size(); ++i) {
+    tracks[i].id = req.rids[i].empty() ? random_hex_id() : req.rids[i];
+    tracks[i].prompt_tokens = static_cast<int64_t>(req.prompts[i].size());
+  }
+  // A failed KV transfer aborts the request, as SGLang's decode scheduler does: in the stream
+  // under status 200, or as the whole answer's error status.
+  auto abort_answer = [&](const FinishReason& reason) {
+    std::vector<std::string> ids;
+    std::vector<int64_t> prompt_tokens;
+    for (const auto& t : tracks) {
+      ids.push_back(t.id);
+      prompt_tokens.push_back(t.prompt_tokens);
+    }
+    auto views = abort_views(ids, prompt_tokens, static_cast<int>(req.routed_dp_rank.value_or(0)),
+                             reason, seconds_between(start, Clock::now()));
+    return make_abort_answer(req, views, reason, config_.enable_cache_report);
+  };
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
     Track& t = tracks[i];
-    t.id = req.rids[i].empty() ? random_hex_id() : req.rids[i];
-    t.prompt_tokens = static_cast<int64_t>(req.prompts[i].size());
     GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
     Bootstrap b;
     bool has_host = false, has_port = false, has_room = false;
@@ -260,16 +409,18 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
       RoomWait w =
           co_await wait_for_room(b.host, static_cast<uint16_t>(b.port), b.room, timeout, gone);
       if (ex.client_gone()) co_return;
+      std::optional<AbortAnswer> failed;
       if (w.ok && w.info.prompt_tokens != t.prompt_tokens) {
-        co_await respond_error(
-            ex, req.route, 400,
-            "bootstrap_room " + std::to_string(b.room) + " was prefilled with " +
-                std::to_string(w.info.prompt_tokens) + " prompt tokens but this request has " +
-                std::to_string(t.prompt_tokens) + " (prefill and decode must get the same body)");
-        co_return;
+        failed = abort_answer(abort_reason(
+            400, "bootstrap_room " + std::to_string(b.room) + " was prefilled with " +
+                     std::to_string(w.info.prompt_tokens) + " prompt tokens but this request has " +
+                     std::to_string(t.prompt_tokens) +
+                     " (prefill and decode must get the same body)"));
+      } else if (!w.ok) {
+        failed = abort_answer(abort_reason(w.status, "PD transfer failed: " + w.error));
       }
-      if (!w.ok) {
-        co_await respond_error(ex, req.route, w.status, "PD transfer failed: " + w.error);
+      if (failed) {
+        co_await send_abort(ex, failed->status, failed->stream, failed->body, head_started);
         co_return;
       }
       g.transferred_cached_tokens = w.info.cached_tokens;
@@ -285,10 +436,11 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
   if (req.stream) {
     Emitter em(drop_after);
     auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
-    co_await relay_stream(ex, *notifier, tracks, *writer, em, tok);
+    co_await relay_stream(ex, *notifier, tracks, *writer, em, tok, head_started);
     co_return;
   }
-  if (!co_await wait_all(ex, *notifier, tracks, tok)) co_return;
+  bool all_done = co_await wait_all(ex, *notifier, tracks, tok);
+  if (!all_done) co_return;
   std::vector<OutputView> views;
   views.reserve(tracks.size());
   for (const auto& t : tracks) views.push_back(t.view());
@@ -375,7 +527,8 @@ awaitable<void> GenerationHandler::answer_instant(http::Exchange& ex, const Pars
   Emitter em(drop_after);
   instant_events(req, c, views, shape, em);
   co_await ex.begin_body(200, kSse, std::nullopt);
-  if (!co_await ex.write_body(em.buffer())) co_return;
+  bool sent = co_await ex.write_body(em.buffer());
+  if (!sent) co_return;
   if (em.cut()) {
     ex.close_after();
     co_return;

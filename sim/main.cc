@@ -33,9 +33,7 @@ int fail(const std::string& msg) {
 // Binds one listener per loop, all on cfg.port (the first one's port when cfg.port is 0).
 std::string listen(const SimConfig& cfg, std::vector<std::unique_ptr<asio::io_context>>& contexts,
                    SimServer& sim, std::vector<std::unique_ptr<http::Server>>& servers) {
-  http::ServerConfig sc;
-  sc.host = cfg.host;
-  sc.port = static_cast<uint16_t>(cfg.port);
+  http::ServerConfig sc = http_server_config(cfg);
   try {
     for (auto& ctx : contexts) {
       servers.push_back(
@@ -119,15 +117,11 @@ int main(int argc, char** argv) {
   // with the loops still release their scheduler slots.
   SimMetrics metrics(cfg.served_model_name, static_cast<int>(cfg.dp_size));
   Engine engine(engine_config(cfg), *tokenizer, metrics, std::move(sinks), bootstrap.get());
-  FaultSettings fs{.fail_rate = cfg.fail_rate,
-                   .fail_status = cfg.fail_status,
-                   .hang_rate = cfg.hang_rate,
-                   .drop_rate = cfg.drop_mid_stream_rate,
-                   .drop_after_chunks = cfg.drop_after_chunks};
   auto unhealthy_until =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(cfg.start_unhealthy_secs));
-  FaultInjector faults(fs, static_cast<uint64_t>(cfg.seed) ^ 0x66617531747321ull, unhealthy_until);
+  FaultInjector faults(fault_settings(cfg), static_cast<uint64_t>(cfg.seed) ^ 0x66617531747321ull,
+                       unhealthy_until);
   SimServer sim(cfg, engine, metrics, faults, *chat_template);
 
   // One event loop per thread, each with its own listener on the shared port (SO_REUSEPORT): a

@@ -38,8 +38,16 @@ void append_generate_finish(std::string& out, const FinishReason* f) {
       }
       break;
     case FinishReason::Kind::kAbort:
+      // SGLang's FINISH_ABORT.to_json(); err_type stays None for the aborts the sim models.
       out.append(R"({"type":"abort","message":)");
       json::append_string(out, f->message);
+      out.append(R"(,"status_code":)");
+      if (f->status_code > 0) {
+        append_int(out, f->status_code);
+      } else {
+        out.append("null");
+      }
+      out.append(R"(,"err_type":null)");
       break;
   }
   out.push_back('}');
@@ -308,6 +316,52 @@ void append_openai_error(std::string& out, std::string_view message, int status)
 void append_openai_stream_error(std::string& out, std::string_view message, int status) {
   out.append(R"({"error":)");
   append_openai_error(out, message, status);
+  out.push_back('}');
+}
+
+std::string_view http_status_name(int status) {
+  switch (status) {
+    case 400:
+      return "BAD_REQUEST";
+    case 404:
+      return "NOT_FOUND";
+    case 408:
+      return "REQUEST_TIMEOUT";
+    case 413:
+      return "REQUEST_ENTITY_TOO_LARGE";
+    case 429:
+      return "TOO_MANY_REQUESTS";
+    case 500:
+      return "INTERNAL_SERVER_ERROR";
+    case 502:
+      return "BAD_GATEWAY";
+    case 503:
+      return "SERVICE_UNAVAILABLE";
+    case 504:
+      return "GATEWAY_TIMEOUT";
+    default:
+      return status >= 500 ? "INTERNAL_SERVER_ERROR" : "BAD_REQUEST";
+  }
+}
+
+void append_openai_abort_event(std::string& out, std::string_view message, int status) {
+  // Python's json.dumps: ", " and ": " separators (not orjson's compact output).
+  out.append(R"({"error": {"object": "error", "message": )");
+  json::append_string(out, message);
+  out.append(R"(, "type": )");
+  json::append_string(out, http_status_name(status));
+  out.append(R"(, "param": null, "code": )");
+  append_int(out, status);
+  out.append("}}");
+}
+
+void append_http_exception_error(std::string& out, std::string_view message, int status) {
+  out.append(R"({"object":"error","message":)");
+  json::append_string(out, message);
+  out.append(R"(,"type":")");
+  append_int(out, status);
+  out.append(R"(","param":null,"code":)");
+  append_int(out, status);
   out.push_back('}');
 }
 

@@ -69,6 +69,18 @@ void append_openai_stream_error(std::string& out, std::string_view message, int 
 // OpenAI "type" for a status: BadRequestError, NotFoundError, InternalServerError...
 std::string_view openai_error_type(int status);
 
+// --- Aborts (SGLang's scheduler ends a request with finish_reason {"type":"abort",...}) ---
+// Python's HTTPStatus(status).name: BAD_REQUEST, INTERNAL_SERVER_ERROR, SERVICE_UNAVAILABLE...
+std::string_view http_status_name(int status);
+// The event an OpenAI stream sends for an abort that carries a status, as SGLang's
+// create_streaming_error_response writes it (json.dumps, so spaces after ':' and ','):
+// {"error": {"object": "error", "message": M, "type": "SERVICE_UNAVAILABLE", "param": null,
+// "code": 503}}. Messages are ASCII here (json.dumps would escape anything else as \uXXXX).
+void append_openai_abort_event(std::string& out, std::string_view message, int status);
+// The body of a FastAPI HTTPException on any route (a whole answer aborted with a 5xx):
+// {"object":"error","message":M,"type":"503","param":null,"code":503}.
+void append_http_exception_error(std::string& out, std::string_view message, int status);
+
 // --- SSE ---
 // "data: " + json + "\n\n" around what `fn` appends.
 template <class Fn>

@@ -51,6 +51,7 @@ struct FinishReason {
   std::string matched_text;    // kStop by a stop string
   int32_t matched_token = -1;  // kStop by a token id
   std::string message;         // kAbort
+  int status_code = 0;         // kAbort: the HTTP status SGLang's abort carries (0: none)
   // The last output token is the matched stop and is not part of the visible text.
   bool hides_last_token() const { return kind == Kind::kStop; }
 };

@@ -46,6 +46,14 @@ double unix_now() {
 
 }  // namespace
 
+http::ServerConfig http_server_config(const SimConfig& cfg) {
+  http::ServerConfig sc;
+  sc.host = cfg.host;
+  sc.port = static_cast<uint16_t>(cfg.port);
+  sc.idle_timeout = std::chrono::seconds(cfg.timeout_keep_alive);
+  return sc;
+}
+
 SimServer::SimServer(const SimConfig& config, Engine& engine, SimMetrics& metrics,
                      FaultInjector& faults, const ChatTemplate& chat_template)
     : config_(config),

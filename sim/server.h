@@ -13,6 +13,10 @@
 
 namespace kvgate::sim {
 
+// The HTTP server settings of --host, --port and --timeout-keep-alive (an idle keep-alive
+// connection is closed after that many seconds, as uvicorn closes SGLang's).
+http::ServerConfig http_server_config(const SimConfig& cfg);
+
 class SimServer {
  public:
   SimServer(const SimConfig& config, Engine& engine, SimMetrics& metrics, FaultInjector& faults,

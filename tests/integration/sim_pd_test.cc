@@ -96,7 +96,41 @@ TEST(SimPd, WrongRoomTimesOutWithAClearError) {
   EXPECT_EQ(p.get().status, 200);
   EXPECT_EQ(d.status, 500) << d.body;
   EXPECT_NE(d.body.find("bootstrap_room 1002 never arrived"), std::string::npos) << d.body;
+  EXPECT_EQ(json_string_field(d.body, "type"), "500") << d.body;  // FastAPI's HTTPException body
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(900));
+}
+
+// Streams: the decode server has answered 200 (a /generate stream's headers go out at once) when
+// the KV fails to arrive, so the failure is an abort in the stream, as SGLang's decode sends it.
+TEST(SimPd, StreamedTransferFailureIsAnAbortInTheStream) {
+  Pd pd;
+  std::string b = pd.body(2002, kText, 5);
+  b.insert(b.size() - 1, R"(,"stream":true)");
+  auto d = HttpClient(pd.decode.port).post("/generate", b);
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(d.header("content-type"), "text/event-stream");
+  auto data = sse_data(d.body);
+  ASSERT_EQ(data.size(), 2u) << d.body;
+  EXPECT_EQ(data[1], "[DONE]");
+  EXPECT_NE(data[0].find(R"("finish_reason":{"type":"abort","message":"PD transfer failed: )"),
+            std::string::npos)
+      << data[0];
+  EXPECT_NE(data[0].find("bootstrap_room 2002 never arrived"), std::string::npos) << data[0];
+  EXPECT_NE(data[0].find(R"("status_code":500,"err_type":null})"), std::string::npos) << data[0];
+  EXPECT_EQ(json_number_field(data[0], "completion_tokens"), 0);
+
+  auto chat = HttpClient(pd.decode.port)
+                  .post("/v1/chat/completions",
+                        R"({"messages":[{"role":"user","content":"hi"}],"stream":true,)"
+                        R"("bootstrap_host":"127.0.0.1","bootstrap_port":)" +
+                            std::to_string(pd.bootstrap) + R"(,"bootstrap_room":2003})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  data = sse_data(chat.body);
+  ASSERT_EQ(data.size(), 2u) << chat.body;
+  EXPECT_NE(data[0].find(R"("type": "INTERNAL_SERVER_ERROR", "param": null, "code": 500}})"),
+            std::string::npos)
+      << data[0];
+  EXPECT_EQ(data[1], "[DONE]");
 }
 
 TEST(SimPd, MissingPrefillServerFailsFast) {

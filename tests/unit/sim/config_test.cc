@@ -25,6 +25,8 @@ TEST(SimConfig, DefaultsFollowSglang) {
   EXPECT_FALSE(c.enable_metrics);
   EXPECT_DOUBLE_EQ(c.fail_rate, 0);
   EXPECT_EQ(c.fail_status, 500);
+  EXPECT_DOUBLE_EQ(c.abort_first_event_rate, 0);
+  EXPECT_EQ(c.timeout_keep_alive, 5);  // SGLANG_TIMEOUT_KEEP_ALIVE's default
 }
 
 TEST(SimConfig, ParsesEveryKindOfFlag) {
@@ -57,6 +59,10 @@ TEST(SimConfig, ParsesEveryKindOfFlag) {
                       "0.5",
                       "--drop-after-chunks",
                       "3",
+                      "--abort-first-event-rate",
+                      "0",
+                      "--timeout-keep-alive",
+                      "30",
                       "--start-unhealthy-secs",
                       "1.5",
                       "--tokenizer-path",
@@ -79,6 +85,7 @@ TEST(SimConfig, ParsesEveryKindOfFlag) {
   EXPECT_EQ(c.fail_status, 503);
   EXPECT_DOUBLE_EQ(c.drop_mid_stream_rate, 0.5);
   EXPECT_EQ(c.drop_after_chunks, 3);
+  EXPECT_EQ(c.timeout_keep_alive, 30);
   EXPECT_DOUBLE_EQ(c.start_unhealthy_secs, 1.5);
   EXPECT_EQ(c.tokenizer_path, "models/qwen3");
   EXPECT_EQ(c.context_length, 4096);
@@ -108,6 +115,9 @@ TEST(SimConfig, InvalidValuesNameTheFlagAndTheFix) {
       {{"--log-level", "loud"}, "choose one of: debug, info, warning, error"},
       {{"--prot", "1"}, "did you mean '--port'?"},
       {{"--fail-rate", "0.6", "--hang-rate", "0.6"}, "keep the sum <= 1"},
+      {{"--drop-mid-stream-rate", "0.5", "--abort-first-event-rate", "0.6"},
+       "--abort-first-event-rate add up to 1.1"},
+      {{"--timeout-keep-alive", "0"}, "--timeout-keep-alive: 0 is out of range"},
       {{"--page-size", "64", "--max-total-tokens", "32"}, "--max-total-tokens (32) must hold"},
       {{"extra"}, "unexpected argument 'extra'"},
       {{"--port"}, "--port needs a value"},

@@ -23,15 +23,17 @@ TEST(SimFaults, RateOneAlwaysFires) {
   FaultInjector fail({.fail_rate = 1}, 1, Clock::now());
   FaultInjector hang({.hang_rate = 1}, 1, Clock::now());
   FaultInjector drop({.drop_rate = 1}, 1, Clock::now());
+  FaultInjector abort({.abort_rate = 1}, 1, Clock::now());
   for (int i = 0; i < 100; ++i) {
     EXPECT_EQ(fail.decide(), Fault::kFail);
     EXPECT_EQ(hang.decide(), Fault::kHang);
     EXPECT_EQ(drop.decide(), Fault::kDrop);
+    EXPECT_EQ(abort.decide(), Fault::kAbort);
   }
 }
 
 TEST(SimFaults, SameSeedSameDecisions) {
-  FaultSettings s{.fail_rate = 0.2, .hang_rate = 0.1, .drop_rate = 0.3};
+  FaultSettings s{.fail_rate = 0.2, .hang_rate = 0.1, .drop_rate = 0.3, .abort_rate = 0.2};
   FaultInjector a(s, 42, Clock::now()), b(s, 42, Clock::now()), c(s, 43, Clock::now());
   auto da = draws(a, 200);
   EXPECT_EQ(da, draws(b, 200));
@@ -39,13 +41,42 @@ TEST(SimFaults, SameSeedSameDecisions) {
 }
 
 TEST(SimFaults, FrequenciesFollowTheRates) {
-  FaultInjector f({.fail_rate = 0.2, .hang_rate = 0.1, .drop_rate = 0.3}, 7, Clock::now());
+  FaultInjector f({.fail_rate = 0.2, .hang_rate = 0.1, .drop_rate = 0.3, .abort_rate = 0.15}, 7,
+                  Clock::now());
   std::map<Fault, int> n;
   for (Fault x : draws(f, 20000)) n[x]++;
   EXPECT_NEAR(n[Fault::kFail] / 20000.0, 0.2, 0.02);
   EXPECT_NEAR(n[Fault::kHang] / 20000.0, 0.1, 0.02);
   EXPECT_NEAR(n[Fault::kDrop] / 20000.0, 0.3, 0.02);
-  EXPECT_NEAR(n[Fault::kNone] / 20000.0, 0.4, 0.02);
+  EXPECT_NEAR(n[Fault::kAbort] / 20000.0, 0.15, 0.02);
+  EXPECT_NEAR(n[Fault::kNone] / 20000.0, 0.25, 0.02);
+}
+
+TEST(SimFaults, AbortRateFromTheFlagAndAtRuntime) {
+  SimConfig c;
+  c.abort_first_event_rate = 0.25;
+  c.fail_status = 502;
+  FaultSettings s = fault_settings(c);
+  EXPECT_DOUBLE_EQ(s.abort_rate, 0.25);
+  EXPECT_EQ(s.fail_status, 502);
+
+  FaultInjector f({}, 1, Clock::now());
+  EXPECT_NE(f.to_json().find(R"("abort_first_event_rate":0.0)"), std::string::npos) << f.to_json();
+  std::string body = R"({"abort_first_event_rate":1})";
+  ASSERT_EQ(f.update(body), "");
+  EXPECT_EQ(f.decide(), Fault::kAbort);
+  EXPECT_DOUBLE_EQ(f.settings().abort_rate, 1);
+  EXPECT_NE(f.to_json().find(R"("abort_first_event_rate":1.0)"), std::string::npos) << f.to_json();
+  // Exclusive with the other outcomes: the sum is checked with it.
+  body = R"({"fail_rate":0.5})";
+  EXPECT_NE(f.update(body).find("abort_first_event_rate must add up to at most 1"),
+            std::string::npos);
+  body = R"({"fail_rate":0.5,"abort_first_event_rate":0.5})";
+  ASSERT_EQ(f.update(body), "");
+  body = R"({"abort_first_event_rate":0})";
+  ASSERT_EQ(f.update(body), "");
+  EXPECT_EQ(f.settings().abort_rate, 0);
+  EXPECT_DOUBLE_EQ(f.settings().fail_rate, 0.5);
 }
 
 TEST(SimFaults, UpdateChangesSettingsAtRuntime) {
@@ -71,6 +102,9 @@ TEST(SimFaults, UpdateIsAllOrNothing) {
       {R"({"hang_rate":0.5,"fail_rate":2})", "'fail_rate' must be a number between 0 and 1"},
       {R"({"fail_status":99})", "'fail_status' must be an integer between 400 and 599"},
       {R"({"hang_rate":0.6})", "must add up to at most 1"},
+      {R"({"abort_first_event_rate":0.6})", "must add up to at most 1"},
+      {R"({"abort_first_event_rate":-0.1})",
+       "'abort_first_event_rate' must be a number between 0 and 1"},
       {R"({"unhealthy":"yes"})", "'unhealthy' must be true or false"},
       {R"({"unhealthy_secs":-1})", "'unhealthy_secs'"},
       {"[", "malformed JSON body"},

@@ -205,6 +205,42 @@ TEST_F(SimResponses, Errors) {
   EXPECT_EQ(openai_error_type(404), "NotFoundError");
 }
 
+TEST_F(SimResponses, AbortShapesFollowSglang) {
+  // /generate: FINISH_ABORT.to_json() as the finish reason of a normal chunk.
+  FinishReason abort{.kind = FinishReason::Kind::kAbort, .message = "full", .status_code = 503};
+  OutputView v{.id = "rid", .prompt_tokens = 7, .finish = &abort, .e2e_latency = 0.5};
+  std::string out;
+  append_generate_object(out, v);
+  element f = parse(out)["meta_info"]["finish_reason"];
+  EXPECT_EQ(keys(f), (std::vector<std::string>{"type", "message", "status_code", "err_type"}));
+  EXPECT_EQ(std::string_view(f["type"]), "abort");
+  EXPECT_EQ(std::string_view(f["message"]), "full");
+  EXPECT_EQ(int64_t(f["status_code"]), 503);
+  EXPECT_TRUE(f["err_type"].is_null());
+  EXPECT_EQ(int64_t(parse(out)["meta_info"]["completion_tokens"]), 0);
+  EXPECT_EQ(parse(out)["output_ids"].get_array().size(), 0u);
+  out.clear();
+  FinishReason graceful{.kind = FinishReason::Kind::kAbort, .message = "bye"};
+  v.finish = &graceful;
+  append_generate_object(out, v);
+  EXPECT_TRUE(parse(out)["meta_info"]["finish_reason"]["status_code"].is_null());
+
+  // OpenAI streams: create_streaming_error_response's json.dumps, byte for byte.
+  out.clear();
+  append_openai_abort_event(out, "The request queue is full.", 503);
+  EXPECT_EQ(out, R"({"error": {"object": "error", "message": "The request queue is full.", )"
+                 R"("type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}})");
+  out.clear();
+  append_openai_abort_event(out, "x", 500);
+  EXPECT_EQ(std::string_view(parse(out)["error"]["type"]), "INTERNAL_SERVER_ERROR");
+  EXPECT_EQ(http_status_name(400), "BAD_REQUEST");
+
+  // Whole answers aborted with a 5xx: FastAPI's HTTPException body, the status as the type.
+  out.clear();
+  append_http_exception_error(out, "gone", 503);
+  EXPECT_EQ(out, R"({"object":"error","message":"gone","type":"503","param":null,"code":503})");
+}
+
 TEST_F(SimResponses, SseFraming) {
   std::string out;
   append_sse(out, [](std::string& o) { o.append("{}"); });

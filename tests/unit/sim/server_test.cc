@@ -309,6 +309,17 @@ TEST_F(SimServerTest, QueueLimitAnswers503) {
   auto o = c.post("/v1/completions", R"({"prompt":"one more"})");
   EXPECT_EQ(o.status, 503);
   EXPECT_EQ(int64_t(parse(o.body)["code"]), 503);
+  EXPECT_EQ(str(parse(o.body)["type"]), "503");  // FastAPI's HTTPException body
+  // Streams: SGLang's scheduler aborts the request, after status 200.
+  auto ev = events(c.post("/generate", R"({"text":"one more","stream":true})"));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(str(ev[0]["meta_info"]["finish_reason"]["message"]), "The request queue is full.");
+  EXPECT_EQ(int64_t(ev[0]["meta_info"]["finish_reason"]["status_code"]), 503);
+  ev = events(c.post("/v1/chat/completions",
+                     R"({"messages":[{"role":"user","content":"x"}],"stream":true})"));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(str(ev[0]["error"]["type"]), "SERVICE_UNAVAILABLE");
+  EXPECT_EQ(str(ev[0]["error"]["message"]), "The request queue is full.");
 }
 
 TEST_F(SimServerTest, EmbeddingsAndRerank) {
@@ -346,6 +357,92 @@ TEST_F(SimServerTest, InjectedFailuresAndHealth) {
   EXPECT_EQ(c.post("/sim/faults", R"({"fail_rate":2})").status, 400);
   EXPECT_EQ(c.post("/sim/faults", R"({"fail_rate":0})").status, 200);
   EXPECT_EQ(c.post("/generate", with(kGen, "")).status, 200);
+}
+
+TEST_F(SimServerTest, AbortInTheFirstEventAsSglangSendsIt) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "1", "--abort-first-event-rate", "1"});
+  HttpClient c(s.port);
+  const std::string message = "injected abort (kvgate-sim --abort-first-event-rate)";
+
+  // /generate: status 200, one chunk whose finish_reason is the abort, then [DONE].
+  auto ev = events(c.post("/generate", with(kGen, R"(,"stream":true,"rid":"r1")")));
+  ASSERT_EQ(ev.size(), 1u);
+  element m = ev[0]["meta_info"];
+  EXPECT_EQ(str(m["id"]), "r1");
+  EXPECT_EQ(str(m["finish_reason"]["type"]), "abort");
+  EXPECT_EQ(str(m["finish_reason"]["message"]), message);
+  EXPECT_EQ(int64_t(m["finish_reason"]["status_code"]), 503);
+  EXPECT_TRUE(m["finish_reason"]["err_type"].is_null());
+  EXPECT_GT(int64_t(m["prompt_tokens"]), 0);
+  EXPECT_EQ(int64_t(m["completion_tokens"]), 0);
+  EXPECT_EQ(str(ev[0]["text"]), "");
+  EXPECT_GE(double(m["e2e_latency"]), 0);
+  // A batch: one aborted chunk per prompt, each with its index.
+  ev = events(c.post("/generate", R"({"text":["a b","c d"],"stream":true})"));
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(int64_t(ev[1]["index"]), 1);
+  EXPECT_EQ(str(ev[1]["meta_info"]["finish_reason"]["type"]), "abort");
+
+  // OpenAI routes: the error event SGLang's serving code writes (json.dumps spacing), [DONE].
+  const std::string error_event =
+      R"({"error": {"object": "error", "message": ")" + message +
+      R"(", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}})";
+  for (auto [path, body] :
+       {std::pair{"/v1/chat/completions", kChat}, std::pair{"/v1/completions", kCmpl}}) {
+    auto r = c.post(path, with(body, R"(,"stream":true)"));
+    EXPECT_EQ(r.status, 200) << path;
+    EXPECT_EQ(r.header("content-type"), "text/event-stream");
+    EXPECT_EQ(sse_data(r.body), (std::vector<std::string>{error_event, "[DONE]"})) << r.body;
+  }
+  // With usage asked for, the usage chunk still follows the error (SGLang breaks out of its loop
+  // and then sends it): the prompt was counted, nothing was generated.
+  ev = events(c.post("/v1/chat/completions",
+                     with(kChat, R"(,"stream":true,"stream_options":{"include_usage":true})")));
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(int64_t(ev[0]["error"]["code"]), 503);
+  EXPECT_EQ(ev[1]["choices"].get_array().size(), 0u);
+  EXPECT_GT(int64_t(ev[1]["usage"]["prompt_tokens"]), 0);
+  EXPECT_EQ(int64_t(ev[1]["usage"]["completion_tokens"]), 0);
+
+  // Whole answers: 503 with FastAPI's HTTPException body on every route.
+  for (auto [path, body] : {std::pair{"/generate", kGen}, std::pair{"/v1/chat/completions", kChat},
+                            std::pair{"/v1/completions", kCmpl}}) {
+    auto r = c.post(path, with(body, ""));
+    EXPECT_EQ(r.status, 503) << path;
+    element e = parse(r.body);
+    EXPECT_EQ(str(e["object"]), "error");
+    EXPECT_EQ(str(e["message"]), message);
+    EXPECT_EQ(str(e["type"]), "503");
+    EXPECT_EQ(int64_t(e["code"]), 503);
+  }
+  EXPECT_EQ(s.load().running, 0);  // nothing reached the engine
+}
+
+TEST_F(SimServerTest, AbortFaultAtRuntimeAndWithInstant) {
+  Sim s({"--instant"});
+  HttpClient c(s.port);
+  ASSERT_EQ(c.post("/sim/faults", R"({"abort_first_event_rate":1})").status, 200);
+  EXPECT_NE(c.get("/sim/faults").body.find(R"("abort_first_event_rate":1.0)"), std::string::npos);
+  auto ev = events(c.post("/generate", with(kGen, R"(,"stream":true)")));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(str(ev[0]["meta_info"]["finish_reason"]["type"]), "abort");
+  ASSERT_EQ(c.post("/sim/faults", R"({"abort_first_event_rate":0})").status, 200);
+  ev = events(c.post("/generate", with(kGen, R"(,"stream":true)")));
+  EXPECT_EQ(ev.size(), 6u);
+  EXPECT_EQ(str(ev.back()["meta_info"]["finish_reason"]["type"]), "length");
+}
+
+TEST(SimServerConfig, KeepAliveTimeoutReachesTheHttpServer) {
+  SimConfig c;
+  std::string error, help;
+  std::vector<std::string> args = {"--host", "0.0.0.0", "--port", "0"};
+  ASSERT_TRUE(parse_sim_args(args, c, error, help)) << error;
+  http::ServerConfig sc = http_server_config(c);
+  EXPECT_EQ(sc.idle_timeout, std::chrono::seconds(5));  // uvicorn as SGLang runs it
+  EXPECT_EQ(sc.host, "0.0.0.0");
+  args = {"--timeout-keep-alive", "42"};
+  ASSERT_TRUE(parse_sim_args(args, c, error, help)) << error;
+  EXPECT_EQ(http_server_config(c).idle_timeout, std::chrono::seconds(42));
 }
 
 TEST_F(SimServerTest, DroppedStreamClosesAfterKEvents) {

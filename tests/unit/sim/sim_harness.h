@@ -71,16 +71,11 @@ class Sim {
     }
     engine = std::make_unique<Engine>(ec, *tokenizer, *metrics, std::move(sinks), bootstrap.get());
     faults = std::make_unique<FaultInjector>(
-        FaultSettings{.fail_rate = cfg.fail_rate,
-                      .fail_status = cfg.fail_status,
-                      .hang_rate = cfg.hang_rate,
-                      .drop_rate = cfg.drop_mid_stream_rate,
-                      .drop_after_chunks = cfg.drop_after_chunks},
-        1,
+        fault_settings(cfg), 1,
         Clock::now() +
             std::chrono::milliseconds(static_cast<int64_t>(cfg.start_unhealthy_secs * 1000)));
     sim = std::make_unique<SimServer>(cfg, *engine, *metrics, *faults, *chat_template);
-    http::ServerConfig sc;
+    http::ServerConfig sc = http_server_config(cfg);
     sc.host = "127.0.0.1";
     server = std::make_unique<http::Server>(std::vector<asio::io_context*>{&ctx}, sc,
                                             [this](http::Exchange& ex) { return sim->handle(ex); });

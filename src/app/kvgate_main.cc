@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   pc.balance_rel_threshold = cfg.balance_rel_threshold;
   pc.eviction_interval_secs = cfg.eviction_interval;
   pc.max_tree_size = cfg.max_tree_size;
+  pc.max_prefix_trees = cfg.max_prefix_trees;
   pc.prefix_token_count = cfg.prefix_token_count;
   pc.prefix_hash_load_factor = cfg.prefix_hash_load_factor;
   pc.max_idle_secs = cfg.max_idle_secs;

@@ -29,6 +29,7 @@ struct GatewayConfig {
   double balance_rel_threshold = 1.5;
   int64_t eviction_interval = 120;
   int64_t max_tree_size = 67108864;
+  int64_t max_prefix_trees = 64;
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;
   int64_t max_idle_secs = 14400;

@@ -23,6 +23,7 @@ struct PolicyConfig {
   double balance_rel_threshold = 1.5;
   int64_t eviction_interval_secs = 120;
   int64_t max_tree_size = 67108864;
+  int64_t max_prefix_trees = 64;
   // prefix_hash
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;

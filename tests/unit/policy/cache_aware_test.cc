@@ -1,6 +1,6 @@
 // Tests for policy/cache_aware: the imbalance test at its exact edges, cache hits above the
 // threshold, least-loaded random ties below it, insertion, the ground-truth correction, eviction
-// and worker removal.
+// and worker removal, the bound on model trees.
 #include "policy/cache_aware.h"
 
 #include <gtest/gtest.h>
@@ -143,10 +143,10 @@ TEST(CacheAware, GroundTruthCorrectsTheTree) {
   p->on_completed(d2, r.ctx, Outcome{200, true, 0, 200});
   std::vector<prefix::Slot> slots{static_cast<prefix::Slot>(d1.worker->id())};
   std::vector<size_t> m(1);
-  ca.tree("m").match(other, slots, m);
+  ca.tree("m")->match(other, slots, m);
   EXPECT_EQ(m[0], 400u) << "the stale branch below the lost prefix is gone (only the part "
                            "shared with the prompt just computed is held)";
-  ca.tree("m").match(turn2, slots, m);
+  ca.tree("m")->match(turn2, slots, m);
   EXPECT_EQ(m[0], 800u) << "the prompt just computed is held again";
   std::string text = reg.expose();
   std::string url = d1.worker->url();
@@ -175,12 +175,12 @@ TEST(CacheAware, PeriodicEvictionAndWorkerRemoval) {
     route(*p, pool, "text number " + std::to_string(i) + std::string(50, 'q'));
   p->on_period();
   for (Worker* w : pool.ptrs)
-    EXPECT_LE(ca.tree("m").chars_of(static_cast<prefix::Slot>(w->id())), 100u);
+    EXPECT_LE(ca.tree("m")->chars_of(static_cast<prefix::Slot>(w->id())), 100u);
   Worker* gone = pool.ptrs[0];
   auto id = static_cast<prefix::Slot>(gone->id());
   pool.remove(gone);
   p->on_workers_changed(pool.set());
-  EXPECT_EQ(ca.tree("m").chars_of(id), 0u);
+  EXPECT_EQ(ca.tree("m")->chars_of(id), 0u);
 }
 
 TEST(CacheAware, OneTreePerModel) {
@@ -193,6 +193,55 @@ TEST(CacheAware, OneTreePerModel) {
   EXPECT_EQ(p->select(pool.ptrs, b.ctx).branch, "cache_miss_min_load");
   Req a2("same text", "model-a");
   EXPECT_EQ(p->select(pool.ptrs, a2.ctx).branch, "cache_hit");
+}
+
+// At most --max-prefix-trees model trees: further models share the overflow tree (counted); trees
+// left empty are removed at the next eviction, and a tree in use survives its removal.
+TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
+  metrics::Registry reg;
+  Pool pool(1);
+  PolicyConfig c = config();
+  c.max_prefix_trees = 2;
+  c.registry = &reg;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  auto dispatch = [&](const std::string& model) {
+    Req r("the same prompt", model);
+    Decision d = p->select(pool.ptrs, r.ctx);
+    p->on_dispatched(d, r.ctx);
+    return d;
+  };
+  auto exposed = [&](const std::string& line) {
+    std::string text = reg.expose();
+    return text.find("\n" + line + "\n") != std::string::npos;
+  };
+  dispatch("model-a");
+  dispatch("model-b");
+  EXPECT_EQ(ca.tree_count(), 2u);
+  EXPECT_EQ(dispatch("model-c").branch, "cache_miss_min_load");
+  EXPECT_EQ(dispatch("model-d").branch, "cache_hit") << "models past the bound share one tree";
+  for (int i = 0; i < 100; ++i) dispatch("junk-" + std::to_string(i));
+  EXPECT_EQ(ca.tree_count(), 2u);
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_trees 2")) << reg.expose();
+
+  std::shared_ptr<prefix::ApproxTree> in_use = ca.tree("model-a");
+  // The only worker leaves and another joins: every tree empties, the next eviction removes them.
+  Worker* gone = pool.ptrs[0];
+  pool.add(2);
+  pool.remove(gone);
+  p->on_workers_changed(pool.set());
+  p->on_period();
+  EXPECT_EQ(ca.tree_count(), 0u);
+  EXPECT_TRUE(exposed("kvgate_prefix_trees 0")) << reg.expose();
+  EXPECT_TRUE(in_use->empty());
+  std::vector<prefix::Slot> slots{2};
+  std::vector<size_t> m(1);
+  EXPECT_EQ(in_use->match("the same prompt", slots, m), 15u);
+  // Room again: the next model gets a tree of its own.
+  dispatch("model-e");
+  EXPECT_EQ(ca.tree_count(), 1u);
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
 }
 
 }  // namespace

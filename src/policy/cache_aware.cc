@@ -30,6 +30,11 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
                            "Characters the approximate tree attributes to each worker (all models)",
                            {"worker"});
     tree_nodes_ = &r.gauge("kvgate_prefix_tree_nodes", "Nodes of the approximate trees");
+    withdrawn_ = &r.counter("kvgate_prefix_tree_withdrawn_total",
+                            "Dispatches whose text was taken back from the tree because the worker "
+                            "did not run the request (connect failure, 429/503/408, client gone "
+                            "before it was sent)",
+                            {"worker"});
     overflow_total_ = &r.counter("kvgate_prefix_tree_overflow_total",
                                  "Requests recorded on the shared overflow tree because "
                                  "--max-prefix-trees model trees already existed")
@@ -86,11 +91,12 @@ size_t CacheAwarePolicy::tree_count() {
 
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   LoadSpread spread = load_spread(available, inflight_load);
-  if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
-    return {least_loaded(available, rng_, inflight_load), std::nullopt, "imbalanced", 0};
-  }
   const std::string& text = ctx.request ? ctx.request->text : std::string();
   std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
+  if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
+    Worker* pick = least_loaded(available, rng_, inflight_load);
+    return {pick, std::nullopt, "imbalanced", held_by(model, text, pick)};
+  }
   constexpr size_t kInline = 64;
   prefix::Slot slots_buf[kInline];
   size_t matched_buf[kInline];
@@ -143,6 +149,17 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
   return {pick, std::nullopt, "cache_miss_min_load", predicted};
 }
 
+size_t CacheAwarePolicy::held_by(std::string_view model, std::string_view text, const Worker* w) {
+  if (text.empty()) return 0;
+  size_t held = 0;
+  with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
+    if (!t) return;
+    const prefix::Slot slot[] = {static_cast<prefix::Slot>(w->id())};
+    t->match(text, slot, std::span<size_t>(&held, 1));
+  });
+  return held;
+}
+
 void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   if (!ctx.request || ctx.request->text.empty()) return;
   bool overflowed = false;
@@ -160,11 +177,19 @@ void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
 }
 
 void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& outcome) {
-  if (!ctx.request || !outcome.cached_tokens || !outcome.prompt_tokens ||
-      *outcome.prompt_tokens <= 0 || ctx.request->text.empty()) {
+  if (!ctx.request || ctx.request->text.empty()) return;
+  const std::string& text = ctx.request->text;
+  if (!outcome.started) {
+    // The worker never ran it: withdraw what on_dispatched recorded, back to what the tree
+    // believed the worker held before (a dispatch of the same text meanwhile loses its record too;
+    // the tree is approximate and the next report corrects it).
+    with_tree(ctx.request->model, false, [&](prefix::ApproxTree* t, bool) {
+      if (t) t->truncate(text, static_cast<prefix::Slot>(d.worker->id()), d.predicted_chars);
+    });
+    if (withdrawn_) withdrawn_->with({d.worker->url()}).inc();
     return;
   }
-  const std::string& text = ctx.request->text;
+  if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
   size_t total = prefix::count_chars(text);
   double chars_per_token = static_cast<double>(total) / static_cast<double>(*outcome.prompt_tokens);
   auto predicted_tokens =

@@ -2,10 +2,12 @@
 // imbalanced (max - min > abs AND max > min * rel) the least-loaded worker; else the match rate of
 // the request text on the model's approximate tree (prefix/approx_tree) decides: above
 // --cache-threshold the worker holding the longest match (least loaded among equals), else the
-// least loaded worker, random among ties. The text is then recorded under the chosen worker. The
-// tree is checked against what workers report (cached_tokens): a worker that missed a prefix the
-// tree gave it loses that part of the tree. Trees are evicted to --max-tree-size characters per
-// worker every --eviction-interval seconds.
+// least loaded worker, random among ties. The text is then recorded under the chosen worker
+// (Decision::predicted_chars says how much of it the tree believed the worker held before, on
+// every branch); when the worker did not run the request after all (Outcome::started false) the
+// record is withdrawn back to that. The tree is checked against what workers report
+// (cached_tokens): a worker that missed a prefix the tree gave it loses that part of the tree.
+// Trees are evicted to --max-tree-size characters per worker every --eviction-interval seconds.
 //
 // One tree per request `model`, at most --max-prefix-trees of them: requests naming a model
 // beyond that share one overflow tree (kvgate_prefix_tree_overflow_total counts them), and a
@@ -54,6 +56,8 @@ class CacheAwarePolicy final : public Policy {
   // overflow tree; otherwise (no tree, not creating) f(nullptr, false).
   template <class F>
   void with_tree(std::string_view model, bool create, F&& f);
+  // Characters of `text` the tree of `model` holds for worker `w`.
+  size_t held_by(std::string_view model, std::string_view text, const Worker* w);
 
   PolicyConfig config_;
   PolicyRng rng_;
@@ -66,6 +70,7 @@ class CacheAwarePolicy final : public Policy {
   metrics::CounterFamily* predicted_ = nullptr;
   metrics::CounterFamily* cached_ = nullptr;
   metrics::CounterFamily* corrections_ = nullptr;
+  metrics::CounterFamily* withdrawn_ = nullptr;
   metrics::GaugeFamily* tree_chars_ = nullptr;
   metrics::GaugeFamily* tree_nodes_ = nullptr;
   metrics::Counter* overflow_total_ = nullptr;

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "unit/policy/policy_fixture.h"
 
@@ -165,6 +167,69 @@ TEST(CacheAware, GroundTruthCorrectsTheTree) {
             std::string::npos);
 }
 
+// The worker never ran the request (connect failure, 429/503/408, client gone while queued): the
+// text recorded under it at dispatch is withdrawn back to what it held before, on every branch.
+TEST(CacheAware, ClaimWithdrawnWhenTheWorkerDidNotRun) {
+  Pool pool(2);
+  auto p = testing::make(config(), pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  auto held = [&](Worker* w, const std::string& text) {
+    std::vector<prefix::Slot> slots{static_cast<prefix::Slot>(w->id())};
+    std::vector<size_t> m(1);
+    ca.tree("m")->match(text, slots, m);
+    return m[0];
+  };
+  Outcome not_started{503, false, std::nullopt, std::nullopt, false};
+  std::string turn1(400, 'x');
+  Decision d1 = route(*p, pool, turn1);
+  Worker* w = d1.worker;
+  Worker* other = w == pool.ptrs[0] ? pool.ptrs[1] : pool.ptrs[0];
+
+  // cache_hit: the tree believed the worker held turn1; after a 503 it holds turn1 again, no more.
+  std::string turn2 = turn1 + std::string(400, 'y');
+  Req r2(turn2);
+  Decision d2 = p->select(pool.ptrs, r2.ctx);
+  ASSERT_EQ(d2.branch, "cache_hit");
+  ASSERT_EQ(d2.worker, w);
+  p->on_dispatched(d2, r2.ctx);
+  ASSERT_EQ(held(w, turn2), 800u);
+  p->on_completed(d2, r2.ctx, not_started);
+  EXPECT_EQ(held(w, turn2), 400u);
+  EXPECT_EQ(held(w, turn1), 400u) << "what the worker held before the dispatch stays";
+
+  // A request that started and failed keeps its claim (the worker may have computed it).
+  Req r3(turn2);
+  Decision d3 = p->select(pool.ptrs, r3.ctx);
+  p->on_dispatched(d3, r3.ctx);
+  p->on_completed(d3, r3.ctx, Outcome{500, false, std::nullopt, std::nullopt, true});
+  EXPECT_EQ(held(w, turn2), 800u);
+
+  // imbalanced: the least-loaded pick is the worker holding turn1; withdrawing the new text must
+  // not take turn1 away with it.
+  std::string turn3 = turn1 + std::string(400, 'z');
+  pool.set_inflight(other, 100);
+  Req r4(turn3);
+  Decision d4 = p->select(pool.ptrs, r4.ctx);
+  ASSERT_EQ(d4.branch, "imbalanced");
+  ASSERT_EQ(d4.worker, w);
+  EXPECT_EQ(d4.predicted_chars, 400u);
+  p->on_dispatched(d4, r4.ctx);
+  ASSERT_EQ(held(w, turn3), 800u);
+  p->on_completed(d4, r4.ctx, not_started);
+  EXPECT_EQ(held(w, turn3), 400u);
+  EXPECT_EQ(held(w, turn2), 800u);
+  pool.set_inflight(other, 0);
+
+  // A first request to a worker that never ran it leaves nothing behind.
+  std::string fresh(300, 'f');
+  Req r5(fresh);
+  Decision d5 = p->select(pool.ptrs, r5.ctx);
+  ASSERT_EQ(d5.predicted_chars, 0u);
+  p->on_dispatched(d5, r5.ctx);
+  p->on_completed(d5, r5.ctx, not_started);
+  EXPECT_EQ(held(d5.worker, fresh), 0u);
+}
+
 TEST(CacheAware, PeriodicEvictionAndWorkerRemoval) {
   Pool pool(2);
   PolicyConfig c = config();
@@ -242,6 +307,36 @@ TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
   dispatch("model-e");
   EXPECT_EQ(ca.tree_count(), 1u);
   EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
+}
+
+// Request threads route, record and withdraw on more models than the bound while the control
+// thread evicts and removes emptied trees (run under ASan in make test).
+TEST(CacheAware, TreesRemovedWhileRequestsUseThem) {
+  Pool pool(3);
+  PolicyConfig c = config(0);
+  c.max_prefix_trees = 4;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  std::atomic<int> running{4};
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 2000; ++i) {
+        Req r("prompt " + std::to_string(i % 50), "model-" + std::to_string((i + k) % 8));
+        Decision d = p->select(pool.ptrs, r.ctx);
+        p->on_dispatched(d, r.ctx);
+        p->on_completed(d, r.ctx, Outcome{503, false, std::nullopt, std::nullopt, false});
+      }
+      running.fetch_sub(1);
+    });
+  }
+  while (running.load() > 0) {
+    p->on_period();
+    EXPECT_LE(ca.tree_count(), 4u);
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(ca.tree_count(), 4u);
 }
 
 }  // namespace

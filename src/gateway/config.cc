@@ -177,6 +177,13 @@ const std::vector<K>& table() {
          .help = "manual: how a new routing key is placed",
          .field = &C::manual_assignment_mode,
          .choices = {"random", "min_load", "min_group"}},
+        {.name = "max-routing-keys",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "manual: routing keys remembered; when full, a new key makes it forget the least "
+                 "recently used one",
+         .field = &C::max_routing_keys,
+         .min = 1},
         {.name = "chwbl-key-chars",
          .group = kRouting,
          .value_name = "N",

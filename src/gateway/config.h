@@ -34,6 +34,7 @@ struct GatewayConfig {
   double prefix_hash_load_factor = 1.25;
   int64_t max_idle_secs = 14400;
   std::string manual_assignment_mode = "random";
+  int64_t max_routing_keys = 1000000;
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;
   int64_t bucket_refit_secs = 5;

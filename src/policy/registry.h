@@ -30,6 +30,7 @@ struct PolicyConfig {
   // manual
   int64_t max_idle_secs = 14400;
   std::string manual_assignment_mode = "random";  // random, min_load, min_group
+  int64_t max_routing_keys = 1000000;
   // chwbl
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;

@@ -58,6 +58,13 @@ class Tokenizer {
   bool encode(std::string_view text, bool add_special_tokens, std::vector<int32_t>& out,
               std::string* error = nullptr) const;
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // The first `max_tokens` ids encode() would append (the post-processor's included), without
+  // tokenizing the rest where the pipeline allows: each Split of the pre-tokenizer is scanned a
+  // little at a time and the model stops once enough ids exist. What still reads the whole text:
+  // the UTF-8 check, the added-token scan and the normalizer; a tokenizer without a Split (Llama
+  // 2's has no pre-tokenizer) still runs the model over each whole segment between added tokens.
+  bool encode_prefix(std::string_view text, bool add_special_tokens, size_t max_tokens,
+                     std::vector<int32_t>& out, std::string* error = nullptr) const;
 
   // Text of the ids (invalid UTF-8 from partial byte tokens becomes U+FFFD, as HF).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;

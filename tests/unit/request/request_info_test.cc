@@ -131,9 +131,7 @@ namespace kvgate {
 namespace {
 
 std::string models_dir() {
-  std::string f = __FILE__;  // <repo>/tests/unit/request/request_info_test.cc
-  for (int i = 0; i < 4; ++i) f = f.substr(0, f.find_last_of('/'));
-  return f + "/models";
+  return KVGATE_SOURCE_DIR "/models";  // from tests/CMakeLists.txt, whatever the working directory
 }
 
 struct Model {

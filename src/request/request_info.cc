@@ -177,11 +177,11 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
 }
 
 // Fills out.tokens: input_ids as given ("1,2,3"), else the tokenizer's ids of the text (batches
-// included, joined as `text` joins them).
-void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok) {
+// included, joined as `text` joins them); the first `max_tokens` of them (0: all).
+void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok, size_t max_tokens) {
   if (out.token_ids) {
     std::string_view s = out.text;
-    while (!s.empty()) {
+    while (!s.empty() && (max_tokens == 0 || out.tokens.size() < max_tokens)) {
       int64_t id = 0;
       auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
       if (ec != std::errc()) break;
@@ -191,7 +191,10 @@ void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok) {
     }
     return;
   }
-  if (tok && !out.text.empty() && !tok->encode(out.text, false, out.tokens)) out.tokens.clear();
+  if (!tok || out.text.empty()) return;
+  bool ok = max_tokens == 0 ? tok->encode(out.text, false, out.tokens)
+                            : tok->encode_prefix(out.text, false, max_tokens, out.tokens);
+  if (!ok) out.tokens.clear();
 }
 
 }  // namespace
@@ -251,7 +254,7 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   }
   if (options.want_text) {
     extract_text(route, obj, out, options);
-    if (options.want_tokens) tokenize_text(out, options.tokenizer);
+    if (options.want_tokens) tokenize_text(out, options.tokenizer, options.max_tokens);
   }
   return "";
 }

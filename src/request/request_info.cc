@@ -8,6 +8,7 @@
 #include "http/message.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_parser.h"
 
 namespace kvgate {
 
@@ -30,6 +31,12 @@ std::string_view to_string(ApiRoute r) {
 }
 
 namespace {
+
+// The thread's body parser, reused across requests (released after an outsized body).
+simdjson::dom::parser& body_parser() {
+  thread_local simdjson::dom::parser parser;
+  return parser;
+}
 
 void append_ids(std::string& out, simdjson::dom::array ids) {
   char buf[24];
@@ -212,7 +219,8 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.rendered = false;
   out.tokens.clear();
   if (body.empty()) return "request body is empty; send a JSON object";
-  thread_local simdjson::dom::parser parser;
+  simdjson::dom::parser& parser = body_parser();
+  json::ParserRelease release(parser);  // `out` holds copies: nothing refers to the parser after
   element doc;
   simdjson::error_code err;
   if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
@@ -257,6 +265,10 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     if (options.want_tokens) tokenize_text(out, options.tokenizer, options.max_tokens);
   }
   return "";
+}
+
+size_t request_parser_capacity() {
+  return body_parser().capacity();
 }
 
 }  // namespace kvgate

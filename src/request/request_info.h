@@ -63,4 +63,8 @@ struct ParseOptions {
 std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out,
                           ParseOptions options = {});
 
+// Capacity of the calling thread's body parser: at most json::kParserRetainedBytes between
+// requests, whatever the largest body was (for tests).
+size_t request_parser_capacity();
+
 }  // namespace kvgate

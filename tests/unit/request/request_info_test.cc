@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <thread>
 
 #include "http/message.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_parser.h"
 
 namespace kvgate {
 namespace {
@@ -15,6 +17,29 @@ namespace {
 std::string padded(std::string s) {
   s.reserve(s.size() + http::kBodyPadding);
   return s;
+}
+
+// After an outsized body the thread's parser gives its memory back (a request thread must not
+// keep the largest body's worth of parser buffers for good).
+TEST(RequestInfo, ParserMemoryReturnsAfterAnOutsizedBody) {
+  std::thread t([] {  // a fresh thread: its parser has parsed nothing else
+    RequestInfo info;
+    std::string small = padded(R"({"model":"m","prompt":"hi"})");
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, small, info), "");
+    size_t steady = request_parser_capacity();
+    EXPECT_GT(steady, 0u);
+    EXPECT_LE(steady, json::kParserRetainedBytes);
+    std::string prompt(3 * json::kParserRetainedBytes, 'p');
+    std::string big = padded(R"({"model":"big","prompt":")" + prompt + R"("})");
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, big, info, {.want_text = true}), "");
+    EXPECT_EQ(info.model, "big");
+    EXPECT_EQ(info.text, prompt);
+    EXPECT_LE(request_parser_capacity(), json::kParserRetainedBytes);
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, small, info), "");
+    EXPECT_EQ(info.model, "m");
+    EXPECT_LE(request_parser_capacity(), json::kParserRetainedBytes);
+  });
+  t.join();
 }
 
 TEST(RequestInfo, ReadsModelStreamRid) {

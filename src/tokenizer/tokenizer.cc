@@ -133,6 +133,20 @@ struct Seg {
   bool m;  // a match (after `invert`)
 };
 
+// Scratch buffers are reused from text to text; one grown past this by a huge text is freed after
+// it, so a thread does not keep the largest prompt's worth of memory for good.
+constexpr size_t kScratchRetainedBytes = size_t{1} << 20;
+
+template <class C>
+size_t bytes_of(const C& c) {
+  return c.capacity() * sizeof(typename C::value_type);
+}
+
+template <class C>
+void release_if_large(C& c) {
+  if (bytes_of(c) > kScratchRetainedBytes) C().swap(c);
+}
+
 // Per-thread state: caches (one per tokenizer recently used on the thread) and scratch buffers.
 struct ThreadState {
   struct CacheSlot {
@@ -143,11 +157,42 @@ struct ThreadState {
   CacheSlot caches[4];
   uint64_t clock = 0;
   std::string text, norm, tmp;
+  std::string repaired;  // the input with invalid UTF-8 replaced
   std::vector<Range> ranges, next_ranges;
   // encode_prefix: per pre-tokenizer step, its input ranges, and a Split's segments and pieces.
   std::vector<std::vector<Range>> levels, level_pieces;
   std::vector<std::vector<Seg>> level_segs;
-  std::vector<std::pair<int64_t, Range>> segments;  // id (or -1 for text), range in `text`
+  // Added tokens and text between them: id (or -1 for text), range (of the input; of `text`).
+  std::vector<std::pair<int64_t, Range>> segments, norm_segments;
+  std::vector<Seg> split_segs;                    // one range's Split segments
+  std::vector<std::pair<size_t, size_t>> merged;  // pieces being merged by a Split behavior
+
+  // Heap bytes of the scratch buffers (not the word caches).
+  size_t scratch_bytes() const {
+    size_t n = bytes_of(text) + bytes_of(norm) + bytes_of(tmp) + bytes_of(repaired) +
+               bytes_of(ranges) + bytes_of(next_ranges) + bytes_of(segments) +
+               bytes_of(norm_segments) + bytes_of(split_segs) + bytes_of(merged);
+    for (const auto& v : levels) n += bytes_of(v);
+    for (const auto& v : level_pieces) n += bytes_of(v);
+    for (const auto& v : level_segs) n += bytes_of(v);
+    return n;
+  }
+  // Frees each buffer one huge text grew past kScratchRetainedBytes.
+  void release_large() {
+    release_if_large(text);
+    release_if_large(norm);
+    release_if_large(tmp);
+    release_if_large(repaired);
+    release_if_large(ranges);
+    release_if_large(next_ranges);
+    release_if_large(segments);
+    release_if_large(norm_segments);
+    release_if_large(split_segs);
+    release_if_large(merged);
+    for (auto& v : levels) release_if_large(v);
+    for (auto& v : level_pieces) release_if_large(v);
+    for (auto& v : level_segs) release_if_large(v);
+  }
 
   WordCache* cache_for(uint64_t uid) {
     ++clock;
@@ -899,7 +944,7 @@ bool scan_split(const PreStep& step, std::string_view s, SplitScan& st, size_t m
 // segments of a text's beginning, every piece but the last is a piece of the whole text (only
 // the last may still grow, or merge with what follows).
 void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base,
-                std::vector<Range>& out) {
+                std::vector<Range>& out, std::vector<std::pair<size_t, size_t>>& acc) {
   auto emit = [&](size_t a, size_t b) {
     if (b > a) out.push_back(Range{base + static_cast<uint32_t>(a), static_cast<uint32_t>(b - a)});
   };
@@ -913,7 +958,6 @@ void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base
       }
       break;
     case Behavior::kMergedWithPrevious: {
-      thread_local std::vector<std::pair<size_t, size_t>> acc;
       acc.clear();
       bool previous_match = false;
       for (const auto& g : segs) {
@@ -928,7 +972,6 @@ void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base
       break;
     }
     case Behavior::kMergedWithNext: {
-      thread_local std::vector<std::pair<size_t, size_t>> acc;
       acc.clear();
       bool previous_match = false;
       for (size_t k = segs.size(); k-- > 0;) {
@@ -944,7 +987,6 @@ void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base
       break;
     }
     case Behavior::kContiguous: {
-      thread_local std::vector<std::pair<size_t, size_t>> acc;
       acc.clear();
       bool previous_match = false;
       bool first = true;
@@ -964,15 +1006,15 @@ void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base
 }
 
 // Applies one split step to every range of `in`, appending the pieces to `out`.
-bool split_ranges(const PreStep& step, const std::string& text, const std::vector<Range>& in,
+bool split_ranges(const PreStep& step, ThreadState& ts, const std::vector<Range>& in,
                   std::vector<Range>& out, std::string* error) {
-  thread_local std::vector<Seg> segs;
   for (const Range& r : in) {
-    segs.clear();
+    ts.split_segs.clear();
     SplitScan st;
-    if (!scan_split(step, std::string_view(text.data() + r.off, r.len), st, SIZE_MAX, segs, error))
+    if (!scan_split(step, std::string_view(ts.text.data() + r.off, r.len), st, SIZE_MAX,
+                    ts.split_segs, error))
       return false;
-    emit_split(step, segs, r.off, out);
+    emit_split(step, ts.split_segs, r.off, out, ts.merged);
   }
   return true;
 }
@@ -989,7 +1031,7 @@ bool apply_pre_step(const PreStep& step, ThreadState& ts, const std::vector<Rang
                     std::vector<Range>& out, std::string* error) {
   switch (step.kind) {
     case PreStep::Kind::kSplit:
-      return split_ranges(step, ts.text, in, out, error);
+      return split_ranges(step, ts, in, out, error);
     case PreStep::Kind::kByteLevelPrefix:
       for (const Range& r : in) {
         if (r.len > 0 && ts.text[r.off] == ' ') {
@@ -1111,7 +1153,7 @@ bool Tokenizer::Impl::encode_pieces(ThreadState& ts, size_t k, std::vector<int32
       std::string_view s(ts.text.data() + r.off, r.len);
       if (!scan_split(step, s, st, batch, segs, error)) return false;
       pieces.clear();
-      emit_split(step, segs, r.off, pieces);
+      emit_split(step, segs, r.off, pieces, ts.merged);
       size_t final_pieces = st.done || pieces.empty() ? pieces.size() : pieces.size() - 1;
       for (; done_pieces < final_pieces; ++done_pieces) {
         ts.levels[k + 1].assign(1, pieces[done_pieces]);
@@ -1158,11 +1200,10 @@ bool Tokenizer::Impl::encode_text(ThreadState& ts, std::string_view segment,
   // Normalized added tokens, then pre-tokenize each remaining piece.
   ts.text.assign(text);
   if (!normalized_trie.empty()) {
-    thread_local std::vector<std::pair<int64_t, Range>> segs;
-    segs.clear();
-    find_added(ts.text, normalized_trie, segs, 0);
+    ts.norm_segments.clear();
+    find_added(ts.text, normalized_trie, ts.norm_segments, 0);
     // Process pieces in order: text pieces go through the pre-tokenizer one at a time.
-    for (const auto& [id, r] : segs) {
+    for (const auto& [id, r] : ts.norm_segments) {
       if (out.size() >= limit) return true;
       if (id >= 0) {
         out.push_back(static_cast<int32_t>(id));
@@ -1179,20 +1220,22 @@ bool Tokenizer::Impl::encode_text(ThreadState& ts, std::string_view segment,
 bool Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vector<int32_t>& out,
                              std::string* error, size_t limit) const {
   ThreadState& ts = thread_state();
+  struct Release {
+    ThreadState& ts;
+    ~Release() { ts.release_large(); }
+  } release{ts};
   WordCache* cache = ts.cache_for(uid);
   // Repair invalid UTF-8 first (into a buffer that outlives the segments below).
-  thread_local std::string repaired;
   std::string_view text = input;
   if (!unicode::is_valid_utf8(input)) {
-    repaired.clear();
-    unicode::append_sanitized_utf8(input, repaired);
-    text = repaired;
+    ts.repaired.clear();
+    unicode::append_sanitized_utf8(input, ts.repaired);
+    text = ts.repaired;
   }
   if (add_special) out.insert(out.end(), prefix.begin(), prefix.end());
-  thread_local std::vector<std::pair<int64_t, Range>> segs;
-  segs.clear();
-  find_added(text, raw_trie, segs, 0);
-  for (const auto& [id, r] : segs) {
+  ts.segments.clear();
+  find_added(text, raw_trie, ts.segments, 0);
+  for (const auto& [id, r] : ts.segments) {
     if (out.size() >= limit) return true;
     if (id >= 0) {
       out.push_back(static_cast<int32_t>(id));
@@ -1461,6 +1504,10 @@ std::optional<int32_t> Tokenizer::eos_token_id() const {
 }
 const std::string& Tokenizer::description() const {
   return impl_->description;
+}
+
+size_t Tokenizer::thread_scratch_bytes() {
+  return thread_state().scratch_bytes() + Bpe::thread_scratch_bytes();
 }
 
 size_t Tokenizer::memory_bytes() const {

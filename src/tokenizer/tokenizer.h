@@ -16,7 +16,8 @@
 // WHATWG/Unicode "maximal subpart" replacement, what Node or a browser would decode it to).
 //
 // Thread safety: a loaded Tokenizer is immutable; encode/decode may run on any number of threads
-// at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks).
+// at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks); a scratch
+// buffer one huge text grew past 1 MiB is freed after that text.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,10 @@ class Tokenizer {
   const std::string& description() const;
   // Heap memory held by the loaded tables (not counting per-thread caches).
   size_t memory_bytes() const;
+  // Heap bytes of the calling thread's encode scratch buffers (word caches not counted). Each is
+  // reused from text to text and freed after a text that grew it past 1 MiB, so this stays small
+  // whatever the largest text was (for tests).
+  static size_t thread_scratch_bytes();
 
   struct Impl;
 

@@ -210,6 +210,32 @@ TEST(Tokenizer, EncodePrefixIsTheStartOfTheFullEncodeForEverySplitBehavior) {
   }
 }
 
+// A huge prompt does not leave the thread holding its size in scratch buffers (text copies,
+// pieces, segments, the merge symbols of one huge word).
+TEST(Tokenizer, ScratchMemoryReturnsAfterAHugeText) {
+  std::string json = tiny_byte_level("", "null", R"([{"id":17,"content":"!!","special":true}])");
+  json.replace(json.find("\"normalizer\":null"), 17, R"("normalizer":{"type":"NFC"})");
+  auto t = make(json);
+  ASSERT_TRUE(t);
+  std::string huge;
+  while (huge.size() < (size_t{8} << 20)) huge += "abc ab!!1 cab \xFF ";
+  huge += std::string(size_t{3} << 20, 'a');  // one word of 3M symbols
+  std::thread th([&] {
+    Ids small = t->encode("abc abc");
+    ASSERT_FALSE(small.empty());
+    Ids ids;
+    ASSERT_TRUE(t->encode(huge, false, ids));
+    EXPECT_GT(ids.size(), size_t{4} << 20);
+    EXPECT_LT(Tokenizer::thread_scratch_bytes(), huge.size() / 4);
+    ids.clear();
+    ASSERT_TRUE(t->encode_prefix(huge, false, 1000, ids));
+    EXPECT_EQ(ids.size(), 1000u);
+    EXPECT_LT(Tokenizer::thread_scratch_bytes(), huge.size() / 4);
+    EXPECT_EQ(t->encode("abc abc"), small);
+  });
+  th.join();
+}
+
 TEST(Tokenizer, RefusesWhatItCannotTokenizeExactly) {
   struct Bad {
     std::string from, to, names;

@@ -1,7 +1,8 @@
 // Micro-benchmarks of src/tokenizer: encode throughput (tokens/s, single thread and two threads
-// sharing one tokenizer), chat-template rendering of a 20-turn conversation, and load cost and
-// memory per tokenizer. bench/tokenizer/run compares the encode figures with HF tokenizers on the
-// same corpus in the same run (KVGATE_TOKENIZER_CORPUS names the corpus file it writes).
+// sharing one tokenizer), the first 256 ids of a document (encode_prefix), chat-template rendering
+// of a 20-turn conversation, and load cost and memory per tokenizer. bench/tokenizer/run compares
+// the encode figures with HF tokenizers on the same corpus in the same run (KVGATE_TOKENIZER_CORPUS
+// names the corpus file it writes).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -152,6 +153,27 @@ void BM_EncodeDocument(benchmark::State& state, const char* model) {
 }
 BENCHMARK_CAPTURE(BM_EncodeDocument, qwen3, "qwen3")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_EncodeDocument, llama3, "llama3")->Unit(benchmark::kMillisecond);
+
+// The first 256 ids of that document (what prefix_hash asks for): encode_prefix stops early.
+void BM_EncodePrefix256Document(benchmark::State& state, const char* model) {
+  const Tokenizer* t = tokenizer(model);
+  if (!t) {
+    state.SkipWithError("tokenizer files missing: run scripts/setup");
+    return;
+  }
+  std::string all;
+  for (const auto& d : corpus()) all += d;
+  std::vector<int32_t> ids;
+  for (auto _ : state) {
+    ids.clear();
+    t->encode_prefix(all, false, 256, ids);
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(all.size()));
+}
+BENCHMARK_CAPTURE(BM_EncodePrefix256Document, qwen3, "qwen3")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_EncodePrefix256Document, llama3, "llama3")->Unit(benchmark::kMicrosecond);
 
 // The 20-turn conversation of bench/tokenizer/ref_bench.mjs.
 jinja::Value twenty_turns() {

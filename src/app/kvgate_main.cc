@@ -207,10 +207,12 @@ int main(int argc, char** argv) {
   pc.balance_rel_threshold = cfg.balance_rel_threshold;
   pc.eviction_interval_secs = cfg.eviction_interval;
   pc.max_tree_size = cfg.max_tree_size;
+  pc.max_prefix_trees = cfg.max_prefix_trees;
   pc.prefix_token_count = cfg.prefix_token_count;
   pc.prefix_hash_load_factor = cfg.prefix_hash_load_factor;
   pc.max_idle_secs = cfg.max_idle_secs;
   pc.manual_assignment_mode = cfg.manual_assignment_mode;
+  pc.max_routing_keys = cfg.max_routing_keys;
   pc.chwbl_key_chars = cfg.chwbl_key_chars;
   pc.chwbl_load_factor = cfg.chwbl_load_factor;
   pc.bucket_refit_secs = cfg.bucket_refit_secs;

@@ -29,10 +29,12 @@ struct GatewayConfig {
   double balance_rel_threshold = 1.5;
   int64_t eviction_interval = 120;
   int64_t max_tree_size = 67108864;
+  int64_t max_prefix_trees = 64;
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;
   int64_t max_idle_secs = 14400;
   std::string manual_assignment_mode = "random";
+  int64_t max_routing_keys = 1000000;
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;
   int64_t bucket_refit_secs = 5;

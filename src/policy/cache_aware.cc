@@ -9,7 +9,10 @@
 namespace kvgate {
 
 CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
-    : config_(config), rng_(config.seed) {
+    : config_(config),
+      rng_(config.seed),
+      max_trees_(static_cast<size_t>(std::max<int64_t>(1, config.max_prefix_trees))),
+      overflow_(std::make_shared<prefix::ApproxTree>()) {
   if (config.registry) {
     auto& r = *config.registry;
     predicted_ = &r.counter("kvgate_prefix_predicted_tokens_total",
@@ -27,28 +30,73 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
                            "Characters the approximate tree attributes to each worker (all models)",
                            {"worker"});
     tree_nodes_ = &r.gauge("kvgate_prefix_tree_nodes", "Nodes of the approximate trees");
+    withdrawn_ = &r.counter("kvgate_prefix_tree_withdrawn_total",
+                            "Dispatches whose text was taken back from the tree because the worker "
+                            "did not run the request (connect failure, 429/503/408, client gone "
+                            "before it was sent)",
+                            {"worker"});
+    overflow_total_ = &r.counter("kvgate_prefix_tree_overflow_total",
+                                 "Requests recorded on the shared overflow tree because "
+                                 "--max-prefix-trees model trees already existed")
+                           .with({});
+    trees_gauge_ = &r.gauge("kvgate_prefix_trees",
+                            "Model trees of the approximate prefix tree (at most "
+                            "--max-prefix-trees; the shared overflow tree not counted)")
+                        .with({});
+    trees_gauge_->set(0);
   }
 }
 
-prefix::ApproxTree& CacheAwarePolicy::tree(std::string_view model) {
+template <class F>
+void CacheAwarePolicy::with_tree(std::string_view model, bool create, F&& f) {
   {
     std::shared_lock lock(trees_mu_);
     auto it = trees_.find(model);
-    if (it != trees_.end()) return *it->second;
+    if (it != trees_.end()) {
+      f(it->second.get(), false);
+      return;
+    }
+    if (trees_.size() >= max_trees_ || !create) {
+      bool full = trees_.size() >= max_trees_;
+      f(full ? overflow_.get() : nullptr, full);
+      return;
+    }
   }
+  // A new model (rare): create its tree and use it under the writer lock.
   std::unique_lock lock(trees_mu_);
-  auto& slot = trees_[std::string(model)];
-  if (!slot) slot = std::make_unique<prefix::ApproxTree>();
-  return *slot;
+  auto it = trees_.find(model);
+  if (it == trees_.end()) {
+    if (trees_.size() >= max_trees_) {
+      f(overflow_.get(), true);
+      return;
+    }
+    it = trees_.emplace(std::string(model), std::make_shared<prefix::ApproxTree>()).first;
+    if (trees_gauge_) trees_gauge_->set(static_cast<double>(trees_.size()));
+  }
+  f(it->second.get(), false);
+}
+
+std::shared_ptr<prefix::ApproxTree> CacheAwarePolicy::tree(std::string_view model) {
+  std::shared_ptr<prefix::ApproxTree> out;
+  with_tree(model, true, [&](prefix::ApproxTree*, bool overflowed) {
+    out = overflowed ? overflow_ : trees_.find(model)->second;
+  });
+  return out;
+}
+
+size_t CacheAwarePolicy::tree_count() {
+  std::shared_lock lock(trees_mu_);
+  return trees_.size();
 }
 
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   LoadSpread spread = load_spread(available, inflight_load);
-  if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
-    return {least_loaded(available, rng_, inflight_load), std::nullopt, "imbalanced", 0};
-  }
   const std::string& text = ctx.request ? ctx.request->text : std::string();
   std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
+  if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
+    Worker* pick = least_loaded(available, rng_, inflight_load);
+    return {pick, std::nullopt, "imbalanced", held_by(model, text, pick)};
+  }
   constexpr size_t kInline = 64;
   prefix::Slot slots_buf[kInline];
   size_t matched_buf[kInline];
@@ -64,7 +112,15 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
   }
   for (size_t i = 0; i < available.size(); ++i)
     slots[i] = static_cast<prefix::Slot>(available[i]->id());
-  size_t total = tree(model).match(text, slots, matched);
+  size_t total = 0;
+  with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
+    if (t) {
+      total = t->match(text, slots, matched);
+    } else {  // a model nothing was recorded for yet
+      std::fill(matched.begin(), matched.end(), 0);
+      total = prefix::count_chars(text);
+    }
+  });
   size_t best = *std::max_element(matched.begin(), matched.end());
   double rate = total == 0 ? 0.0 : static_cast<double>(best) / static_cast<double>(total);
   if (rate > config_.cache_threshold) {
@@ -93,17 +149,47 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
   return {pick, std::nullopt, "cache_miss_min_load", predicted};
 }
 
+size_t CacheAwarePolicy::held_by(std::string_view model, std::string_view text, const Worker* w) {
+  if (text.empty()) return 0;
+  size_t held = 0;
+  with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
+    if (!t) return;
+    const prefix::Slot slot[] = {static_cast<prefix::Slot>(w->id())};
+    t->match(text, slot, std::span<size_t>(&held, 1));
+  });
+  return held;
+}
+
 void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   if (!ctx.request || ctx.request->text.empty()) return;
-  tree(ctx.request->model).insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()));
+  bool overflowed = false;
+  with_tree(ctx.request->model, true, [&](prefix::ApproxTree* t, bool over) {
+    t->insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()));
+    overflowed = over;
+  });
+  if (!overflowed) return;
+  if (overflow_total_) overflow_total_->inc();
+  if (!overflow_logged_.exchange(true, std::memory_order_relaxed)) {
+    log::warn("prefix tree limit reached: models beyond it share one overflow tree")
+        .kv("max_prefix_trees", max_trees_)
+        .kv("model", ctx.request->model);
+  }
 }
 
 void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& outcome) {
-  if (!ctx.request || !outcome.cached_tokens || !outcome.prompt_tokens ||
-      *outcome.prompt_tokens <= 0 || ctx.request->text.empty()) {
+  if (!ctx.request || ctx.request->text.empty()) return;
+  const std::string& text = ctx.request->text;
+  if (!outcome.started) {
+    // The worker never ran it: withdraw what on_dispatched recorded, back to what the tree
+    // believed the worker held before (a dispatch of the same text meanwhile loses its record too;
+    // the tree is approximate and the next report corrects it).
+    with_tree(ctx.request->model, false, [&](prefix::ApproxTree* t, bool) {
+      if (t) t->truncate(text, static_cast<prefix::Slot>(d.worker->id()), d.predicted_chars);
+    });
+    if (withdrawn_) withdrawn_->with({d.worker->url()}).inc();
     return;
   }
-  const std::string& text = ctx.request->text;
+  if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
   size_t total = prefix::count_chars(text);
   double chars_per_token = static_cast<double>(total) / static_cast<double>(*outcome.prompt_tokens);
   auto predicted_tokens =
@@ -118,10 +204,12 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
   auto held_chars = static_cast<size_t>(static_cast<double>(cached) * chars_per_token);
   size_t slack = static_cast<size_t>(chars_per_token * 64) + d.predicted_chars / 10;
   if (d.predicted_chars > held_chars + slack) {
-    auto& t = tree(ctx.request->model);
     auto slot = static_cast<prefix::Slot>(d.worker->id());
-    t.truncate(text, slot, held_chars);
-    t.insert(text, slot);
+    with_tree(ctx.request->model, false, [&](prefix::ApproxTree* t, bool) {
+      if (!t) return;
+      t->truncate(text, slot, held_chars);
+      t->insert(text, slot);
+    });
     if (corrections_) corrections_->with({url}).inc();
     log::debug("approximate tree corrected")
         .kv("worker", url)
@@ -141,8 +229,9 @@ void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
                       std::back_inserter(gone));
   if (!gone.empty()) {
     std::shared_lock lock(trees_mu_);
-    for (auto& [model, t] : trees_) {
-      for (uint64_t id : gone) t->remove_slot(static_cast<prefix::Slot>(id));
+    for (uint64_t id : gone) {
+      for (auto& [model, t] : trees_) t->remove_slot(static_cast<prefix::Slot>(id));
+      overflow_->remove_slot(static_cast<prefix::Slot>(id));
     }
   }
   for (uint64_t id : gone) {
@@ -157,15 +246,32 @@ std::chrono::milliseconds CacheAwarePolicy::period() const {
 }
 
 void CacheAwarePolicy::on_period() {
-  std::shared_lock lock(trees_mu_);
   size_t nodes = 0;
   std::map<uint64_t, size_t> chars;
-  for (auto& [model, t] : trees_) {
-    size_t removed = t->evict(static_cast<size_t>(config_.max_tree_size));
+  std::vector<std::string> emptied;
+  auto upkeep = [&](std::string_view model, prefix::ApproxTree& t) {
+    size_t removed = t.evict(static_cast<size_t>(config_.max_tree_size));
     if (removed > 0) log::debug("approximate tree evicted").kv("model", model).kv("chars", removed);
-    nodes += t->node_count();
+    nodes += t.node_count();
     for (const auto& [id, url] : worker_urls_)
-      chars[id] += t->chars_of(static_cast<prefix::Slot>(id));
+      chars[id] += t.chars_of(static_cast<prefix::Slot>(id));
+  };
+  {
+    std::shared_lock lock(trees_mu_);
+    for (auto& [model, t] : trees_) {
+      upkeep(model, *t);
+      if (t->empty()) emptied.push_back(model);
+    }
+    upkeep("(overflow)", *overflow_);
+  }
+  if (!emptied.empty()) {
+    // Nothing is recorded while the writer lock is held, so a tree still empty now is unused.
+    std::unique_lock lock(trees_mu_);
+    for (const auto& model : emptied) {
+      auto it = trees_.find(model);
+      if (it != trees_.end() && it->second->empty()) trees_.erase(it);
+    }
+    if (trees_gauge_) trees_gauge_->set(static_cast<double>(trees_.size()));
   }
   if (tree_nodes_) tree_nodes_->with({}).set(static_cast<double>(nodes));
   if (tree_chars_) {

@@ -2,13 +2,24 @@
 // imbalanced (max - min > abs AND max > min * rel) the least-loaded worker; else the match rate of
 // the request text on the model's approximate tree (prefix/approx_tree) decides: above
 // --cache-threshold the worker holding the longest match (least loaded among equals), else the
-// least loaded worker, random among ties. The text is then recorded under the chosen worker. The
-// tree is checked against what workers report (cached_tokens): a worker that missed a prefix the
-// tree gave it loses that part of the tree. Trees are evicted to --max-tree-size characters per
-// worker every
-// --eviction-interval seconds.
+// least loaded worker, random among ties. The text is then recorded under the chosen worker
+// (Decision::predicted_chars says how much of it the tree believed the worker held before, on
+// every branch); when the worker did not run the request after all (Outcome::started false) the
+// record is withdrawn back to that. The tree is checked against what workers report
+// (cached_tokens): a worker that missed a prefix the tree gave it loses that part of the tree.
+// Trees are evicted to --max-tree-size characters per worker every --eviction-interval seconds.
+//
+// One tree per request `model`, at most --max-prefix-trees of them: requests naming a model
+// beyond that share one overflow tree (kvgate_prefix_tree_overflow_total counts them), and a
+// model tree left empty (eviction, corrections, workers leaving) is removed at the next eviction,
+// making room for another model.
+//
+// Concurrency: select/on_dispatched/on_completed run on request threads while on_period runs on
+// the control thread. Each use of a tree holds the table's reader lock (one walk down one tree);
+// removing a tree takes the writer lock, so a tree is never destroyed while a request uses it.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,20 +45,36 @@ class CacheAwarePolicy final : public Policy {
   std::chrono::milliseconds period() const override;
   void on_period() override;
 
-  // The tree of a model (created on first use). Exposed for tests and benchmarks.
-  prefix::ApproxTree& tree(std::string_view model);
+  // The tree requests naming `model` use (created on first use; the overflow tree when the table
+  // is full). Exposed for tests and benchmarks: the pointer keeps it alive even once removed.
+  std::shared_ptr<prefix::ApproxTree> tree(std::string_view model);
+  size_t tree_count();  // model trees held (the overflow tree not counted)
 
  private:
+  // Runs f(tree, overflowed) on the tree of `model` under the table's reader lock. A model with no
+  // tree gets one when `create` and the table has room; past --max-prefix-trees it shares the
+  // overflow tree; otherwise (no tree, not creating) f(nullptr, false).
+  template <class F>
+  void with_tree(std::string_view model, bool create, F&& f);
+  // Characters of `text` the tree of `model` holds for worker `w`.
+  size_t held_by(std::string_view model, std::string_view text, const Worker* w);
+
   PolicyConfig config_;
   PolicyRng rng_;
+  size_t max_trees_;
   std::shared_mutex trees_mu_;
-  std::map<std::string, std::unique_ptr<prefix::ApproxTree>, std::less<>> trees_;
+  std::map<std::string, std::shared_ptr<prefix::ApproxTree>, std::less<>> trees_;
+  std::shared_ptr<prefix::ApproxTree> overflow_;  // shared by models past max_trees_
+  std::atomic<bool> overflow_logged_{false};
   std::set<uint64_t> known_workers_;
   metrics::CounterFamily* predicted_ = nullptr;
   metrics::CounterFamily* cached_ = nullptr;
   metrics::CounterFamily* corrections_ = nullptr;
+  metrics::CounterFamily* withdrawn_ = nullptr;
   metrics::GaugeFamily* tree_chars_ = nullptr;
   metrics::GaugeFamily* tree_nodes_ = nullptr;
+  metrics::Counter* overflow_total_ = nullptr;
+  metrics::Gauge* trees_gauge_ = nullptr;
   std::map<uint64_t, std::string> worker_urls_;  // id -> url, for the per-worker gauges
 };
 

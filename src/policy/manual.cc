@@ -8,7 +8,23 @@ ManualPolicy::ManualPolicy(const PolicyConfig& c)
             : c.manual_assignment_mode == "min_group" ? Mode::kMinGroup
                                                       : Mode::kRandom),
       max_idle_(c.max_idle_secs),
-      rng_(c.seed) {}
+      max_keys_(static_cast<size_t>(std::max<int64_t>(1, c.max_routing_keys))),
+      rng_(c.seed) {
+  if (c.registry) {
+    keys_gauge_ = &c.registry
+                       ->gauge("kvgate_manual_routing_keys",
+                               "manual: routing keys held (at most --max-routing-keys)")
+                       .with({});
+    keys_gauge_->set(0);
+    auto& evicted = c.registry->counter(
+        "kvgate_manual_routing_keys_evicted_total",
+        "manual: routing keys forgotten: capacity (--max-routing-keys held, the least recently "
+        "used one made room), idle (unused for --max-idle-secs)",
+        {"reason"});
+    evicted_full_ = &evicted.with({"capacity"});
+    evicted_idle_ = &evicted.with({"idle"});
+  }
+}
 
 std::chrono::milliseconds ManualPolicy::period() const {
   return std::min<std::chrono::milliseconds>(max_idle_, std::chrono::seconds(60));
@@ -29,6 +45,17 @@ Worker* ManualPolicy::place(std::span<Worker* const> available) {
   return available[rng_.below(available.size())];
 }
 
+void ManualPolicy::forget(Lru::iterator it) {
+  auto group = group_size_.find(it->candidates[0]);
+  if (group != group_size_.end() && --group->second <= 0) group_size_.erase(group);
+  keys_.erase(std::string_view(it->key));
+  lru_.erase(it);
+}
+
+void ManualPolicy::publish_size() {
+  if (keys_gauge_) keys_gauge_->set(static_cast<double>(keys_.size()));
+}
+
 Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   std::string_view key = routing_key(ctx);
   if (key.empty()) {
@@ -36,17 +63,21 @@ Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& 
   }
   std::lock_guard lock(mu_);
   auto now = Clock::now();
-  auto it = keys_.find(std::string(key));
-  if (it == keys_.end()) {
+  auto found = keys_.find(key);
+  if (found == keys_.end()) {
+    if (keys_.size() >= max_keys_) {
+      forget(std::prev(lru_.end()));
+      if (evicted_full_) evicted_full_->inc();
+    }
     Worker* w = place(available);
-    Entry e;
-    e.candidates[0] = w->id();
-    e.last_access = now;
-    keys_.emplace(std::string(key), e);
+    lru_.push_front(Entry{.key = std::string(key), .candidates = {w->id(), 0}, .last_access = now});
+    keys_.emplace(lru_.front().key, lru_.begin());
     ++group_size_[w->id()];
+    publish_size();
     return {w, std::nullopt, "vacant", 0};
   }
-  Entry& e = it->second;
+  lru_.splice(lru_.begin(), lru_, found->second);  // now the most recently used
+  Entry& e = *found->second;
   e.last_access = now;
   for (uint64_t id : e.candidates) {
     if (id == 0) continue;
@@ -63,14 +94,12 @@ Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& 
 
 void ManualPolicy::expire(Clock::time_point now) {
   std::lock_guard lock(mu_);
-  for (auto it = keys_.begin(); it != keys_.end();) {
-    if (now - it->second.last_access > max_idle_) {
-      --group_size_[it->second.candidates[0]];
-      it = keys_.erase(it);
-    } else {
-      ++it;
-    }
+  // Least recently used last: the idle keys are a suffix of the list.
+  while (!lru_.empty() && now - lru_.back().last_access > max_idle_) {
+    forget(std::prev(lru_.end()));
+    if (evicted_idle_) evicted_idle_->inc();
   }
+  publish_size();
 }
 
 size_t ManualPolicy::keys() const {

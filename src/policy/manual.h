@@ -2,11 +2,15 @@
 // --manual-assignment-mode (random, min_load: fewest requests in flight, min_group: fewest keys);
 // it keeps up to two candidate workers: while the first is unavailable requests go to the second
 // (placed then), and they return to the first once it recovers. Keys idle longer than
-// --max-idle-secs are forgotten. Requests without a key go to a random worker.
+// --max-idle-secs are forgotten, and at most --max-routing-keys are kept: a new key arriving when
+// that many are held makes the policy forget the least recently used one (whose next request is
+// placed again, as a new key). Requests without a key go to a random worker.
 #pragma once
 
+#include <list>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "policy/common.h"
@@ -27,18 +31,27 @@ class ManualPolicy final : public Policy {
 
  private:
   struct Entry {
+    std::string key;
     uint64_t candidates[2] = {0, 0};  // worker ids, 0 = none; [0] is the original placement
     Clock::time_point last_access{};
   };
+  using Lru = std::list<Entry>;  // most recently used first
   Worker* place(std::span<Worker* const> available);
+  void forget(Lru::iterator it);  // under mu_
+  void publish_size();            // under mu_
 
   enum class Mode { kRandom, kMinLoad, kMinGroup };
   Mode mode_;
   std::chrono::seconds max_idle_;
+  size_t max_keys_;
   PolicyRng rng_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Entry> keys_;
+  Lru lru_;
+  std::unordered_map<std::string_view, Lru::iterator> keys_;  // views of the entries' keys
   std::unordered_map<uint64_t, int64_t> group_size_;  // keys whose first candidate is the worker
+  metrics::Gauge* keys_gauge_ = nullptr;
+  metrics::Counter* evicted_full_ = nullptr;
+  metrics::Counter* evicted_idle_ = nullptr;
 };
 
 }  // namespace kvgate

@@ -33,14 +33,17 @@ struct Decision {
   size_t predicted_chars = 0;  // prefix the policy expects the worker to hold (cache_aware)
 };
 
+// How one dispatched attempt ended. The gateway calls on_completed() exactly once for every
+// on_dispatched(), with this.
 struct Outcome {
   int status = 0;
   bool ok = false;
   // As the worker reported them (meta_info or usage), when it did.
   std::optional<int64_t> cached_tokens;
   std::optional<int64_t> prompt_tokens;
-  // The worker may have computed the prompt (false: it never got the request whole, or refused
-  // it with 408/429/503, or aborted it before any output).
+  // The worker may have computed the prompt. False when it certainly did not: the connection
+  // failed, it answered without running the request (429, 503, 408), or the client went away
+  // while the request was still queued or before it was sent.
   bool started = true;
 };
 

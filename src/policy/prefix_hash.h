@@ -1,7 +1,8 @@
 // policy/prefix_hash: the hash of the request's first --prefix-token-count tokens (characters
-// without --tokenizer-path, unless it sends input_ids) picks a worker on a consistent-hash ring;
-// the pick stands while its load is <= (total + 1) / n * --prefix-hash-load-factor, else the
-// least-loaded worker under that bound. Works over HTTP (sgl-model-gateway's only works over gRPC).
+// without --tokenizer-path, unless it sends input_ids; only those tokens are computed) picks a
+// worker on a consistent-hash ring; the pick stands while its load is <= (total + 1) / n *
+// --prefix-hash-load-factor, else the least-loaded worker under that bound. Works over HTTP
+// (sgl-model-gateway's only works over gRPC).
 #pragma once
 
 #include "policy/common.h"
@@ -20,7 +21,10 @@ class PrefixHashPolicy final : public Policy {
   std::string_view name() const override { return "prefix_hash"; }
   Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
   void on_workers_changed(const WorkerSet& set) override { ring_.rebuild(set); }
-  ParseOptions parse_options() const override { return {.want_text = true, .want_tokens = true}; }
+  // Only the ids that are hashed are computed.
+  ParseOptions parse_options() const override {
+    return {.want_text = true, .want_tokens = true, .max_tokens = prefix_};
+  }
 
  private:
   size_t prefix_;

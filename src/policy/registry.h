@@ -23,12 +23,14 @@ struct PolicyConfig {
   double balance_rel_threshold = 1.5;
   int64_t eviction_interval_secs = 120;
   int64_t max_tree_size = 67108864;
+  int64_t max_prefix_trees = 64;
   // prefix_hash
   int64_t prefix_token_count = 256;
   double prefix_hash_load_factor = 1.25;
   // manual
   int64_t max_idle_secs = 14400;
   std::string manual_assignment_mode = "random";  // random, min_load, min_group
+  int64_t max_routing_keys = 1000000;
   // chwbl
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;

@@ -361,6 +361,11 @@ size_t ApproxTree::node_count() const {
   return nodes_;
 }
 
+bool ApproxTree::empty() const {
+  std::shared_lock lock(mu_);
+  return root_->children.empty();
+}
+
 size_t ApproxTree::memory_bytes() const {
   std::shared_lock lock(mu_);
   size_t bytes = 0;

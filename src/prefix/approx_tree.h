@@ -45,6 +45,7 @@ class ApproxTree {
   size_t chars_of(Slot slot) const;  // characters attributed to slot
   size_t stored_chars() const;       // characters in all edges (each stored once)
   size_t node_count() const;
+  bool empty() const;           // no text recorded (only the root)
   size_t memory_bytes() const;  // approximate heap bytes held
 
   struct Node;

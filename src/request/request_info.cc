@@ -8,6 +8,7 @@
 #include "http/message.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_parser.h"
 
 namespace kvgate {
 
@@ -30,6 +31,12 @@ std::string_view to_string(ApiRoute r) {
 }
 
 namespace {
+
+// The thread's body parser, reused across requests (released after an outsized body).
+simdjson::dom::parser& body_parser() {
+  thread_local simdjson::dom::parser parser;
+  return parser;
+}
 
 void append_ids(std::string& out, simdjson::dom::array ids) {
   char buf[24];
@@ -177,11 +184,11 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
 }
 
 // Fills out.tokens: input_ids as given ("1,2,3"), else the tokenizer's ids of the text (batches
-// included, joined as `text` joins them).
-void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok) {
+// included, joined as `text` joins them); the first `max_tokens` of them (0: all).
+void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok, size_t max_tokens) {
   if (out.token_ids) {
     std::string_view s = out.text;
-    while (!s.empty()) {
+    while (!s.empty() && (max_tokens == 0 || out.tokens.size() < max_tokens)) {
       int64_t id = 0;
       auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
       if (ec != std::errc()) break;
@@ -191,7 +198,10 @@ void tokenize_text(RequestInfo& out, const tokenizer::Tokenizer* tok) {
     }
     return;
   }
-  if (tok && !out.text.empty() && !tok->encode(out.text, false, out.tokens)) out.tokens.clear();
+  if (!tok || out.text.empty()) return;
+  bool ok = max_tokens == 0 ? tok->encode(out.text, false, out.tokens)
+                            : tok->encode_prefix(out.text, false, max_tokens, out.tokens);
+  if (!ok) out.tokens.clear();
 }
 
 }  // namespace
@@ -209,7 +219,8 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.rendered = false;
   out.tokens.clear();
   if (body.empty()) return "request body is empty; send a JSON object";
-  thread_local simdjson::dom::parser parser;
+  simdjson::dom::parser& parser = body_parser();
+  json::ParserRelease release(parser);  // `out` holds copies: nothing refers to the parser after
   element doc;
   simdjson::error_code err;
   if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
@@ -251,9 +262,13 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   }
   if (options.want_text) {
     extract_text(route, obj, out, options);
-    if (options.want_tokens) tokenize_text(out, options.tokenizer);
+    if (options.want_tokens) tokenize_text(out, options.tokenizer, options.max_tokens);
   }
   return "";
+}
+
+size_t request_parser_capacity() {
+  return body_parser().capacity();
 }
 
 }  // namespace kvgate

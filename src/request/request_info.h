@@ -39,13 +39,17 @@ struct RequestInfo {
   // chat: `text` is the prompt the model's chat template renders (--tokenizer-path), as the
   // engine will see it, instead of the role/content stand-in above.
   bool rendered = false;
-  // The token ids of `text` (want_tokens with a tokenizer; input_ids as given).
+  // The token ids of `text` (want_tokens with a tokenizer; input_ids as given); at most
+  // ParseOptions::max_tokens of them.
   std::vector<int32_t> tokens;
 };
 
 struct ParseOptions {
   bool want_text = false;
   bool want_tokens = false;  // also tokenize `text` (needs `tokenizer`)
+  // With want_tokens: keep only the first max_tokens ids (0 = all), and stop tokenizing there
+  // (prefix_hash needs --prefix-token-count of them, not a huge prompt's every id).
+  size_t max_tokens = 0;
   // From --tokenizer-path (owned by the gateway; null without one). The chat template renders
   // chat requests as the engine does (add_generation_prompt, tools, chat_template_kwargs); a
   // conversation the template rejects falls back to the stand-in text (the engine will answer
@@ -58,5 +62,9 @@ struct ParseOptions {
 // Returns "" or a message naming the problem (for a 400 answer).
 std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& out,
                           ParseOptions options = {});
+
+// Capacity of the calling thread's body parser: at most json::kParserRetainedBytes between
+// requests, whatever the largest body was (for tests).
+size_t request_parser_capacity();
 
 }  // namespace kvgate

@@ -480,6 +480,21 @@ void Bpe::merge_large(std::vector<int32_t>& syms) const {
   syms.resize(w);
 }
 
+namespace {
+
+// The thread's symbols of the word being merged (freed after a word longer than ~1 MiB of them).
+std::vector<int32_t>& thread_syms() {
+  thread_local std::vector<int32_t> syms;
+  return syms;
+}
+constexpr size_t kSymsRetained = (size_t{1} << 20) / sizeof(int32_t);
+
+}  // namespace
+
+size_t Bpe::thread_scratch_bytes() {
+  return thread_syms().capacity() * sizeof(int32_t);
+}
+
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out, WordCache* cache) const {
   if (word.empty()) return;
   if (ignore_merges_) {
@@ -493,7 +508,7 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out, WordCache* 
     h = hash_bytes(word);
     if (cache->get(word, h, out)) return;
   }
-  thread_local std::vector<int32_t> syms;
+  std::vector<int32_t>& syms = thread_syms();
   syms.clear();
   initial_symbols(word, syms);
   if (syms.size() <= 64) {
@@ -505,6 +520,7 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out, WordCache* 
     cache->put(word, h, syms.data(), syms.size());
   }
   out.insert(out.end(), syms.begin(), syms.end());
+  if (syms.capacity() > kSymsRetained) std::vector<int32_t>().swap(syms);
 }
 
 }  // namespace kvgate::tokenizer::detail

@@ -121,6 +121,8 @@ class Bpe {
 
   // Appends the ids of one pre-token. `cache` may be null.
   void tokenize(std::string_view word, std::vector<int32_t>& out, WordCache* cache) const;
+  // Heap bytes of the calling thread's merge scratch (at most ~1 MiB between words).
+  static size_t thread_scratch_bytes();
 
   std::optional<int32_t> token_to_id(std::string_view token) const;  // as written in the vocab
   // The vocabulary string of an id ("" when unknown).

@@ -11,6 +11,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
 #include "util/json.h"
+#include "util/json_parser.h"
 
 namespace kvgate::tokenizer {
 namespace {
@@ -87,6 +88,7 @@ std::string error_line(std::string_view msg) {
 std::string handle_line(std::string_view line, const Tokenizer& tok, const ChatTemplate* chat,
                         const std::string& chat_error, bool add_special_default) {
   thread_local simdjson::dom::parser parser;
+  json::ParserRelease release(parser);  // a huge line does not stay allocated
   simdjson::padded_string padded(line);
   simdjson::dom::element root;
   if (auto e = parser.parse(padded).get(root); e) {

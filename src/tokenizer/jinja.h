@@ -189,6 +189,9 @@ struct Object : HeapCell {
 // JSON text -> Value (objects keep their key order; integers stay integers, 1.0 stays a float).
 // Returns false with `error` set on malformed JSON.
 bool from_json(std::string_view json, Value& out, std::string& error);
+// Capacity of the calling thread's from_json parser: at most json::kParserRetainedBytes between
+// calls, whatever the largest document was (for tests).
+size_t from_json_parser_capacity();
 
 // `json` with every integer literal too large for 64 bits written as a float (1e30 -> "1...0.0"),
 // for JSON parsers that reject what Python's json module accepts.

@@ -11,6 +11,7 @@
 #include "tokenizer/jinja_internal.h"
 #include "tokenizer/unicode.h"
 #include "util/json.h"
+#include "util/json_parser.h"
 
 namespace kvgate::tokenizer::jinja {
 
@@ -218,8 +219,24 @@ std::string widen_big_integers(std::string_view json) {
   return out;
 }
 
-bool from_json(std::string_view json, Value& out, std::string& error) {
+namespace {
+
+// The thread's from_json parser (chat requests' messages pass through it: released after an
+// outsized one).
+simdjson::dom::parser& from_json_parser() {
   thread_local simdjson::dom::parser parser;
+  return parser;
+}
+
+}  // namespace
+
+size_t from_json_parser_capacity() {
+  return from_json_parser().capacity();
+}
+
+bool from_json(std::string_view json, Value& out, std::string& error) {
+  simdjson::dom::parser& parser = from_json_parser();
+  kvgate::json::ParserRelease release(parser);  // after convert(): the Value owns copies
   simdjson::padded_string padded(json);
   simdjson::dom::element root;
   auto e = parser.parse(padded).get(root);

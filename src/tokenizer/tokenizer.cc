@@ -127,6 +127,26 @@ struct Range {
   uint32_t len;
 };
 
+// Segments of a text cut by a Split pattern: the gaps and the matches, in order.
+struct Seg {
+  size_t a, b;
+  bool m;  // a match (after `invert`)
+};
+
+// Scratch buffers are reused from text to text; one grown past this by a huge text is freed after
+// it, so a thread does not keep the largest prompt's worth of memory for good.
+constexpr size_t kScratchRetainedBytes = size_t{1} << 20;
+
+template <class C>
+size_t bytes_of(const C& c) {
+  return c.capacity() * sizeof(typename C::value_type);
+}
+
+template <class C>
+void release_if_large(C& c) {
+  if (bytes_of(c) > kScratchRetainedBytes) C().swap(c);
+}
+
 // Per-thread state: caches (one per tokenizer recently used on the thread) and scratch buffers.
 struct ThreadState {
   struct CacheSlot {
@@ -137,8 +157,42 @@ struct ThreadState {
   CacheSlot caches[4];
   uint64_t clock = 0;
   std::string text, norm, tmp;
+  std::string repaired;  // the input with invalid UTF-8 replaced
   std::vector<Range> ranges, next_ranges;
-  std::vector<std::pair<int64_t, Range>> segments;  // id (or -1 for text), range in `text`
+  // encode_prefix: per pre-tokenizer step, its input ranges, and a Split's segments and pieces.
+  std::vector<std::vector<Range>> levels, level_pieces;
+  std::vector<std::vector<Seg>> level_segs;
+  // Added tokens and text between them: id (or -1 for text), range (of the input; of `text`).
+  std::vector<std::pair<int64_t, Range>> segments, norm_segments;
+  std::vector<Seg> split_segs;                    // one range's Split segments
+  std::vector<std::pair<size_t, size_t>> merged;  // pieces being merged by a Split behavior
+
+  // Heap bytes of the scratch buffers (not the word caches).
+  size_t scratch_bytes() const {
+    size_t n = bytes_of(text) + bytes_of(norm) + bytes_of(tmp) + bytes_of(repaired) +
+               bytes_of(ranges) + bytes_of(next_ranges) + bytes_of(segments) +
+               bytes_of(norm_segments) + bytes_of(split_segs) + bytes_of(merged);
+    for (const auto& v : levels) n += bytes_of(v);
+    for (const auto& v : level_pieces) n += bytes_of(v);
+    for (const auto& v : level_segs) n += bytes_of(v);
+    return n;
+  }
+  // Frees each buffer one huge text grew past kScratchRetainedBytes.
+  void release_large() {
+    release_if_large(text);
+    release_if_large(norm);
+    release_if_large(tmp);
+    release_if_large(repaired);
+    release_if_large(ranges);
+    release_if_large(next_ranges);
+    release_if_large(segments);
+    release_if_large(norm_segments);
+    release_if_large(split_segs);
+    release_if_large(merged);
+    for (auto& v : levels) release_if_large(v);
+    for (auto& v : level_pieces) release_if_large(v);
+    for (auto& v : level_segs) release_if_large(v);
+  }
 
   WordCache* cache_for(uint64_t uid) {
     ++clock;
@@ -183,11 +237,17 @@ struct Tokenizer::Impl {
   int32_t vocab_size = 0;
   std::string description;
 
+  // Appends the ids of `input`, stopping once `out` holds `limit` ids (SIZE_MAX: all of them;
+  // the caller trims the excess of the last piece).
   bool encode(std::string_view input, bool add_special, std::vector<int32_t>& out,
-              std::string* error) const;
+              std::string* error, size_t limit) const;
   bool encode_text(ThreadState& ts, std::string_view segment, std::vector<int32_t>& out,
-                   WordCache* cache, std::string* error) const;
+                   WordCache* cache, std::string* error, size_t limit) const;
   bool pre_tokenize(ThreadState& ts, std::string* error) const;
+  // Runs steps k.. of the pre-tokenizer on ts.levels[k], then the model on each piece in order,
+  // until `out` holds `limit` ids; Split steps are scanned a little at a time.
+  bool encode_pieces(ThreadState& ts, size_t k, std::vector<int32_t>& out, size_t limit,
+                     WordCache* cache, std::string* error) const;
   void find_added(std::string_view s, const Trie& trie,
                   std::vector<std::pair<int64_t, Range>>& segs, uint32_t base) const;
 };
@@ -843,105 +903,118 @@ void Tokenizer::Impl::find_added(std::string_view s, const Trie& trie,
 
 namespace {
 
+// Where an incremental Split scan stands in its text.
+struct SplitScan {
+  size_t prev = 0, pos = 0;
+  bool done = false;  // the whole text is scanned (its trailing gap included)
+};
+
+// Scans `s` from `st` on, appending segments to `segs` until about `max_segs` more were added or
+// the text ends (st.done). The segments are those a scan of the whole text yields, in order: the
+// pattern always sees all of `s`.
+bool scan_split(const PreStep& step, std::string_view s, SplitScan& st, size_t max_segs,
+                std::vector<Seg>& segs, std::string* error) {
+  const size_t stop = max_segs > SIZE_MAX - segs.size() ? SIZE_MAX : segs.size() + max_segs;
+  while (st.pos <= s.size()) {
+    if (segs.size() >= stop) return true;
+    size_t ms, me;
+    int rc = step.pattern->find(s, st.pos, ms, me);
+    if (rc < 0) {
+      if (error) {
+        *error = "regex engine error on pre-tokenizer pattern: " + detail::pcre2_error_message(rc);
+      }
+      return false;
+    }
+    if (rc == 0) break;
+    if (me == ms) {  // empty match: step over one character
+      st.pos =
+          ms + (ms < s.size() ? unicode::sequence_length(static_cast<unsigned char>(s[ms])) : 1);
+      continue;
+    }
+    if (ms > st.prev) segs.push_back({st.prev, ms, step.invert});
+    segs.push_back({ms, me, !step.invert});
+    st.prev = st.pos = me;
+  }
+  if (st.prev < s.size()) segs.push_back({st.prev, s.size(), step.invert});
+  st.done = true;
+  return true;
+}
+
+// Appends the pieces the step's behavior makes of `segs` (offsets relative to `base`). From the
+// segments of a text's beginning, every piece but the last is a piece of the whole text (only
+// the last may still grow, or merge with what follows).
+void emit_split(const PreStep& step, const std::vector<Seg>& segs, uint32_t base,
+                std::vector<Range>& out, std::vector<std::pair<size_t, size_t>>& acc) {
+  auto emit = [&](size_t a, size_t b) {
+    if (b > a) out.push_back(Range{base + static_cast<uint32_t>(a), static_cast<uint32_t>(b - a)});
+  };
+  switch (step.behavior) {
+    case Behavior::kIsolated:
+      for (const auto& g : segs) emit(g.a, g.b);
+      break;
+    case Behavior::kRemoved:
+      for (const auto& g : segs) {
+        if (!g.m) emit(g.a, g.b);
+      }
+      break;
+    case Behavior::kMergedWithPrevious: {
+      acc.clear();
+      bool previous_match = false;
+      for (const auto& g : segs) {
+        if (g.m && !previous_match && !acc.empty()) {
+          acc.back().second = g.b;
+        } else {
+          acc.emplace_back(g.a, g.b);
+        }
+        previous_match = g.m;
+      }
+      for (auto& [a, b] : acc) emit(a, b);
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      acc.clear();
+      bool previous_match = false;
+      for (size_t k = segs.size(); k-- > 0;) {
+        const auto& g = segs[k];
+        if (g.m && !previous_match && !acc.empty()) {
+          acc.back().first = g.a;
+        } else {
+          acc.emplace_back(g.a, g.b);
+        }
+        previous_match = g.m;
+      }
+      for (size_t k = acc.size(); k-- > 0;) emit(acc[k].first, acc[k].second);
+      break;
+    }
+    case Behavior::kContiguous: {
+      acc.clear();
+      bool previous_match = false;
+      bool first = true;
+      for (const auto& g : segs) {
+        if (!first && g.m == previous_match) {
+          acc.back().second = g.b;
+        } else {
+          acc.emplace_back(g.a, g.b);
+        }
+        first = false;
+        previous_match = g.m;
+      }
+      for (auto& [a, b] : acc) emit(a, b);
+      break;
+    }
+  }
+}
+
 // Applies one split step to every range of `in`, appending the pieces to `out`.
-bool split_ranges(const PreStep& step, const std::string& text, const std::vector<Range>& in,
+bool split_ranges(const PreStep& step, ThreadState& ts, const std::vector<Range>& in,
                   std::vector<Range>& out, std::string* error) {
   for (const Range& r : in) {
-    std::string_view s(text.data() + r.off, r.len);
-    // Segments covering s: (begin, end, is_match).
-    size_t prev = 0, pos = 0;
-    struct Seg {
-      size_t a, b;
-      bool m;
-    };
-    thread_local std::vector<Seg> segs;
-    segs.clear();
-    while (pos <= s.size()) {
-      size_t ms, me;
-      int rc = step.pattern->find(s, pos, ms, me);
-      if (rc < 0) {
-        if (error) {
-          *error =
-              "regex engine error on pre-tokenizer pattern: " + detail::pcre2_error_message(rc);
-        }
-        return false;
-      }
-      if (rc == 0) break;
-      if (me == ms) {  // empty match: step over one character
-        pos =
-            ms + (ms < s.size() ? unicode::sequence_length(static_cast<unsigned char>(s[ms])) : 1);
-        continue;
-      }
-      if (ms > prev) segs.push_back({prev, ms, false});
-      segs.push_back({ms, me, true});
-      prev = pos = me;
-    }
-    if (prev < s.size()) segs.push_back({prev, s.size(), false});
-    if (step.invert) {
-      for (auto& g : segs) g.m = !g.m;
-    }
-    auto emit = [&](size_t a, size_t b) {
-      if (b > a)
-        out.push_back(Range{r.off + static_cast<uint32_t>(a), static_cast<uint32_t>(b - a)});
-    };
-    switch (step.behavior) {
-      case Behavior::kIsolated:
-        for (const auto& g : segs) emit(g.a, g.b);
-        break;
-      case Behavior::kRemoved:
-        for (const auto& g : segs) {
-          if (!g.m) emit(g.a, g.b);
-        }
-        break;
-      case Behavior::kMergedWithPrevious: {
-        thread_local std::vector<std::pair<size_t, size_t>> acc;
-        acc.clear();
-        bool previous_match = false;
-        for (const auto& g : segs) {
-          if (g.m && !previous_match && !acc.empty()) {
-            acc.back().second = g.b;
-          } else {
-            acc.emplace_back(g.a, g.b);
-          }
-          previous_match = g.m;
-        }
-        for (auto& [a, b] : acc) emit(a, b);
-        break;
-      }
-      case Behavior::kMergedWithNext: {
-        thread_local std::vector<std::pair<size_t, size_t>> acc;
-        acc.clear();
-        bool previous_match = false;
-        for (size_t k = segs.size(); k-- > 0;) {
-          const auto& g = segs[k];
-          if (g.m && !previous_match && !acc.empty()) {
-            acc.back().first = g.a;
-          } else {
-            acc.emplace_back(g.a, g.b);
-          }
-          previous_match = g.m;
-        }
-        for (size_t k = acc.size(); k-- > 0;) emit(acc[k].first, acc[k].second);
-        break;
-      }
-      case Behavior::kContiguous: {
-        thread_local std::vector<std::pair<size_t, size_t>> acc;
-        acc.clear();
-        bool previous_match = false;
-        bool first = true;
-        for (const auto& g : segs) {
-          if (!first && g.m == previous_match) {
-            acc.back().second = g.b;
-          } else {
-            acc.emplace_back(g.a, g.b);
-          }
-          first = false;
-          previous_match = g.m;
-        }
-        for (auto& [a, b] : acc) emit(a, b);
-        break;
-      }
-    }
+    ts.split_segs.clear();
+    SplitScan st;
+    if (!scan_split(step, std::string_view(ts.text.data() + r.off, r.len), st, SIZE_MAX,
+                    ts.split_segs, error))
+      return false;
+    emit_split(step, ts.split_segs, r.off, out, ts.merged);
   }
   return true;
 }
@@ -952,158 +1025,223 @@ bool is_numeric(char32_t c) {
   return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
 
+// Applies one pre-tokenizer step to every range of `in` (each independently of the others),
+// appending the pieces to `out`. Steps that rewrite text append it to ts.text.
+bool apply_pre_step(const PreStep& step, ThreadState& ts, const std::vector<Range>& in,
+                    std::vector<Range>& out, std::string* error) {
+  switch (step.kind) {
+    case PreStep::Kind::kSplit:
+      return split_ranges(step, ts, in, out, error);
+    case PreStep::Kind::kByteLevelPrefix:
+      for (const Range& r : in) {
+        if (r.len > 0 && ts.text[r.off] == ' ') {
+          out.push_back(r);
+          continue;
+        }
+        auto off = static_cast<uint32_t>(ts.text.size());
+        ts.tmp.assign(" ");
+        ts.tmp.append(ts.text, r.off, r.len);
+        ts.text.append(ts.tmp);
+        out.push_back(Range{off, r.len + 1});
+      }
+      return true;
+    case PreStep::Kind::kMetaspace: {
+      bool first_piece = true;
+      for (const Range& r : in) {
+        ts.tmp.clear();
+        std::string_view s(ts.text.data() + r.off, r.len);
+        bool prepend = step.prepend == PreStep::Prepend::kAlways ||
+                       (step.prepend == PreStep::Prepend::kFirst && first_piece && r.off == 0);
+        first_piece = false;
+        for (char c : s) {
+          if (c == ' ') {
+            ts.tmp.append(step.replacement);
+          } else {
+            ts.tmp.push_back(c);
+          }
+        }
+        if (prepend && !std::string_view(ts.tmp).starts_with(step.replacement)) {
+          ts.tmp.insert(0, step.replacement);
+        }
+        auto off = static_cast<uint32_t>(ts.text.size());
+        ts.text.append(ts.tmp);
+        Range nr{off, static_cast<uint32_t>(ts.tmp.size())};
+        if (!step.split) {
+          if (nr.len) out.push_back(nr);
+          continue;
+        }
+        // Split on the replacement, MergedWithNext.
+        size_t start = 0;
+        std::string_view t(ts.text.data() + off, nr.len);
+        size_t pos = t.find(step.replacement, 1);
+        while (pos != std::string_view::npos) {
+          if (pos > start)
+            out.push_back(
+                Range{off + static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});
+          start = pos;
+          pos = t.find(step.replacement, pos + step.replacement.size());
+        }
+        if (t.size() > start)
+          out.push_back(
+              Range{off + static_cast<uint32_t>(start), static_cast<uint32_t>(t.size() - start)});
+      }
+      return true;
+    }
+    case PreStep::Kind::kDigits:
+      for (const Range& r : in) {
+        std::string_view s(ts.text.data() + r.off, r.len);
+        size_t i = 0, run_start = 0;
+        int run_kind = -1;  // 0 text, 1 digits
+        while (i < s.size()) {
+          size_t at = i;
+          bool digit = is_numeric(unicode::next_code_point(s, i));
+          int kind = digit ? 1 : 0;
+          if (run_kind >= 0 && (kind != run_kind || (digit && step.individual))) {
+            out.push_back(Range{r.off + static_cast<uint32_t>(run_start),
+                                static_cast<uint32_t>(at - run_start)});
+            run_start = at;
+          }
+          run_kind = kind;
+        }
+        if (s.size() > run_start)
+          out.push_back(Range{r.off + static_cast<uint32_t>(run_start),
+                              static_cast<uint32_t>(s.size() - run_start)});
+      }
+      return true;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool Tokenizer::Impl::pre_tokenize(ThreadState& ts, std::string* error) const {
   for (const PreStep& step : pre) {
     ts.next_ranges.clear();
-    switch (step.kind) {
-      case PreStep::Kind::kSplit:
-        if (!split_ranges(step, ts.text, ts.ranges, ts.next_ranges, error)) return false;
-        break;
-      case PreStep::Kind::kByteLevelPrefix:
-        for (const Range& r : ts.ranges) {
-          if (r.len > 0 && ts.text[r.off] == ' ') {
-            ts.next_ranges.push_back(r);
-            continue;
-          }
-          auto off = static_cast<uint32_t>(ts.text.size());
-          ts.tmp.assign(" ");
-          ts.tmp.append(ts.text, r.off, r.len);
-          ts.text.append(ts.tmp);
-          ts.next_ranges.push_back(Range{off, r.len + 1});
-        }
-        break;
-      case PreStep::Kind::kMetaspace: {
-        bool first_piece = true;
-        for (const Range& r : ts.ranges) {
-          ts.tmp.clear();
-          std::string_view s(ts.text.data() + r.off, r.len);
-          bool prepend = step.prepend == PreStep::Prepend::kAlways ||
-                         (step.prepend == PreStep::Prepend::kFirst && first_piece && r.off == 0);
-          first_piece = false;
-          for (char c : s) {
-            if (c == ' ') {
-              ts.tmp.append(step.replacement);
-            } else {
-              ts.tmp.push_back(c);
-            }
-          }
-          if (prepend && !std::string_view(ts.tmp).starts_with(step.replacement)) {
-            ts.tmp.insert(0, step.replacement);
-          }
-          auto off = static_cast<uint32_t>(ts.text.size());
-          ts.text.append(ts.tmp);
-          Range nr{off, static_cast<uint32_t>(ts.tmp.size())};
-          if (!step.split) {
-            if (nr.len) ts.next_ranges.push_back(nr);
-            continue;
-          }
-          // Split on the replacement, MergedWithNext.
-          size_t start = 0;
-          std::string_view t(ts.text.data() + off, nr.len);
-          size_t pos = t.find(step.replacement, 1);
-          while (pos != std::string_view::npos) {
-            if (pos > start)
-              ts.next_ranges.push_back(
-                  Range{off + static_cast<uint32_t>(start), static_cast<uint32_t>(pos - start)});
-            start = pos;
-            pos = t.find(step.replacement, pos + step.replacement.size());
-          }
-          if (t.size() > start)
-            ts.next_ranges.push_back(
-                Range{off + static_cast<uint32_t>(start), static_cast<uint32_t>(t.size() - start)});
-        }
-        break;
-      }
-      case PreStep::Kind::kDigits:
-        for (const Range& r : ts.ranges) {
-          std::string_view s(ts.text.data() + r.off, r.len);
-          size_t i = 0, run_start = 0;
-          int run_kind = -1;  // 0 text, 1 digits
-          while (i < s.size()) {
-            size_t at = i;
-            bool digit = is_numeric(unicode::next_code_point(s, i));
-            int kind = digit ? 1 : 0;
-            if (run_kind >= 0 && (kind != run_kind || (digit && step.individual))) {
-              ts.next_ranges.push_back(Range{r.off + static_cast<uint32_t>(run_start),
-                                             static_cast<uint32_t>(at - run_start)});
-              run_start = at;
-            }
-            run_kind = kind;
-          }
-          if (s.size() > run_start)
-            ts.next_ranges.push_back(Range{r.off + static_cast<uint32_t>(run_start),
-                                           static_cast<uint32_t>(s.size() - run_start)});
-        }
-        break;
-    }
+    if (!apply_pre_step(step, ts, ts.ranges, ts.next_ranges, error)) return false;
     std::swap(ts.ranges, ts.next_ranges);
   }
   return true;
 }
 
+bool Tokenizer::Impl::encode_pieces(ThreadState& ts, size_t k, std::vector<int32_t>& out,
+                                    size_t limit, WordCache* cache, std::string* error) const {
+  if (k == pre.size()) {
+    for (const Range& p : ts.levels[k]) {
+      model->tokenize(std::string_view(ts.text.data() + p.off, p.len), out, cache);
+      if (out.size() >= limit) return true;
+    }
+    return true;
+  }
+  const PreStep& step = pre[k];
+  if (step.kind != PreStep::Kind::kSplit) {
+    ts.levels[k + 1].clear();
+    if (!apply_pre_step(step, ts, ts.levels[k], ts.levels[k + 1], error)) return false;
+    return encode_pieces(ts, k + 1, out, limit, cache, error);
+  }
+  // A Split step: scan each range a batch of segments at a time (doubling), and send every
+  // piece known to be final on through the later steps before scanning further.
+  std::vector<Seg>& segs = ts.level_segs[k];
+  std::vector<Range>& pieces = ts.level_pieces[k];
+  for (size_t ri = 0; ri < ts.levels[k].size(); ++ri) {
+    const Range r = ts.levels[k][ri];
+    segs.clear();
+    SplitScan st;
+    size_t done_pieces = 0;
+    size_t batch = 16;
+    while (true) {
+      // ts.text may have grown (and moved) under later steps: take the view afresh.
+      std::string_view s(ts.text.data() + r.off, r.len);
+      if (!scan_split(step, s, st, batch, segs, error)) return false;
+      pieces.clear();
+      emit_split(step, segs, r.off, pieces, ts.merged);
+      size_t final_pieces = st.done || pieces.empty() ? pieces.size() : pieces.size() - 1;
+      for (; done_pieces < final_pieces; ++done_pieces) {
+        ts.levels[k + 1].assign(1, pieces[done_pieces]);
+        if (!encode_pieces(ts, k + 1, out, limit, cache, error)) return false;
+        if (out.size() >= limit) return true;
+      }
+      if (st.done) break;
+      batch = batch > SIZE_MAX / 2 ? SIZE_MAX : batch * 2;
+    }
+  }
+  return true;
+}
+
 bool Tokenizer::Impl::encode_text(ThreadState& ts, std::string_view segment,
-                                  std::vector<int32_t>& out, WordCache* cache,
-                                  std::string* error) const {
+                                  std::vector<int32_t>& out, WordCache* cache, std::string* error,
+                                  size_t limit) const {
   std::string_view text = segment;
   if (!normalizers.empty()) {
     ts.norm.assign(segment);
     if (!run_normalizers(normalizers, ts.norm, ts.tmp, error)) return false;
     text = ts.norm;
   }
+  const bool all = limit == SIZE_MAX;
+  if (!all && ts.levels.size() < pre.size() + 1) {
+    ts.levels.resize(pre.size() + 1);
+    ts.level_pieces.resize(pre.size());
+    ts.level_segs.resize(pre.size());
+  }
+  // Pre-tokenizes the ranges of a text piece and runs the model on them (all of them, or until
+  // `limit` ids).
+  auto encode_range = [&](Range r) {
+    if (!all) {
+      ts.levels[0].assign(1, r);
+      return encode_pieces(ts, 0, out, limit, cache, error);
+    }
+    ts.ranges.assign(1, r);
+    if (!pre_tokenize(ts, error)) return false;
+    for (const Range& p : ts.ranges) {
+      model->tokenize(std::string_view(ts.text.data() + p.off, p.len), out, cache);
+    }
+    return true;
+  };
 
   // Normalized added tokens, then pre-tokenize each remaining piece.
   ts.text.assign(text);
-  ts.ranges.clear();
   if (!normalized_trie.empty()) {
-    thread_local std::vector<std::pair<int64_t, Range>> segs;
-    segs.clear();
-    find_added(ts.text, normalized_trie, segs, 0);
+    ts.norm_segments.clear();
+    find_added(ts.text, normalized_trie, ts.norm_segments, 0);
     // Process pieces in order: text pieces go through the pre-tokenizer one at a time.
-    for (const auto& [id, r] : segs) {
+    for (const auto& [id, r] : ts.norm_segments) {
+      if (out.size() >= limit) return true;
       if (id >= 0) {
         out.push_back(static_cast<int32_t>(id));
-        continue;
-      }
-      ts.ranges.assign(1, r);
-      if (!pre_tokenize(ts, error)) return false;
-      for (const Range& p : ts.ranges) {
-        model->tokenize(std::string_view(ts.text.data() + p.off, p.len), out, cache);
+      } else if (!encode_range(r)) {
+        return false;
       }
     }
     return true;
   }
-  if (!ts.text.empty()) ts.ranges.push_back(Range{0, static_cast<uint32_t>(ts.text.size())});
-  if (!pre_tokenize(ts, error)) return false;
-  for (const Range& p : ts.ranges) {
-    model->tokenize(std::string_view(ts.text.data() + p.off, p.len), out, cache);
-  }
-  return true;
+  if (ts.text.empty()) return true;
+  return encode_range(Range{0, static_cast<uint32_t>(ts.text.size())});
 }
 
 bool Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vector<int32_t>& out,
-                             std::string* error) const {
+                             std::string* error, size_t limit) const {
   ThreadState& ts = thread_state();
+  struct Release {
+    ThreadState& ts;
+    ~Release() { ts.release_large(); }
+  } release{ts};
   WordCache* cache = ts.cache_for(uid);
   // Repair invalid UTF-8 first (into a buffer that outlives the segments below).
-  thread_local std::string repaired;
   std::string_view text = input;
   if (!unicode::is_valid_utf8(input)) {
-    repaired.clear();
-    unicode::append_sanitized_utf8(input, repaired);
-    text = repaired;
+    ts.repaired.clear();
+    unicode::append_sanitized_utf8(input, ts.repaired);
+    text = ts.repaired;
   }
   if (add_special) out.insert(out.end(), prefix.begin(), prefix.end());
-  thread_local std::vector<std::pair<int64_t, Range>> segs;
-  segs.clear();
-  find_added(text, raw_trie, segs, 0);
-  for (const auto& [id, r] : segs) {
+  ts.segments.clear();
+  find_added(text, raw_trie, ts.segments, 0);
+  for (const auto& [id, r] : ts.segments) {
+    if (out.size() >= limit) return true;
     if (id >= 0) {
       out.push_back(static_cast<int32_t>(id));
       continue;
     }
-    if (!encode_text(ts, text.substr(r.off, r.len), out, cache, error)) return false;
+    if (!encode_text(ts, text.substr(r.off, r.len), out, cache, error, limit)) return false;
   }
   if (add_special) out.insert(out.end(), suffix.begin(), suffix.end());
   return true;
@@ -1111,13 +1249,23 @@ bool Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
 
 bool Tokenizer::encode(std::string_view text, bool add_special_tokens, std::vector<int32_t>& out,
                        std::string* error) const {
-  return impl_->encode(text, add_special_tokens, out, error);
+  return impl_->encode(text, add_special_tokens, out, error, SIZE_MAX);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int32_t> out;
-  impl_->encode(text, add_special_tokens, out, nullptr);
+  impl_->encode(text, add_special_tokens, out, nullptr, SIZE_MAX);
   return out;
+}
+
+bool Tokenizer::encode_prefix(std::string_view text, bool add_special_tokens, size_t max_tokens,
+                              std::vector<int32_t>& out, std::string* error) const {
+  if (max_tokens == 0) return true;
+  const size_t limit =
+      max_tokens > SIZE_MAX - 1 - out.size() ? SIZE_MAX - 1 : out.size() + max_tokens;
+  if (!impl_->encode(text, add_special_tokens, out, error, limit)) return false;
+  if (out.size() > limit) out.resize(limit);
+  return true;
 }
 
 // ---- decode ----
@@ -1356,6 +1504,10 @@ std::optional<int32_t> Tokenizer::eos_token_id() const {
 }
 const std::string& Tokenizer::description() const {
   return impl_->description;
+}
+
+size_t Tokenizer::thread_scratch_bytes() {
+  return thread_state().scratch_bytes() + Bpe::thread_scratch_bytes();
 }
 
 size_t Tokenizer::memory_bytes() const {

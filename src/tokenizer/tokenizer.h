@@ -16,7 +16,8 @@
 // WHATWG/Unicode "maximal subpart" replacement, what Node or a browser would decode it to).
 //
 // Thread safety: a loaded Tokenizer is immutable; encode/decode may run on any number of threads
-// at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks).
+// at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks); a scratch
+// buffer one huge text grew past 1 MiB is freed after that text.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,13 @@ class Tokenizer {
   bool encode(std::string_view text, bool add_special_tokens, std::vector<int32_t>& out,
               std::string* error = nullptr) const;
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // The first `max_tokens` ids encode() would append (the post-processor's included), without
+  // tokenizing the rest where the pipeline allows: each Split of the pre-tokenizer is scanned a
+  // little at a time and the model stops once enough ids exist. What still reads the whole text:
+  // the UTF-8 check, the added-token scan and the normalizer; a tokenizer without a Split (Llama
+  // 2's has no pre-tokenizer) still runs the model over each whole segment between added tokens.
+  bool encode_prefix(std::string_view text, bool add_special_tokens, size_t max_tokens,
+                     std::vector<int32_t>& out, std::string* error = nullptr) const;
 
   // Text of the ids (invalid UTF-8 from partial byte tokens becomes U+FFFD, as HF).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
@@ -85,6 +93,10 @@ class Tokenizer {
   const std::string& description() const;
   // Heap memory held by the loaded tables (not counting per-thread caches).
   size_t memory_bytes() const;
+  // Heap bytes of the calling thread's encode scratch buffers (word caches not counted). Each is
+  // reused from text to text and freed after a text that grew it past 1 MiB, so this stays small
+  // whatever the largest text was (for tests).
+  static size_t thread_scratch_bytes();
 
   struct Impl;
 

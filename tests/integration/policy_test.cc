@@ -82,6 +82,37 @@ TEST(Policies, RoutingKeyPoliciesAreSticky) {
   }
 }
 
+// The bounds on client-grown policy state reach the policies from the command line.
+TEST(Policies, StateBoundsComeFromTheCommandLine) {
+  {
+    auto args = gateway("manual");
+    args.insert(args.end(), {"--max-routing-keys", "2"});
+    Cluster c(2, kSim, args);
+    HttpClient client(c.port());
+    for (const char* key : {"k1", "k2", "k3"}) {
+      auto r = client.post("/generate", R"({"text":"hi","sampling_params":{"max_new_tokens":2}})",
+                           {{"X-SMG-Routing-Key", key}});
+      ASSERT_EQ(r.status, 200) << r.body;
+    }
+    EXPECT_EQ(c.metric("kvgate_manual_routing_keys"), 2);
+    EXPECT_EQ(c.metric("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"}"), 1);
+  }
+  {
+    auto args = gateway("cache_aware");
+    args.insert(args.end(), {"--max-prefix-trees", "1"});
+    Cluster c(2, kSim, args);
+    HttpClient client(c.port());
+    for (const char* model : {"a", "b", "c"}) {
+      auto r =
+          client.post("/generate", std::string(R"({"model":")") + model +
+                                       R"(","text":"hi","sampling_params":{"max_new_tokens":2}})");
+      ASSERT_EQ(r.status, 200) << r.body;
+    }
+    EXPECT_EQ(c.metric("kvgate_prefix_trees"), 1);
+    EXPECT_EQ(c.metric("kvgate_prefix_tree_overflow_total"), 2);
+  }
+}
+
 TEST(Policies, TargetWorkerHeaderIsStrict) {
   auto args = gateway("consistent_hashing");
   args.push_back("--allow-target-worker-header");

@@ -1,11 +1,13 @@
 // Tests for policy/cache_aware: the imbalance test at its exact edges, cache hits above the
 // threshold, least-loaded random ties below it, insertion, the ground-truth correction, eviction
-// and worker removal.
+// and worker removal, the bound on model trees.
 #include "policy/cache_aware.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "unit/policy/policy_fixture.h"
 
@@ -143,10 +145,10 @@ TEST(CacheAware, GroundTruthCorrectsTheTree) {
   p->on_completed(d2, r.ctx, Outcome{200, true, 0, 200});
   std::vector<prefix::Slot> slots{static_cast<prefix::Slot>(d1.worker->id())};
   std::vector<size_t> m(1);
-  ca.tree("m").match(other, slots, m);
+  ca.tree("m")->match(other, slots, m);
   EXPECT_EQ(m[0], 400u) << "the stale branch below the lost prefix is gone (only the part "
                            "shared with the prompt just computed is held)";
-  ca.tree("m").match(turn2, slots, m);
+  ca.tree("m")->match(turn2, slots, m);
   EXPECT_EQ(m[0], 800u) << "the prompt just computed is held again";
   std::string text = reg.expose();
   std::string url = d1.worker->url();
@@ -165,6 +167,69 @@ TEST(CacheAware, GroundTruthCorrectsTheTree) {
             std::string::npos);
 }
 
+// The worker never ran the request (connect failure, 429/503/408, client gone while queued): the
+// text recorded under it at dispatch is withdrawn back to what it held before, on every branch.
+TEST(CacheAware, ClaimWithdrawnWhenTheWorkerDidNotRun) {
+  Pool pool(2);
+  auto p = testing::make(config(), pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  auto held = [&](Worker* w, const std::string& text) {
+    std::vector<prefix::Slot> slots{static_cast<prefix::Slot>(w->id())};
+    std::vector<size_t> m(1);
+    ca.tree("m")->match(text, slots, m);
+    return m[0];
+  };
+  Outcome not_started{503, false, std::nullopt, std::nullopt, false};
+  std::string turn1(400, 'x');
+  Decision d1 = route(*p, pool, turn1);
+  Worker* w = d1.worker;
+  Worker* other = w == pool.ptrs[0] ? pool.ptrs[1] : pool.ptrs[0];
+
+  // cache_hit: the tree believed the worker held turn1; after a 503 it holds turn1 again, no more.
+  std::string turn2 = turn1 + std::string(400, 'y');
+  Req r2(turn2);
+  Decision d2 = p->select(pool.ptrs, r2.ctx);
+  ASSERT_EQ(d2.branch, "cache_hit");
+  ASSERT_EQ(d2.worker, w);
+  p->on_dispatched(d2, r2.ctx);
+  ASSERT_EQ(held(w, turn2), 800u);
+  p->on_completed(d2, r2.ctx, not_started);
+  EXPECT_EQ(held(w, turn2), 400u);
+  EXPECT_EQ(held(w, turn1), 400u) << "what the worker held before the dispatch stays";
+
+  // A request that started and failed keeps its claim (the worker may have computed it).
+  Req r3(turn2);
+  Decision d3 = p->select(pool.ptrs, r3.ctx);
+  p->on_dispatched(d3, r3.ctx);
+  p->on_completed(d3, r3.ctx, Outcome{500, false, std::nullopt, std::nullopt, true});
+  EXPECT_EQ(held(w, turn2), 800u);
+
+  // imbalanced: the least-loaded pick is the worker holding turn1; withdrawing the new text must
+  // not take turn1 away with it.
+  std::string turn3 = turn1 + std::string(400, 'z');
+  pool.set_inflight(other, 100);
+  Req r4(turn3);
+  Decision d4 = p->select(pool.ptrs, r4.ctx);
+  ASSERT_EQ(d4.branch, "imbalanced");
+  ASSERT_EQ(d4.worker, w);
+  EXPECT_EQ(d4.predicted_chars, 400u);
+  p->on_dispatched(d4, r4.ctx);
+  ASSERT_EQ(held(w, turn3), 800u);
+  p->on_completed(d4, r4.ctx, not_started);
+  EXPECT_EQ(held(w, turn3), 400u);
+  EXPECT_EQ(held(w, turn2), 800u);
+  pool.set_inflight(other, 0);
+
+  // A first request to a worker that never ran it leaves nothing behind.
+  std::string fresh(300, 'f');
+  Req r5(fresh);
+  Decision d5 = p->select(pool.ptrs, r5.ctx);
+  ASSERT_EQ(d5.predicted_chars, 0u);
+  p->on_dispatched(d5, r5.ctx);
+  p->on_completed(d5, r5.ctx, not_started);
+  EXPECT_EQ(held(d5.worker, fresh), 0u);
+}
+
 TEST(CacheAware, PeriodicEvictionAndWorkerRemoval) {
   Pool pool(2);
   PolicyConfig c = config();
@@ -175,12 +240,12 @@ TEST(CacheAware, PeriodicEvictionAndWorkerRemoval) {
     route(*p, pool, "text number " + std::to_string(i) + std::string(50, 'q'));
   p->on_period();
   for (Worker* w : pool.ptrs)
-    EXPECT_LE(ca.tree("m").chars_of(static_cast<prefix::Slot>(w->id())), 100u);
+    EXPECT_LE(ca.tree("m")->chars_of(static_cast<prefix::Slot>(w->id())), 100u);
   Worker* gone = pool.ptrs[0];
   auto id = static_cast<prefix::Slot>(gone->id());
   pool.remove(gone);
   p->on_workers_changed(pool.set());
-  EXPECT_EQ(ca.tree("m").chars_of(id), 0u);
+  EXPECT_EQ(ca.tree("m")->chars_of(id), 0u);
 }
 
 TEST(CacheAware, OneTreePerModel) {
@@ -193,6 +258,85 @@ TEST(CacheAware, OneTreePerModel) {
   EXPECT_EQ(p->select(pool.ptrs, b.ctx).branch, "cache_miss_min_load");
   Req a2("same text", "model-a");
   EXPECT_EQ(p->select(pool.ptrs, a2.ctx).branch, "cache_hit");
+}
+
+// At most --max-prefix-trees model trees: further models share the overflow tree (counted); trees
+// left empty are removed at the next eviction, and a tree in use survives its removal.
+TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
+  metrics::Registry reg;
+  Pool pool(1);
+  PolicyConfig c = config();
+  c.max_prefix_trees = 2;
+  c.registry = &reg;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  auto dispatch = [&](const std::string& model) {
+    Req r("the same prompt", model);
+    Decision d = p->select(pool.ptrs, r.ctx);
+    p->on_dispatched(d, r.ctx);
+    return d;
+  };
+  auto exposed = [&](const std::string& line) {
+    std::string text = reg.expose();
+    return text.find("\n" + line + "\n") != std::string::npos;
+  };
+  dispatch("model-a");
+  dispatch("model-b");
+  EXPECT_EQ(ca.tree_count(), 2u);
+  EXPECT_EQ(dispatch("model-c").branch, "cache_miss_min_load");
+  EXPECT_EQ(dispatch("model-d").branch, "cache_hit") << "models past the bound share one tree";
+  for (int i = 0; i < 100; ++i) dispatch("junk-" + std::to_string(i));
+  EXPECT_EQ(ca.tree_count(), 2u);
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_trees 2")) << reg.expose();
+
+  std::shared_ptr<prefix::ApproxTree> in_use = ca.tree("model-a");
+  // The only worker leaves and another joins: every tree empties, the next eviction removes them.
+  Worker* gone = pool.ptrs[0];
+  pool.add(2);
+  pool.remove(gone);
+  p->on_workers_changed(pool.set());
+  p->on_period();
+  EXPECT_EQ(ca.tree_count(), 0u);
+  EXPECT_TRUE(exposed("kvgate_prefix_trees 0")) << reg.expose();
+  EXPECT_TRUE(in_use->empty());
+  std::vector<prefix::Slot> slots{2};
+  std::vector<size_t> m(1);
+  EXPECT_EQ(in_use->match("the same prompt", slots, m), 15u);
+  // Room again: the next model gets a tree of its own.
+  dispatch("model-e");
+  EXPECT_EQ(ca.tree_count(), 1u);
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
+}
+
+// Request threads route, record and withdraw on more models than the bound while the control
+// thread evicts and removes emptied trees (run under ASan in make test).
+TEST(CacheAware, TreesRemovedWhileRequestsUseThem) {
+  Pool pool(3);
+  PolicyConfig c = config(0);
+  c.max_prefix_trees = 4;
+  auto p = testing::make(c, pool);
+  auto& ca = static_cast<CacheAwarePolicy&>(*p);
+  std::atomic<int> running{4};
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < 2000; ++i) {
+        Req r("prompt " + std::to_string(i % 50), "model-" + std::to_string((i + k) % 8));
+        Decision d = p->select(pool.ptrs, r.ctx);
+        p->on_dispatched(d, r.ctx);
+        p->on_completed(d, r.ctx, Outcome{503, false, std::nullopt, std::nullopt, false});
+      }
+      running.fetch_sub(1);
+    });
+  }
+  while (running.load() > 0) {
+    p->on_period();
+    EXPECT_LE(ca.tree_count(), 4u);
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(ca.tree_count(), 4u);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Tests for policy/manual (sticky keys, assignment modes, failover and return, expiry) and
-// policy/bucket (bands refitted to equal characters, imbalance override).
+// Tests for policy/manual (sticky keys, assignment modes, failover and return, expiry, the bound
+// on keys) and policy/bucket (bands refitted to equal characters, imbalance override).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -82,6 +82,74 @@ TEST(Manual, IdleKeysExpire) {
   EXPECT_EQ(p->keys(), 1u);
   p->expire(Clock::now() + std::chrono::seconds(61));
   EXPECT_EQ(p->keys(), 0u);
+}
+
+// At most --max-routing-keys keys: a new key beyond that forgets the least recently used one
+// (counted), whose next request is placed again as new.
+TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
+  metrics::Registry reg;
+  Pool pool(3);
+  PolicyConfig c;
+  c.name = "manual";
+  c.seed = 5;
+  c.max_routing_keys = 3;
+  c.registry = &reg;
+  auto p = std::make_unique<ManualPolicy>(c);
+  auto route = [&](const std::string& key) {
+    Req r;
+    return p->select(pool.ptrs, keyed(r, key).ctx);
+  };
+  auto exposed = [&](const std::string& line) {
+    return reg.expose().find("\n" + line + "\n") != std::string::npos;
+  };
+  Worker* a = route("a").worker;
+  route("b");
+  route("c");
+  EXPECT_EQ(route("a").branch, "occupied_hit");  // b is now the least recently used
+  EXPECT_EQ(route("d").branch, "vacant");
+  EXPECT_EQ(p->keys(), 3u);
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys 3")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"} 1"))
+      << reg.expose();
+  Decision again = route("a");
+  EXPECT_EQ(again.branch, "occupied_hit");
+  EXPECT_EQ(again.worker, a);
+  EXPECT_EQ(route("c").branch, "occupied_hit");
+  EXPECT_EQ(route("d").branch, "occupied_hit");
+  EXPECT_EQ(route("b").branch, "vacant") << "b was forgotten";  // evicts a
+  EXPECT_EQ(route("a").branch, "vacant");                       // evicts c
+  EXPECT_EQ(p->keys(), 3u);
+  for (int i = 0; i < 1000; ++i) route("flood-" + std::to_string(i));
+  EXPECT_EQ(p->keys(), 3u);
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"} 1003"))
+      << reg.expose();
+  p->expire(Clock::now() + std::chrono::seconds(c.max_idle_secs + 1));
+  EXPECT_EQ(p->keys(), 0u);
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys 0")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"idle\"} 3"))
+      << reg.expose();
+}
+
+// min_group counts the keys each worker holds; a forgotten key no longer counts.
+TEST(Manual, EvictedKeysLeaveTheirGroup) {
+  Pool pool(2);
+  PolicyConfig c;
+  c.name = "manual";
+  c.seed = 9;
+  c.manual_assignment_mode = "min_group";
+  c.max_routing_keys = 2;
+  auto p = std::make_unique<ManualPolicy>(c);
+  auto route = [&](const std::string& key) {
+    Req r;
+    return p->select(pool.ptrs, keyed(r, key).ctx).worker;
+  };
+  Worker* first = route("k1");
+  Worker* second = route("k2");
+  ASSERT_NE(first, second);
+  // k3 pushes out k1: the groups are then {k2} and {}, so k3 goes where k1 was.
+  EXPECT_EQ(route("k3"), first);
+  // k4 pushes out k2: k3 alone holds a worker, k4 takes the other.
+  EXPECT_EQ(route("k4"), second);
 }
 
 TEST(Bucket, BandsRefitToEqualCharacters) {

@@ -186,6 +186,10 @@ TEST(PrefixHash, SamePrefixSameWorkerAndBoundedLoad) {
   EXPECT_NE(o.worker, d.worker);
   Req empty("");
   EXPECT_EQ(p->select(pool.ptrs, empty.ctx).branch, "no_text");
+  // Only the hashed ids are asked of the tokenizer.
+  ParseOptions opts = p->parse_options();
+  EXPECT_TRUE(opts.want_tokens);
+  EXPECT_EQ(opts.max_tokens, 20u);
 }
 
 }  // namespace

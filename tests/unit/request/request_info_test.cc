@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <thread>
 
 #include "http/message.h"
 #include "support/models.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_parser.h"
 
 namespace kvgate {
 namespace {
@@ -16,6 +18,29 @@ namespace {
 std::string padded(std::string s) {
   s.reserve(s.size() + http::kBodyPadding);
   return s;
+}
+
+// After an outsized body the thread's parser gives its memory back (a request thread must not
+// keep the largest body's worth of parser buffers for good).
+TEST(RequestInfo, ParserMemoryReturnsAfterAnOutsizedBody) {
+  std::thread t([] {  // a fresh thread: its parser has parsed nothing else
+    RequestInfo info;
+    std::string small = padded(R"({"model":"m","prompt":"hi"})");
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, small, info), "");
+    size_t steady = request_parser_capacity();
+    EXPECT_GT(steady, 0u);
+    EXPECT_LE(steady, json::kParserRetainedBytes);
+    std::string prompt(3 * json::kParserRetainedBytes, 'p');
+    std::string big = padded(R"({"model":"big","prompt":")" + prompt + R"("})");
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, big, info, {.want_text = true}), "");
+    EXPECT_EQ(info.model, "big");
+    EXPECT_EQ(info.text, prompt);
+    EXPECT_LE(request_parser_capacity(), json::kParserRetainedBytes);
+    ASSERT_EQ(parse_request(ApiRoute::kCompletions, small, info), "");
+    EXPECT_EQ(info.model, "m");
+    EXPECT_LE(request_parser_capacity(), json::kParserRetainedBytes);
+  });
+  t.join();
 }
 
 TEST(RequestInfo, ReadsModelStreamRid) {
@@ -196,12 +221,45 @@ TEST(RequestText, TemplateRejectionFallsBackToTheMessages) {
   EXPECT_EQ(info.text, "assistant\na\n");
 }
 
+// prefix_hash asks for its first N ids only: they are the first N of the whole prompt's ids.
+TEST(RequestText, MaxTokensKeepsTheFirstIdsOfThePrompt) {
+  Model m = load("qwen3");
+  ASSERT_TRUE(m.tok && m.tmpl) << models_dir() << "/qwen3 is missing: run scripts/setup";
+  std::string messages;
+  for (int i = 0; i < 40; ++i) {
+    messages += std::string(i ? "," : "") + R"({"role":")" + (i % 2 ? "assistant" : "user") +
+                R"(","content":"Turn )" + std::to_string(i) + R"(: tell me more about caches."})";
+  }
+  std::string body = padded(R"({"messages":[)" + messages + "]}");
+  ParseOptions opt{.want_text = true,
+                   .want_tokens = true,
+                   .tokenizer = m.tok.get(),
+                   .chat_template = m.tmpl.get()};
+  RequestInfo full;
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, body, full, opt), "");
+  ASSERT_GT(full.tokens.size(), 300u);
+  for (size_t n : {size_t{1}, size_t{16}, size_t{256}, full.tokens.size() + 10}) {
+    opt.max_tokens = n;
+    RequestInfo info;
+    ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, body, info, opt), "");
+    EXPECT_EQ(info.text, full.text) << "the text is still all of it";
+    size_t want = std::min(n, full.tokens.size());
+    EXPECT_EQ(info.tokens, std::vector<int32_t>(full.tokens.begin(),
+                                                full.tokens.begin() + static_cast<ptrdiff_t>(want)))
+        << "n=" << n;
+  }
+}
+
 TEST(RequestText, InputIdsAreTheTokens) {
   RequestInfo info;
   std::string body = padded(R"({"input_ids":[1,22,333]})");
   ASSERT_EQ(
       parse_request(ApiRoute::kGenerate, body, info, {.want_text = true, .want_tokens = true}), "");
   EXPECT_EQ(info.tokens, (std::vector<int32_t>{1, 22, 333}));
+  ASSERT_EQ(parse_request(ApiRoute::kGenerate, body, info,
+                          {.want_text = true, .want_tokens = true, .max_tokens = 2}),
+            "");
+  EXPECT_EQ(info.tokens, (std::vector<int32_t>{1, 22}));
   // Text without a tokenizer stays characters.
   body = padded(R"({"text":"hello"})");
   ASSERT_EQ(

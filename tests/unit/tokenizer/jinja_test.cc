@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tokenizer/chat_template.h"
+#include "util/json_parser.h"
 
 namespace kvgate::tokenizer::jinja {
 namespace {
@@ -114,6 +115,22 @@ TEST(Jinja, JsonRoundTripKeepsOrderTypesAndUnicode) {
             "{'z': 1, 'a': [1.0, 2.5, -0.0, 1e+300, 'é\\x01'], 'n': None, 't': True, "
             "'big': 1.2345678901234569e+23}");
   EXPECT_FALSE(from_json("{\"unterminated\": ", v, err));
+}
+
+// Chat requests' messages go through from_json: after an outsized one the thread's parser gives
+// its memory back.
+TEST(Jinja, FromJsonParserMemoryReturnsAfterAnOutsizedDocument) {
+  std::thread t([] {
+    Value v;
+    std::string err;
+    ASSERT_TRUE(from_json(R"([{"role":"user","content":"hi"}])", v, err)) << err;
+    EXPECT_LE(from_json_parser_capacity(), kvgate::json::kParserRetainedBytes);
+    std::string content(3 * kvgate::json::kParserRetainedBytes, 'c');
+    ASSERT_TRUE(from_json(R"([{"role":"user","content":")" + content + R"("}])", v, err)) << err;
+    EXPECT_EQ(v.arr().items.at(0).obj().find("content")->str().size(), content.size());
+    EXPECT_LE(from_json_parser_capacity(), kvgate::json::kParserRetainedBytes);
+  });
+  t.join();
 }
 
 TEST(Jinja, PythonFloatRepr) {

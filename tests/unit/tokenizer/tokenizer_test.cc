@@ -1,12 +1,14 @@
 // Unit tests of tokenizer/tokenizer: the BPE pipeline on small hand-made tokenizer.json files
 // (merge order, added tokens and their options, post-processors, decoders, invalid UTF-8),
-// refusal of unsupported components, and the real model files when scripts/setup fetched them
-// (spot ids, concurrency, pathological inputs). Full parity with HF is tests/conformance.
+// refusal of unsupported components, encode_prefix against the full encode, and the real model
+// files scripts/setup fetches (spot ids, concurrency, pathological inputs: skipped without them;
+// encode_prefix on five pipelines: fails without them). Full parity with HF is tests/conformance.
 #include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,6 +150,91 @@ TEST(Tokenizer, LlamaTokenizerClassAddsBosLikeTransformers) {
   EXPECT_EQ(t->bos_token_id(), 20);
 }
 
+// The tiny byte-level tokenizer with another pre-tokenizer before its ByteLevel step.
+std::string tiny_with_pre(const std::string& steps) {
+  std::string json = tiny_byte_level();
+  size_t a = json.find("\"pre_tokenizer\":");
+  size_t b = json.find("\"post_processor\":");
+  return json.substr(0, a) + R"("pre_tokenizer":{"type":"Sequence","pretokenizers":[)" + steps +
+         R"(,{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}]},
+    )" + json.substr(b);
+}
+
+std::string split(const std::string& pattern, const std::string& behavior, bool invert = false) {
+  return R"({"type":"Split","pattern":)" + pattern + R"(,"behavior":")" + behavior +
+         R"(","invert":)" + (invert ? "true" : "false") + "}";
+}
+
+// encode_prefix(text, N) is the first N ids of encode(text), for every N (and every split
+// behavior: each decides differently whether the last piece of a partial scan is final).
+void expect_prefixes_match(const Tokenizer& t, const std::string& text, bool add_special) {
+  Ids full;
+  ASSERT_TRUE(t.encode(text, add_special, full));
+  for (size_t n = 0; n <= full.size() + 2; ++n) {
+    Ids got{-7};  // appends after what is there
+    ASSERT_TRUE(t.encode_prefix(text, add_special, n, got));
+    Ids want{-7};
+    want.insert(want.end(), full.begin(),
+                full.begin() + static_cast<ptrdiff_t>(std::min(n, full.size())));
+    ASSERT_EQ(got, want) << "n=" << n << " text=\"" << text << "\"";
+  }
+}
+
+TEST(Tokenizer, EncodePrefixIsTheStartOfTheFullEncodeForEverySplitBehavior) {
+  std::vector<std::string> configs;
+  for (const char* behavior :
+       {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"}) {
+    for (bool invert : {false, true}) {
+      configs.push_back(tiny_with_pre(split(R"({"String":" "})", behavior, invert)));
+      configs.push_back(tiny_with_pre(split(R"({"Regex":"\\s+|!+"})", behavior, invert)));
+    }
+  }
+  configs.push_back(tiny_with_pre(split(R"({"Regex":"!"})", "Isolated") + "," +
+                                  R"({"type":"Digits","individual_digits":true},)" +
+                                  split(R"({"Regex":"\\s+"})", "MergedWithNext") + "," +
+                                  split(R"({"Regex":"b"})", "Contiguous")));
+  configs.push_back(tiny_byte_level("", "null", R"([{"id":17,"content":"!!","special":true}])"));
+  std::mt19937 rng(12345);
+  const char alphabet[] = "abc !1";
+  std::vector<std::string> texts = {"", " ", "abc", "  abc  ", "!!!", "a!!b c 11 1abc!  "};
+  for (int i = 0; i < 40; ++i) {
+    std::string s(rng() % 120, ' ');
+    for (char& c : s) c = alphabet[rng() % 6];
+    texts.push_back(s);
+  }
+  for (const auto& json : configs) {
+    auto t = make(json);
+    ASSERT_TRUE(t) << json;
+    for (const auto& text : texts) expect_prefixes_match(*t, text, false);
+  }
+}
+
+// A huge prompt does not leave the thread holding its size in scratch buffers (text copies,
+// pieces, segments, the merge symbols of one huge word).
+TEST(Tokenizer, ScratchMemoryReturnsAfterAHugeText) {
+  std::string json = tiny_byte_level("", "null", R"([{"id":17,"content":"!!","special":true}])");
+  json.replace(json.find("\"normalizer\":null"), 17, R"("normalizer":{"type":"NFC"})");
+  auto t = make(json);
+  ASSERT_TRUE(t);
+  std::string huge;
+  while (huge.size() < (size_t{8} << 20)) huge += "abc ab!!1 cab \xFF ";
+  huge += std::string(size_t{3} << 20, 'a');  // one word of 3M symbols
+  std::thread th([&] {
+    Ids small = t->encode("abc abc");
+    ASSERT_FALSE(small.empty());
+    Ids ids;
+    ASSERT_TRUE(t->encode(huge, false, ids));
+    EXPECT_GT(ids.size(), size_t{4} << 20);
+    EXPECT_LT(Tokenizer::thread_scratch_bytes(), huge.size() / 4);
+    ids.clear();
+    ASSERT_TRUE(t->encode_prefix(huge, false, 1000, ids));
+    EXPECT_EQ(ids.size(), 1000u);
+    EXPECT_LT(Tokenizer::thread_scratch_bytes(), huge.size() / 4);
+    EXPECT_EQ(t->encode("abc abc"), small);
+  });
+  th.join();
+}
+
 TEST(Tokenizer, RefusesWhatItCannotTokenizeExactly) {
   struct Bad {
     std::string from, to, names;
@@ -187,6 +274,62 @@ std::unique_ptr<Tokenizer> real(const std::string& model) {
   auto t = Tokenizer::load(dir, err);
   EXPECT_TRUE(t) << err;
   return t;
+}
+
+// A tokenizer every test machine has (scripts/setup fetches it): missing is a failure.
+std::unique_ptr<Tokenizer> required(const std::string& model) {
+  std::string dir = models_dir() + "/" + model;
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    ADD_FAILURE() << dir << "/tokenizer.json is missing: run scripts/setup";
+    return nullptr;
+  }
+  return real(model);
+}
+
+// Routing asks for the first --prefix-token-count ids only; they must be exactly the ones a full
+// encode starts with, on the real pipelines (Qwen3: NFC + one Split; Llama 3: another regex;
+// DeepSeek V3: three Splits in sequence; Gemma 3: Replace normalizer + literal split merged with
+// the previous piece; Llama 2: no pre-tokenizer at all).
+TEST(TokenizerModels, EncodePrefixIsTheStartOfTheFullEncode) {
+  const std::vector<std::string> pieces = {
+      "Hello world! I'm sure they'll've done it, isn't it? ",
+      "def f(x):\n\treturn x ** 2  # square\n\n\n    if x:\n        pass\n",
+      "日本語のテキストと中文文本，还有한국어. ",
+      "Numbers: 1234567 3.14159 2024-01-01 and 100,000,000.",
+      "emoji 😀👨‍👩‍👧 cafe\xCC\x81 caf\xC3\xA9 ",
+      "   \n\n\t  spaces   and\r\nnewlines \n",
+      "<|im_start|>user\nhi<|im_end|><|begin_of_text|><s></s><start_of_turn>model\n",
+      "bad \xFF\xFE bytes ",
+      std::string(300, 'a') + " " + std::string(40, '!') + "\n",
+  };
+  std::vector<std::string> texts(pieces);
+  std::string all;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& p : pieces) all += p;
+  }
+  texts.push_back(all);
+  texts.push_back(" " + all);
+  for (const char* model : {"qwen3", "llama3", "deepseek_v3", "gemma3", "llama2"}) {
+    auto t = required(model);
+    if (!t) continue;
+    for (bool add_special : {false, true}) {
+      for (const auto& text : texts) {
+        Ids full;
+        ASSERT_TRUE(t->encode(text, add_special, full));
+        std::vector<size_t> ns;
+        for (size_t n = 0; n <= std::min<size_t>(full.size() + 1, 300); ++n) ns.push_back(n);
+        for (size_t n = 301; n < full.size() + 2; n += 37) ns.push_back(n);
+        ns.push_back(full.size());
+        for (size_t n : ns) {
+          Ids got;
+          ASSERT_TRUE(t->encode_prefix(text, add_special, n, got));
+          ASSERT_EQ(got, Ids(full.begin(),
+                             full.begin() + static_cast<ptrdiff_t>(std::min(n, full.size()))))
+              << model << " n=" << n << " add_special=" << add_special << " text=" << text;
+        }
+      }
+    }
+  }
 }
 
 TEST(TokenizerModels, Qwen3SpotIds) {

@@ -1,7 +1,11 @@
-// Tests for util/json string escaping.
+// Tests for util/json string escaping and util/json_parser (outsized parsers are released).
 #include "util/json.h"
 
 #include <gtest/gtest.h>
+
+#include <string>
+
+#include "util/json_parser.h"
 
 namespace kvgate {
 namespace {
@@ -19,6 +23,22 @@ TEST(Json, KeepsValidUtf8AndReplacesInvalid) {
             "b\"");
   EXPECT_EQ(json::quote("\xc3"), "\"\xef\xbf\xbd\"");  // truncated sequence
   EXPECT_EQ(json::quote("\xed\xa0\x80"), "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"");  // surrogate
+}
+
+TEST(JsonParser, AnOutsizedParserIsReleasedASmallOneKept) {
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  ASSERT_FALSE(p.parse(simdjson::padded_string(std::string(R"({"a":[1,2,3]})"))).get(doc));
+  size_t small = p.capacity();
+  ASSERT_GT(small, 0u);
+  json::release_if_large(p);
+  EXPECT_EQ(p.capacity(), small) << "a parser within the bound is kept for reuse";
+  std::string big = "[\"" + std::string(2 * json::kParserRetainedBytes, 'x') + "\"]";
+  ASSERT_FALSE(p.parse(simdjson::padded_string(big)).get(doc));
+  ASSERT_GT(p.capacity(), json::kParserRetainedBytes);
+  { json::ParserRelease release(p); }
+  EXPECT_LE(p.capacity(), json::kParserRetainedBytes);
+  ASSERT_FALSE(p.parse(simdjson::padded_string(std::string("[1]"))).get(doc));
 }
 
 }  // namespace

@@ -345,9 +345,10 @@ const std::vector<K>& table() {
          .group = kClients,
          .value_name = "N",
          .help = "Client connections open at once; more are closed at once (counted in "
-                 "kvgate_connections_refused_total)",
+                 "kvgate_connections_refused_total). 0 = from the open-file limit: (limit - 1024) "
+                 "/ 2, room for a worker connection per client",
          .field = &C::max_connections,
-         .min = 1,
+         .min = 0,
          .max = 10000000},
         {.name = "client-keepalive-timeout-secs",
          .group = kClients,

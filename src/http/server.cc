@@ -431,7 +431,11 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
       scratch.shrink_to_fit();
       bool tls_pending = false;
       if constexpr (!std::is_same_v<Stream, tcp::socket>) {
-        tls_pending = SSL_pending(stream.native_handle()) > 0;
+        // Bytes already taken from the socket but not yet decrypted wake no socket wait: a TLS 1.3
+        // client's first request arrives with its Finished message and is read by the handshake.
+        SSL* ssl = stream.native_handle();
+        tls_pending = SSL_pending(ssl) > 0 || SSL_has_pending(ssl) == 1 ||
+                      BIO_ctrl_pending(SSL_get_rbio(ssl)) > 0;
       }
       if (!tls_pending) {
         node.idle = true;

@@ -645,10 +645,11 @@ std::string load_api_key(GatewayConfig& c, bool api_key_given) {
     }
     return "";
   }
-  if (!c.api_key.empty()) return "give --api-key or --api-key-file, not both";
+  if (api_key_given || !c.api_key.empty()) return "give --api-key or --api-key-file, not both";
   std::FILE* f = std::fopen(c.api_key_file.c_str(), "rb");
   if (!f) {
-    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) + ")";
+    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) +
+           "); give a file kvgate can read, with the key on its first line";
   }
   std::string key;
   char buf[4096];

@@ -81,6 +81,8 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
               "); give a PEM file";
       return nullptr;
     }
+    // No pass phrase: an encrypted key fails here rather than prompting on a terminal at startup.
+    ctx.set_password_callback([](size_t, ssl::context::password_purpose) { return std::string(); });
     ctx.use_private_key_file(key_file, ssl::context::pem, ec);
     if (ec || SSL_CTX_check_private_key(ctx.native_handle()) != 1) {
       error = "--worker-client-key-path " + key_file +

@@ -4,6 +4,7 @@
 
 #include <netdb.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -119,9 +120,11 @@ struct Connection {
     ssize_t n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
     // n == 0: closed by the peer. n > 0: bytes nobody asked for, except that a TLS peer may send
-    // records of its own (session tickets); those are not an answer, and a TLS close_notify is
-    // followed by the peer closing, caught on the next check.
-    return n > 0 && tls != nullptr;
+    // records of its own (session tickets); those are not an answer. Its close_notify is such a
+    // record too, followed by its FIN, which the peeked bytes hide from recv: ask poll.
+    if (n == 0 || tls == nullptr) return false;
+    pollfd p{socket.native_handle(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 0;
   }
 };
 

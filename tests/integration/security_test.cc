@@ -551,6 +551,90 @@ TEST_F(SecurityWorkerTls, MutualTlsNeedsTheClientCertificate) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// A TLS worker with a keep-alive timeout of 0.2 s after a /generate (everything else it answers
+// 200 and keeps alive): it ends the idle connection with a close_notify, then its FIN, as Go,
+// Envoy and others do (nginx sends no close_notify), and writes "closed" to a file once it has.
+// Python's ssl module: the test needs a peer that sends close_notify on an idle connection.
+constexpr const char* kClosingTlsWorker = R"(import socket, ssl, sys, threading
+port, cert, key, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+lock = threading.Lock()
+def note(line):
+    with lock, open(marker, "a") as f:
+        f.write(line + "\n")
+def close_idle(conn):
+    conn.setblocking(False)  # send the close_notify; do not wait for the peer's
+    try:
+        conn.unwrap()
+    except (ssl.SSLWantReadError, ssl.SSLError):
+        pass
+    conn.close()
+    note("closed")
+def serve(raw):
+    try:
+        conn = ctx.wrap_socket(raw, server_side=True)
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                try:
+                    data = conn.recv(65536)
+                except socket.timeout:
+                    return close_idle(conn)
+                if not data:
+                    return
+                buf += data
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(buf) < length:
+                buf += conn.recv(65536)
+            buf = buf[length:]
+            body = b'{"text":"ok"}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            if head.split(b" ")[1].startswith(b"/generate"):
+                conn.settimeout(0.2)
+    except (OSError, ValueError):
+        pass
+listener = socket.create_server(("127.0.0.1", port))
+note("listening")
+while True:
+    raw, _ = listener.accept()
+    threading.Thread(target=serve, args=(raw,), daemon=True).start()
+)";
+
+TEST_F(SecurityWorkerTls, APooledConnectionTheWorkerClosedWithCloseNotifyIsNotReused) {
+  int port = free_port();
+  std::string url = https_url(port), marker = dir_ / "closing-worker.log";
+  write_file(dir_ / "closing_worker.py", kClosingTlsWorker);
+  Process worker(tool("python3"), {dir_ / "closing_worker.py", std::to_string(port),
+                                   dir_ / "server.crt", dir_ / "server.key", marker});
+  auto count = [&](const std::string& word) {
+    std::istringstream in(read_file(marker));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line == word;
+    return n;
+  };
+  ASSERT_TRUE(wait_until([&] { return count("listening") == 1 || !worker.running(); }));
+  ASSERT_TRUE(worker.running()) << worker.log();
+  Gate g({"--policy", "round_robin", "--worker-ca-cert-path", dir_ / "ca.crt", "--worker-urls", url,
+          "--health-check-interval-secs", "60"});
+  ASSERT_TRUE(wait_until([&] { return g.worker_health(url) == 1; }, 15s)) << g.log();
+  HttpClient client(g.port);
+  for (int i = 1; i <= 3; ++i) {
+    // The pooled connection of the previous request was closed by the worker (its close_notify
+    // waits unread in the socket): not reused, a fresh one.
+    auto r = client.post("/generate", kGenerate);
+    EXPECT_EQ(r.status, 200) << r.body << "\n" << g.log();
+    ASSERT_TRUE(wait_until([&] { return count("closed") == i; })) << worker.log();
+  }
+  EXPECT_EQ(g.metric("kvgate_retries_total{route=\"/generate\"}"), -1);  // none was needed
+}
+
 TEST_F(SecurityWorkerTls, WorkerTlsFilesAreCheckedAtStartup) {
   const std::string url = "https://127.0.0.1:1";
   struct Case {

@@ -1,9 +1,10 @@
 // Integration: kvgate's security surface, against the real binaries. The TLS listener (curl is the
 // client; a CA and certificates are made by the openssl CLI in a temp dir), https workers behind an
-// nginx TLS terminator (the CA that verifies them, the URL's host in the certificate, mutual TLS),
-// the API key (key file, scheme in any case, startup errors, never in the log), the metrics
-// listener (GET/HEAD /metrics and /health, nothing else), and client-facing errors that never carry
-// a worker's address or a socket or TLS error.
+// nginx TLS terminator (the CA that verifies them, the URL's host in the certificate, mutual TLS;
+// and a small Python TLS worker that closes idle connections with close_notify), the API key (key
+// file, scheme in any case, startup errors, never in the log), the metrics listener (GET/HEAD
+// /metrics and /health, nothing else), and client-facing errors that never carry a worker's
+// address or a socket or TLS error.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

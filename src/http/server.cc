@@ -674,6 +674,8 @@ std::unique_ptr<ssl::context> make_tls_context(const ServerConfig& cfg) {
                              ": cannot load the certificate chain (" + ec.message() +
                              "); give a PEM file");
   }
+  // No pass phrase: an encrypted key fails here rather than prompting on a terminal at startup.
+  ctx->set_password_callback([](size_t, ssl::context::password_purpose) { return std::string(); });
   ctx->use_private_key_file(cfg.tls_key_path, ssl::context::pem, ec);
   if (ec) {
     throw std::runtime_error("--tls-key-path " + cfg.tls_key_path +

@@ -1,10 +1,11 @@
 # kvgate: the commands a developer runs. `make demo` shows what kvgate does; `make test` is what CI
 # runs (.ci/run): install what is missing, build, run every test (unit, integration, conformance,
-# and the ASan+UBSan build of unit + integration).
+# and the ASan+UBSan build of unit + integration); CI then runs `make fuzz-smoke`.
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench soak fuzz format tidy clean
+.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench soak \
+        fuzz fuzz-smoke format tidy clean
 
 all: build
 
@@ -50,6 +51,12 @@ soak: setup build
 fuzz:
 	@scripts/fuzz
 
+# CI's bounded fuzzing: every libFuzzer target (clang, ASan+UBSan, build-fuzz/) for FUZZ_SMOKE_SECS
+# seconds from its committed corpus. make test already replays each corpus in the GCC builds.
+FUZZ_SMOKE_SECS ?= 20
+fuzz-smoke: setup
+	@FUZZ_SECS=$(FUZZ_SMOKE_SECS) scripts/fuzz
+
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i
 
@@ -57,4 +64,4 @@ tidy: build
 	@git ls-files 'src/*.cc' 'sim/*.cc' 'bench/*.cc' | xargs -P $(JOBS) -n 4 clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option
 
 clean:
-	@rm -rf build build-asan build-debug
+	@rm -rf build build-asan build-debug build-fuzz

@@ -22,12 +22,13 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
   while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
   if (v.empty()) return std::nullopt;
+  constexpr int64_t kMaxSecs = 365ll * 24 * 3600;  // a longer wait is a year's wait
   if (v.front() >= '0' && v.front() <= '9') {
     uint64_t secs = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), secs);
-    if (ec == std::errc::result_out_of_range) return std::chrono::hours(24 * 365);
+    if (ec == std::errc::result_out_of_range) return std::chrono::seconds(kMaxSecs);
     if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
-    secs = std::min<uint64_t>(secs, 365ull * 24 * 3600);
+    secs = std::min<uint64_t>(secs, kMaxSecs);
     return std::chrono::seconds(secs);
   }
   // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT".
@@ -35,9 +36,13 @@ std::optional<std::chrono::milliseconds> parse_retry_after(
   std::string text(v);
   const char* end = ::strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
   if (end == nullptr || *end != '\0') return std::nullopt;
-  auto when = std::chrono::system_clock::from_time_t(::timegm(&tm));
-  if (when <= now) return std::chrono::milliseconds(0);
-  return std::chrono::duration_cast<std::chrono::milliseconds>(when - now);
+  // Compared in milliseconds, not as a time_point: strptime takes years up to 9999, past what
+  // system_clock's nanoseconds hold (2262), and the conversion would overflow.
+  int64_t when_ms = static_cast<int64_t>(::timegm(&tm)) * 1000;
+  int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+  if (when_ms <= now_ms) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::min(when_ms - now_ms, kMaxSecs * 1000));
 }
 
 int64_t RetryBudget::allowed() const {

@@ -648,6 +648,12 @@ class Interp {
     sym_raise_ = sym("raise_exception");
     sym_strftime_ = sym("strftime_now");
   }
+  // Namespaces are the only values a template can mutate, so the only way to a reference cycle
+  // (`{% set ns.me = ns %}`), which counting never frees: the render empties every namespace it
+  // made when it ends, breaking any cycle.
+  ~Interp() {
+    for (Value& ns : namespaces_) ns.obj_mut().items.clear();
+  }
 
   Control exec(const NodeList& stmts, Scope& scope, std::string& out);
   Value eval(const Node& n, Scope& scope);
@@ -680,6 +686,7 @@ class Interp {
   const Template::Impl& t_;
   uint32_t sym_range_, sym_namespace_, sym_dict_, sym_raise_, sym_strftime_;
   int depth_ = 0;
+  std::vector<Value> namespaces_;  // made by this render
 };
 
 Value builtin(Builtin b) {
@@ -1072,6 +1079,7 @@ Value Interp::call_value(const Value& fn, Args& args) {
     }
     case Builtin::kNamespace: {
       Value ns = Value::make_namespace();
+      namespaces_.push_back(ns);
       if (!args.pos.empty()) {
         if (args.pos.size() > 1 || !args.pos[0].is_dict()) {
           raise("namespace() takes a single mapping argument");

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "tokenizer/jinja.h"
 #include "tokenizer/jinja_internal.h"
@@ -367,6 +368,10 @@ void append_str_repr(const std::string& s, std::string& out) {
 
 void append_repr(const Value& v, std::string& out);
 
+// Namespaces being printed on this thread. They are the only values that can hold themselves
+// (templates mutate nothing else); like Python's repr, one met again inside itself prints {...}.
+thread_local std::vector<const Object*> printing_namespaces;
+
 void append_container(const Value& v, std::string& out) {
   if (v.is_array()) {
     const auto& items = v.arr().items;
@@ -380,7 +385,22 @@ void append_container(const Value& v, std::string& out) {
     return;
   }
   const auto& items = v.obj().items;
-  if (v.is_namespace()) out.append("<Namespace ");
+  struct Printing {
+    ~Printing() {
+      if (on) printing_namespaces.pop_back();
+    }
+    bool on = false;
+  } printing;
+  if (v.is_namespace()) {
+    out.append("<Namespace ");
+    auto& p = printing_namespaces;
+    if (std::find(p.begin(), p.end(), &v.obj()) != p.end()) {
+      out.append("{...}>");
+      return;
+    }
+    p.push_back(&v.obj());
+    printing.on = true;
+  }
   out.push_back('{');
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out.append(", ");

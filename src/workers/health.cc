@@ -3,6 +3,7 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 
 #include "util/log.h"
@@ -12,6 +13,13 @@ namespace {
 
 // Failed /get_load polls in a row after which a worker counts as loaded as the busiest one.
 constexpr uint32_t kLoadFailuresBeforePessimism = 3;
+// A worker's figures are clamped to [0, kMaxLoad] and their sums saturate there: any number it
+// sends (2^63 - 1, 1e300, -5) is a load, never an overflow or a negative load that attracts all.
+constexpr int64_t kMaxLoad = int64_t{1} << 48;
+
+int64_t add_load(int64_t total, int64_t n) {
+  return std::min(total + n, kMaxLoad);  // both within [0, kMaxLoad]: no overflow
+}
 
 std::optional<int64_t> rank_load(simdjson::dom::element e) {
   if (!e.is_object()) return std::nullopt;
@@ -23,14 +31,14 @@ std::optional<int64_t> rank_load(simdjson::dom::element e) {
     if (std::string_view(key) == "num_running_reqs" && !e["num_reqs"].error()) continue;
     int64_t n = 0;
     if (v.is_int64())
-      n = v.get_int64().value();
+      n = std::clamp<int64_t>(v.get_int64().value(), 0, kMaxLoad);
     else if (v.is_uint64())
-      n = static_cast<int64_t>(v.get_uint64().value());
+      n = kMaxLoad;  // past INT64_MAX
     else if (v.is_double())
-      n = static_cast<int64_t>(v.get_double().value());
+      n = static_cast<int64_t>(std::clamp(v.get_double().value(), 0.0, double(kMaxLoad)));
     else
       continue;
-    total += n;
+    total = add_load(total, n);
     any = true;
   }
   return any ? std::optional<int64_t>(total) : std::nullopt;
@@ -59,7 +67,7 @@ std::optional<int64_t> parse_load_report(std::string_view json) {
   bool any = false;
   for (auto r : ranks) {
     if (auto l = rank_load(r)) {
-      total += *l;
+      total = add_load(total, *l);
       any = true;
     }
   }

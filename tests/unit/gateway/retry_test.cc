@@ -40,6 +40,12 @@ TEST(Retry, RetryAfterSecondsAndDates) {
   EXPECT_EQ(parse_retry_after("Sun, 06 Nov 1994 08:49:00 GMT", now), milliseconds(0));  // past
   EXPECT_EQ(parse_retry_after("99999999999999999999999", now),
             std::chrono::duration_cast<milliseconds>(std::chrono::hours(24 * 365)));
+  // Dates are capped like seconds: a year ahead at most, even past what system_clock holds (2262).
+  for (const char* far : {"Mon, 06 Nov 1995 08:49:38 GMT", "Fri, 31 Dec 9999 23:59:59 GMT"}) {
+    EXPECT_EQ(parse_retry_after(far, now),
+              std::chrono::duration_cast<milliseconds>(std::chrono::hours(24 * 365)))
+        << far;
+  }
   for (const char* bad : {"", "soon", "-5", "12abc", "Sun, 06 Nov 1994"}) {
     EXPECT_FALSE(parse_retry_after(bad, now)) << bad;
   }

@@ -33,6 +33,15 @@ TEST(LoadReport, PlainLoadAndGarbage) {
   EXPECT_FALSE(parse_load_report(R"([{"x":1}])"));
 }
 
+TEST(LoadReport, HostileNumbersAreClampedNotOverflowed) {
+  // Figures past int64, out of range doubles and negatives: a bounded, non-negative load.
+  auto huge = parse_load_report(R"({"num_reqs":9223372036854775807,"num_waiting_reqs":1})");
+  ASSERT_TRUE(huge);
+  EXPECT_GT(*huge, 1'000'000);
+  EXPECT_EQ(parse_load_report(R"([{"num_reqs":1e300},{"num_reqs":18446744073709551615}])"), *huge);
+  EXPECT_EQ(parse_load_report(R"([{"num_reqs":-5,"num_waiting_reqs":2},{"load":-1e300}])"), 2);
+}
+
 TEST(ModelList, DataEntries) {
   auto m = parse_model_list(R"({"object":"list","data":[{"id":"a","object":"model"},{"id":"b"}]})");
   ASSERT_TRUE(m);

@@ -1,10 +1,11 @@
 # kvgate: the commands a developer runs. `make demo` shows what kvgate does; `make test` is what CI
 # runs (.ci/run): install what is missing, build, run every test (unit, integration, conformance,
-# and the ASan+UBSan build of unit + integration).
+# and the ASan+UBSan build of unit + integration). `make check-tsan`: unit + integration under
+# ThreadSanitizer (build-tsan/), where any report fails its test.
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench fuzz format tidy clean
+.PHONY: all setup build build-asan build-tsan build-debug test test-release test-asan check-tsan demo bench fuzz format tidy clean
 
 all: build
 
@@ -25,12 +26,24 @@ build-asan:
 	@cmake --preset asan >/dev/null
 	@cmake --build build-asan -j $(JOBS) --target kvgate_unit_integration
 
+build-tsan:
+	@cmake --preset tsan >/dev/null
+	@cmake --build build-tsan -j $(JOBS) --target kvgate_unit_integration
+
 test-release: build
 	@cd build && ctest $(CTEST_FLAGS) -L 'unit|integration|conformance'
 
 test-asan: build-asan
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest $(CTEST_FLAGS) -L 'unit|integration'
+
+# Every process of a test (the test binary, and the kvgate / kvgate-sim / kvgate-bench it starts,
+# which inherit the environment) stops at its first report with exit status 66: the test fails
+# on the status (tests/support/cluster.cc checks kvgate's and kvgate-sim's exit).
+TSAN_OPTIONS_CHECK = halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+
+check-tsan: setup build-tsan
+	@cd build-tsan && TSAN_OPTIONS=$(TSAN_OPTIONS_CHECK) ctest $(CTEST_FLAGS) -L 'unit|integration'
 
 test: setup
 	@$(MAKE) --no-print-directory test-release
@@ -53,4 +66,4 @@ tidy: build
 	@git ls-files 'src/*.cc' 'sim/*.cc' 'bench/*.cc' | xargs -P $(JOBS) -n 4 clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option
 
 clean:
-	@rm -rf build build-asan build-debug
+	@rm -rf build build-asan build-tsan build-debug

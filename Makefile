@@ -5,7 +5,7 @@
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build build-asan build-tsan build-debug test test-release test-asan check-tsan demo bench fuzz format tidy clean
+.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench fuzz format tidy clean
 
 all: build
 
@@ -26,6 +26,7 @@ build-asan:
 	@cmake --preset asan >/dev/null
 	@cmake --build build-asan -j $(JOBS) --target kvgate_unit_integration
 
+.PHONY: build-tsan check-tsan
 build-tsan:
 	@cmake --preset tsan >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target kvgate_unit_integration

@@ -5,7 +5,7 @@
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench fuzz format tidy clean
+.PHONY: all setup build build-asan build-debug test test-release test-asan demo bench soak fuzz format tidy clean
 
 all: build
 
@@ -56,6 +56,10 @@ demo: setup build
 
 bench: setup build
 	@scripts/bench
+
+# 30 minutes of mixed streaming traffic with a fault every minute (not in CI): out/soak/report.md.
+soak: setup build
+	@scripts/soak
 
 fuzz:
 	@scripts/fuzz

@@ -15,6 +15,7 @@
 #include "bench/rate.h"
 #include "bench/report.h"
 #include "util/flags.h"
+#include "util/json.h"
 
 using namespace kvgate;
 using namespace kvgate::bench;
@@ -65,6 +66,7 @@ struct Config {
   std::string path = "/v1/chat/completions";
   // Output
   std::string json;
+  std::string records;
   bool print_each = false;
   bool quiet = false;
 };
@@ -295,6 +297,12 @@ const std::vector<K>& knobs() {
        .value_name = "FILE",
        .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)",
        .field = &C::json},
+      {.name = "records",
+       .group = "Output",
+       .value_name = "FILE",
+       .help = "run: append one JSON line per finished request to FILE (start, worker, status, "
+               "TTFT, error): what make soak analyses",
+       .field = &C::records},
       {.name = "print-each",
        .group = "Output",
        .help = "One line per request: worker, status, TTFT",
@@ -435,10 +443,39 @@ int cmd_run(const Config& c) {
   Progress progress(w.requests(), c.quiet || c.print_each);
   progress.set_label(w.name);
   size_t done = 0, errors = 0;
+  double epoch0 = 0;  // wall clock at the start of the run, for --records
+  std::FILE* records = nullptr;
+  if (!c.records.empty()) {
+    records = std::fopen(c.records.c_str(), "a");
+    if (!records) {
+      std::fprintf(stderr, "kvgate-bench: cannot write %s\n", c.records.c_str());
+      return 2;
+    }
+  }
+  struct CloseRecords {
+    std::FILE*& f;
+    ~CloseRecords() {
+      if (f) std::fclose(f);
+    }
+  } close_records{records};
   dc.on_done = [&](const RequestRecord& r) {
     ++done;
     errors += r.ok() ? 0 : 1;
     progress.update(done, errors);
+    if (records) {
+      std::string line =
+          "{\"t\":" + std::to_string(epoch0 + r.start_s) +
+          ",\"start_s\":" + std::to_string(r.start_s) + ",\"e2e_ms\":" + std::to_string(r.e2e_ms) +
+          ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
+          ",\"session\":" + std::to_string(r.session) + ",\"turn\":" + std::to_string(r.turn) +
+          ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
+      json::append_string(line, r.worker);
+      line += ",\"error\":";
+      json::append_string(line, r.error);
+      line += "}\n";
+      std::fputs(line.c_str(), records);
+      std::fflush(records);
+    }
     if (c.print_each) {
       std::printf(
           "session %3d turn %d -> %-26s status %3d  TTFT %7.1f ms  e2e %7.1f ms  cached "
@@ -449,6 +486,8 @@ int cmd_run(const Config& c) {
     }
   };
   std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
+  epoch0 =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   RunResult run = run_workload(w, dc);
   if (!run.fatal.empty()) {
     std::fprintf(stderr, "kvgate-bench run: %s\n", run.fatal.c_str());

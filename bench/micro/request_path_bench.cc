@@ -1,9 +1,11 @@
-// Micro-benchmarks of the per-request hot path: body parsing, policy selection, breaker check,
-// metric cell lookup, JSON escaping.
+// Micro-benchmarks of the per-request hot path: body parsing, policy selection, breaker check and
+// pass, the retry budget, a stream's first-event check, metric cell lookup, JSON escaping.
 #include <benchmark/benchmark.h>
 
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
+#include "gateway/retry.h"
+#include "gateway/stream_check.h"
 #include "http/message.h"
 #include "policy/registry.h"
 #include "request/request_info.h"
@@ -89,6 +91,42 @@ void BM_ErrorBody(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(error_body(e));
 }
 BENCHMARK(BM_ErrorBody);
+
+// What each dispatch pays the breaker: a pass and its outcome (closed: atomics only).
+void BM_BreakerPassAndOutcome(benchmark::State& state) {
+  CircuitBreaker b;
+  auto now = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    auto pass = b.admit(now);
+    benchmark::DoNotOptimize(b.record_success(pass));
+  }
+}
+BENCHMARK(BM_BreakerPassAndOutcome)->Threads(1)->Threads(2);
+
+// Every proxied request counts itself in and out of the retry budget's base.
+void BM_RetryBudget(benchmark::State& state) {
+  static RetryBudget budget{RetryConfig{}};
+  for (auto _ : state) {
+    budget.request_started();
+    if (budget.try_acquire()) budget.release();
+    budget.request_ended();
+  }
+}
+BENCHMARK(BM_RetryBudget)->Threads(1)->Threads(2);
+
+// A stream's first event, checked for an abort before the client sees it (once per stream).
+void BM_FirstEventCheck(benchmark::State& state) {
+  std::string chunk =
+      R"(data: {"id":"3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":"chat.completion.chunk",)"
+      R"("created":1796264910,"model":"qwen3","choices":[{"index":0,"delta":{"role":)"
+      R"("assistant","content":""},"logprobs":null,"finish_reason":null}]})"
+      "\n\n";
+  for (auto _ : state) {
+    auto end = first_event_end(chunk);
+    benchmark::DoNotOptimize(event_abort(std::string_view(chunk).substr(0, *end)));
+  }
+}
+BENCHMARK(BM_FirstEventCheck);
 
 void BM_JsonQuote(benchmark::State& state) {
   std::string s(4096, 'a');

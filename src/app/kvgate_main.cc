@@ -51,34 +51,42 @@ int fail(const std::string& msg) {
 // jemalloc (linked in non-sanitizer builds) returns freed pages to the kernel after 10 s instead of
 // its default ~1 s decay: under steady open-loop load the default purged and re-faulted pages in
 // bursts (an madvise per purge, ~50 us each), which pushed p99 at half load from ~6 ms to ~500 ms
-// on the proxy benchmark. Ignored when another allocator is linked.
+// on the proxy benchmark. A background thread does the purging: without it jemalloc purges only
+// when the process allocates, so memory freed before a quiet spell (10,000 idle connections giving
+// back their read buffers) would never be returned. Ignored when another allocator is linked.
 extern "C" {
 // NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): jemalloc's configuration hook
-const char* malloc_conf = "dirty_decay_ms:10000,muzzy_decay_ms:10000";
+const char* malloc_conf = "dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true";
 }
 
 namespace {
 
-// Raises the open-file limit to its hard maximum: each client connection and each upstream
-// connection is a descriptor, and the soft default (often 1024) is far below --max-connections.
-void raise_fd_limit(int64_t max_connections) {
+// Raises the open-file limit to its hard maximum (each client connection and each worker
+// connection is a descriptor, and the soft default is often 1024) and returns the connection
+// limit to use: --max-connections, or, when 0, what the limit allows with room for one worker
+// connection per client connection plus the process's own descriptors (as HAProxy derives its
+// maxconn).
+int64_t raise_fd_limit(int64_t max_connections) {
+  constexpr rlim_t kReserve = 1024;
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return max_connections > 0 ? max_connections : 4096;
   if (rl.rlim_cur < rl.rlim_max) {
-    rlim_t want = rl.rlim_max;
     rlimit raised = rl;
-    raised.rlim_cur = want;
+    raised.rlim_cur = rl.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
   }
-  // Room for a client and an upstream descriptor per connection, plus the process's own.
-  auto needed = static_cast<rlim_t>(max_connections) * 2 + 1024;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < needed) {
-    log::warn(
-        "the open-file limit is below what --max-connections needs; raise it (ulimit -n) or "
-        "lower --max-connections")
-        .kv("limit", static_cast<uint64_t>(rl.rlim_cur))
+  rlim_t limit = rl.rlim_cur == RLIM_INFINITY ? rlim_t{1} << 20 : rl.rlim_cur;
+  if (max_connections == 0) {
+    return static_cast<int64_t>(std::max<rlim_t>(64, (limit - std::min(limit, kReserve)) / 2));
+  }
+  auto needed = static_cast<rlim_t>(max_connections) * 2 + kReserve;
+  if (limit < needed) {
+    log::warn("the open-file limit is below what --max-connections needs when every connection "
+              "is busy; raise it (ulimit -n) or lower --max-connections")
+        .kv("limit", static_cast<uint64_t>(limit))
         .kv("needed", static_cast<uint64_t>(needed));
   }
+  return max_connections;
 }
 
 // Copies the listener's counters into metric families at each scrape.
@@ -150,7 +158,7 @@ int main(int argc, char** argv) {
     ::dup2(fd, STDERR_FILENO);
     ::close(fd);
   }
-  raise_fd_limit(cfg.max_connections);
+  int64_t max_connections = raise_fd_limit(cfg.max_connections);
 
   // Metrics.
   metrics::Registry registry;
@@ -283,7 +291,7 @@ int main(int argc, char** argv) {
   sc.header_timeout = std::chrono::seconds(cfg.client_header_timeout_secs);
   sc.body_timeout = std::chrono::seconds(cfg.client_body_timeout_secs);
   sc.write_timeout = std::chrono::seconds(cfg.client_write_timeout_secs);
-  sc.max_connections = static_cast<size_t>(cfg.max_connections);
+  sc.max_connections = static_cast<size_t>(max_connections);
   sc.tls_cert_path = cfg.tls_cert_path;
   sc.tls_key_path = cfg.tls_key_path;
   std::unique_ptr<http::Server> server;
@@ -409,6 +417,7 @@ int main(int argc, char** argv) {
   log::info("kvgate listening")
       .kv("address", cfg.host + ":" + std::to_string(server->port()))
       .kv("tls", !cfg.tls_cert_path.empty())
+      .kv("max_connections", max_connections)
       .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
       .kv("policy", cfg.policy)
       .kv("workers", cfg.worker_urls.size())

@@ -345,9 +345,10 @@ const std::vector<K>& table() {
          .group = kClients,
          .value_name = "N",
          .help = "Client connections open at once; more are closed at once (counted in "
-                 "kvgate_connections_refused_total)",
+                 "kvgate_connections_refused_total). 0 = from the open-file limit: (limit - 1024) "
+                 "/ 2, room for a worker connection per client",
          .field = &C::max_connections,
-         .min = 1,
+         .min = 0,
          .max = 10000000},
         {.name = "client-keepalive-timeout-secs",
          .group = kClients,
@@ -645,10 +646,11 @@ std::string load_api_key(GatewayConfig& c, bool api_key_given) {
     }
     return "";
   }
-  if (!c.api_key.empty()) return "give --api-key or --api-key-file, not both";
+  if (api_key_given || !c.api_key.empty()) return "give --api-key or --api-key-file, not both";
   std::FILE* f = std::fopen(c.api_key_file.c_str(), "rb");
   if (!f) {
-    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) + ")";
+    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) +
+           "); give a file kvgate can read, with the key on its first line";
   }
   std::string key;
   char buf[4096];
@@ -656,7 +658,10 @@ std::string load_api_key(GatewayConfig& c, bool api_key_given) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && key.size() < 65536) key.append(buf, n);
   std::fclose(f);
   key = key.substr(0, key.find('\n'));
-  if (!key.empty() && key.back() == '\r') key.pop_back();
+  // Trailing whitespace (a CR, a stray space or tab) is never part of a key a client can send.
+  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) {
+    key.pop_back();
+  }
   if (key.empty()) {
     return "--api-key-file " + c.api_key_file +
            " is empty: write the key on its first line (an empty key would let no client in)";

@@ -64,7 +64,7 @@ struct GatewayConfig {
   std::string api_key_file;
   bool allow_target_worker_header = false;
   // Client connections
-  int64_t max_connections = 32768;
+  int64_t max_connections = 0;  // 0: from the open-file limit
   int64_t client_keepalive_timeout_secs = 75;
   int64_t client_header_timeout_secs = 60;
   int64_t client_body_timeout_secs = 60;

@@ -395,8 +395,15 @@ awaitable<void> Gateway::answer(http::Exchange& ex, int status, std::string_view
   co_await ex.respond(status, headers, body);
 }
 
-awaitable<void> Gateway::fail(http::Exchange& ex, const GatewayError& e, std::string_view rid) {
-  co_await answer(ex, e.status, error_body(e), rid);
+awaitable<void> Gateway::fail(http::Exchange& ex, const GatewayError& e, std::string_view rid,
+                              const Worker* worker) {
+  if (!config_.debug_headers || worker == nullptr) {
+    co_await answer(ex, e.status, error_body(e), rid);
+    co_return;
+  }
+  const http::Header headers[] = {
+      kJsonType, {"x-request-id", rid}, {"x-kvgate-worker", worker->url()}};
+  co_await ex.respond(e.status, headers, error_body(e));
 }
 
 bool Gateway::authorized(const http::Exchange& ex) const {
@@ -740,7 +747,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
           .kv("request_sent", call.request_sent());
       dispatch.finish(Outcome{.status = 502, .started = call.request_sent()}, Verdict::kFailure);
       if (e == http::CallError::kTimeout) {
-        co_await fail(ex, errors::upstream_timeout(static_cast<long>(timeout_.count())), rid);
+        co_await fail(ex, errors::upstream_timeout(static_cast<long>(timeout_.count())), rid, w);
         record(route_label, 504, model, info.stream, start);
         co_return;
       }
@@ -749,7 +756,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         retry_denied("unsafe");
         GatewayError ge = e == http::CallError::kProtocol ? errors::upstream_protocol(w->id())
                                                           : errors::upstream_no_answer(w->id());
-        co_await fail(ex, ge, rid);
+        co_await fail(ex, ge, rid, w);
         record(route_label, ge.status, model, info.stream, start);
         co_return;
       }
@@ -827,7 +834,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
         GatewayError ge = re == http::CallError::kTimeout
                               ? errors::upstream_timeout(static_cast<long>(timeout_.count()))
                               : errors::upstream_no_answer(w->id());
-        co_await fail(ex, ge, rid);
+        co_await fail(ex, ge, rid, w);
         record(route_label, ge.status, model, info.stream, start);
         co_return;
       }

@@ -4,6 +4,7 @@
 
 #include <netdb.h>
 #include <openssl/ssl.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -81,6 +82,8 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
               "); give a PEM file";
       return nullptr;
     }
+    // No pass phrase: an encrypted key fails here rather than prompting on a terminal at startup.
+    ctx.set_password_callback([](size_t, ssl::context::password_purpose) { return std::string(); });
     ctx.use_private_key_file(key_file, ssl::context::pem, ec);
     if (ec || SSL_CTX_check_private_key(ctx.native_handle()) != 1) {
       error = "--worker-client-key-path " + key_file +
@@ -117,9 +120,11 @@ struct Connection {
     ssize_t n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK;
     // n == 0: closed by the peer. n > 0: bytes nobody asked for, except that a TLS peer may send
-    // records of its own (session tickets); those are not an answer, and a TLS close_notify is
-    // followed by the peer closing, caught on the next check.
-    return n > 0 && tls != nullptr;
+    // records of its own (session tickets); those are not an answer. Its close_notify is such a
+    // record too, followed by its FIN, which the peeked bytes hide from recv: ask poll.
+    if (n == 0 || tls == nullptr) return false;
+    pollfd p{socket.native_handle(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 0;
   }
 };
 
@@ -136,6 +141,11 @@ std::string parse_url(std::string_view url, Target& out) {
   }
   auto slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
+  if (authority.find('@') != std::string_view::npos) {
+    // Not echoed: the part before '@' is a password.
+    return "a worker URL with credentials (user:password@host) is not supported; give the "
+           "worker's address only";
+  }
   std::string_view path = slash == std::string_view::npos ? "" : rest.substr(slash);
   while (!path.empty() && path.back() == '/') path.remove_suffix(1);
   if (authority.empty())
@@ -334,7 +344,10 @@ awaitable<CallError> UpstreamCall::connect() {
     auto* ctx = static_cast<ssl::context*>(target_.tls->native());
     conn_->tls = std::make_unique<ssl::stream<tcp::socket&>>(conn_->socket, *ctx);
     // SNI, and the certificate must name the host of the worker's URL.
-    SSL_set_tlsext_host_name(conn_->tls->native_handle(), target_.host.c_str());
+    // (SNI carries host names only: RFC 6066 forbids IP literals there.)
+    boost::system::error_code not_ip;
+    asio::ip::make_address(target_.host, not_ip);
+    if (not_ip) SSL_set_tlsext_host_name(conn_->tls->native_handle(), target_.host.c_str());
     conn_->tls->set_verify_callback(ssl::host_name_verification(target_.host));
     auto [hec] = co_await conn_->tls->async_handshake(ssl::stream_base::client, kTuple);
     ec = hec;

@@ -93,7 +93,8 @@ TEST(HostileInput, EveryMalformedRequestGetsAClear4xxAndNothingLeaks) {
        "Connection: close\r\n\r\n{}",
        0, ""},  // rejected, or unfolded and served: either way answered (checked below)
       {"bad chunk size",
-       "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nqq\r\n{}\r\n0\r\n\r\n",
+       "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+       "chunked\r\n\r\nqq\r\n{}\r\n0\r\n\r\n",
        400, "bad_http_request"},
       {"unsupported transfer coding",
        "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
@@ -103,9 +104,8 @@ TEST(HostileInput, EveryMalformedRequestGetsAClear4xxAndNothingLeaks) {
        "headers_too_large"},
       {"oversized body", post(std::string(70000, ' ')), 413, "payload_too_large"},
       {"slow headers", "GET /health HTTP/1.1\r\nHost: x\r\n", 408, "request_timeout"},
-      {"slow body",
-       "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"text\":", 408,
-       "request_timeout"},
+      {"slow body", "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"text\":",
+       408, "request_timeout"},
       {"invalid UTF-8 in JSON", post("{\"text\":\"\xff\xfe bad\"}"), 400, "invalid_json"},
       {"deeply nested JSON", post("{\"text\":\"a\",\"x\":" + nested + "}"), 400, "invalid_json"},
       {"huge number", post(R"({"text":"a","sampling_params":{"max_new_tokens":1e999999}})"), 400,

@@ -30,6 +30,9 @@ TEST(Url, RejectsWithReasons) {
   EXPECT_NE(parse_url("http://x:99999", t).find("between 1 and 65535"), std::string::npos);
   EXPECT_NE(parse_url("http://:80", t).find("missing host"), std::string::npos);
   EXPECT_NE(parse_url("grpc://x:1", t).find("unsupported scheme"), std::string::npos);
+  std::string creds = parse_url("http://admin:hunter2@x:1", t);
+  EXPECT_NE(creds.find("credentials"), std::string::npos);
+  EXPECT_EQ(creds.find("hunter2"), std::string::npos);  // a password is never echoed
 }
 
 TEST(Url, Https) {

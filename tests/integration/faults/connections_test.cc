@@ -19,6 +19,15 @@ using namespace std::chrono_literals;
 
 constexpr int kConnections = 10000;
 
+// Under ThreadSanitizer (make check-tsan) kvgate's resident memory includes TSan's shadow of every
+// byte it touches, several times that byte: the memory bound is a property of the real build, and
+// only the holding and serving are checked there.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kCheckMemory = false;
+#else
+constexpr bool kCheckMemory = true;
+#endif
+
 int connect_to(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
@@ -90,7 +99,7 @@ TEST(Connections, TenThousandKeepAliveConnectionsHeldWithBoundedMemory) {
     return static_cast<double>(c.gateway().rss_kib() - rss_before) / 1024.0 /
            (static_cast<double>(kConnections) / 1000.0);
   };
-  bool settled = wait_until([&] { return mb_per_1000() < 6.0; }, 30s);
+  bool settled = !kCheckMemory || wait_until([&] { return mb_per_1000() < 6.0; }, 30s);
   double per_1000 = mb_per_1000();
   std::cout << "kvgate holding " << fds.size() << " idle keep-alive connections: RSS "
             << rss_before / 1024 << " MB -> " << c.gateway().rss_kib() / 1024 << " MB, " << per_1000

@@ -1,6 +1,9 @@
 # kvgate: the commands a developer runs. `make demo` shows what kvgate does; `make test` is what CI
 # runs (.ci/run): install what is missing, build, run every test (unit, integration, conformance,
-# and the ASan+UBSan build of unit + integration); CI then runs `make fuzz-smoke`.
+# and the ASan+UBSan build of unit + integration); CI then runs `make fuzz-smoke`. `make
+# check-tsan`: unit + integration under ThreadSanitizer (build-tsan/), where any report fails its
+# test (not in CI: it would leave no margin in the 30-minute budget; run it before merging changes
+# to state threads share).
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
@@ -26,12 +29,25 @@ build-asan:
 	@cmake --preset asan >/dev/null
 	@cmake --build build-asan -j $(JOBS) --target kvgate_unit_integration
 
+.PHONY: build-tsan check-tsan
+build-tsan:
+	@cmake --preset tsan >/dev/null
+	@cmake --build build-tsan -j $(JOBS) --target kvgate_unit_integration
+
 test-release: build
 	@cd build && ctest $(CTEST_FLAGS) -L 'unit|integration|conformance'
 
 test-asan: build-asan
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest $(CTEST_FLAGS) -L 'unit|integration'
+
+# Every process of a test (the test binary, and the kvgate / kvgate-sim / kvgate-bench it starts,
+# which inherit the environment) stops at its first report with exit status 66: the test fails
+# on the status (tests/support/cluster.cc checks kvgate's and kvgate-sim's exit).
+TSAN_OPTIONS_CHECK = halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+
+check-tsan: setup build-tsan
+	@cd build-tsan && TSAN_OPTIONS=$(TSAN_OPTIONS_CHECK) ctest $(CTEST_FLAGS) -L 'unit|integration'
 
 test: setup
 	@$(MAKE) --no-print-directory test-release
@@ -64,4 +80,4 @@ tidy: build
 	@git ls-files 'src/*.cc' 'sim/*.cc' 'bench/*.cc' | xargs -P $(JOBS) -n 4 clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option
 
 clean:
-	@rm -rf build build-asan build-debug build-fuzz
+	@rm -rf build build-asan build-tsan build-debug build-fuzz

@@ -36,6 +36,18 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+std::string last_lines(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return "";
+  std::string all;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) all.append(buf, n);
+  std::fclose(f);
+  if (all.size() > 1500) all = all.substr(all.size() - 1500);
+  return all;
+}
+
 // A child process with its output in a log file; stopped (SIGTERM, then SIGKILL) on destruction.
 class Child {
  public:
@@ -67,12 +79,14 @@ class Child {
     int st = 0;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
       return false;
     }
     return true;
   }
-  void stop() {
-    if (!running()) return;
+  // SIGTERM, then SIGKILL after 2 s. Returns the exit status (-signal when a signal ended it).
+  int stop() {
+    if (!running()) return status_;
     ::kill(pid_, SIGTERM);
     for (int i = 0; i < 200 && running(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -80,12 +94,23 @@ class Child {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
       pid_ = -1;
+      status_ = -SIGKILL;
     }
+    return status_;
+  }
+  // Stops the child; a non-zero exit (a crash or a sanitizer report in its teardown) is an error,
+  // a SIGKILL after a slow exit is not.
+  std::string stop_checked(const std::string& what) {
+    int st = stop();
+    if (st == 0 || st == -SIGKILL) return "";
+    return what + " exited with status " + std::to_string(st) + " (log " + log_ + "):\n" +
+           last_lines(log_);
   }
   const std::string& log() const { return log_; }
 
  private:
   pid_t pid_ = -1;
+  int status_ = 0;
   std::string log_;
 };
 
@@ -118,18 +143,6 @@ bool wait_status(const std::string& url, std::string_view path, int status, Chil
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
-}
-
-std::string last_lines(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return "";
-  std::string all;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) all.append(buf, n);
-  std::fclose(f);
-  if (all.size() > 1500) all = all.substr(all.size() - 1500);
-  return all;
 }
 
 }  // namespace
@@ -254,7 +267,12 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         have && delta.prompt_tokens > 0 ? delta.cached_tokens / delta.prompt_tokens : -1;
     double bound = oracle ? oracle->upper_bound() : out.front().upper_bound;
     out.push_back(summarize(policy, run, bound, server_hit));
-    gateway.stop();
+    error = gateway.stop_checked("kvgate --policy " + policy);
+    if (!error.empty()) return {};
+  }
+  for (size_t i = 0; i < sims.size(); ++i) {
+    error = sims[i]->stop_checked("kvgate-sim " + sim_urls[i]);
+    if (!error.empty()) return {};
   }
   return out;
 }

@@ -623,14 +623,16 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
     auto& st = srv->stats;
     st.accepted.fetch_add(1, std::memory_order_relaxed);
     size_t max = srv->config.max_connections;
-    if (max > 0 && st.connections.load(std::memory_order_relaxed) >= static_cast<int64_t>(max)) {
+    // Counted first, then checked: acceptors on other threads cannot both take the last place.
+    int64_t open = st.connections.fetch_add(1, std::memory_order_relaxed);
+    if (max > 0 && open >= static_cast<int64_t>(max)) {
       // Over the limit: refused at once (counted), so what a client can hold stays bounded.
+      st.connections.fetch_sub(1, std::memory_order_relaxed);
       st.refused.fetch_add(1, std::memory_order_relaxed);
       boost::system::error_code ignored;
       s.close(ignored);
       return;
     }
-    st.connections.fetch_add(1, std::memory_order_relaxed);
     asio::co_spawn(acceptor->get_executor(), session(srv, std::move(s), slot), asio::detached);
   };
   for (;;) {

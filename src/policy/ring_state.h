@@ -1,14 +1,15 @@
-// policy/ring_state: the hash ring of a ring-based policy over the configured workers, swapped
-// atomically when the worker set changes, plus the lookups those policies share.
+// policy/ring_state: the hash ring of a ring-based policy over the configured workers, replaced
+// as a whole when the worker set changes (a request keeps the ring it took), plus the lookups
+// those policies share.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "policy/common.h"
 #include "prefix/hash_ring.h"
+#include "util/shared_snapshot.h"
 
 namespace kvgate {
 
@@ -34,7 +35,7 @@ class RingHolder {
 
  private:
   int vnodes_;
-  std::atomic<std::shared_ptr<const RingState>> state_{std::make_shared<const RingState>()};
+  SharedSnapshot<const RingState> state_{std::make_shared<const RingState>()};
 };
 
 }  // namespace kvgate

@@ -93,7 +93,7 @@ HealthPlane::HealthPlane(asio::io_context& ctx, WorkerRegistry& registry, Health
     : ctx_(ctx),
       registry_(registry),
       config_(std::move(config)),
-      stopped_(std::make_shared<bool>(false)) {}
+      stopped_(std::make_shared<std::atomic<bool>>(false)) {}
 
 HealthPlane::~HealthPlane() {
   stop();
@@ -108,7 +108,7 @@ void HealthPlane::start() {
 }
 
 void HealthPlane::stop() {
-  *stopped_ = true;
+  stopped_->store(true);
 }
 
 awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
@@ -124,10 +124,10 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
   uint32_t fails = 0, goods = 0;
   bool ever_healthy = false;
   bool logged_waiting = false;
-  while (!*stopped) {
+  while (!stopped->load()) {
     auto r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", config_.endpoint,
                                   config_.timeout);
-    if (*stopped) co_return;
+    if (stopped->load()) co_return;
     bool ok = r.error == http::CallError::kNone && r.status >= 200 && r.status < 300;
     if (ok) {
       fails = 0;
@@ -167,12 +167,12 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
   asio::steady_timer timer(ctx_);
   auto interval = config_.load_interval;
   uint32_t fails = 0;
-  while (!*stopped) {
+  while (!stopped->load()) {
     if (w->healthy()) {
       auto r = co_await http::fetch(
           ctx_.get_executor(), w->target(), "GET", "/get_load",
           std::min(config_.timeout, std::max(interval, std::chrono::milliseconds(200))));
-      if (*stopped) co_return;
+      if (stopped->load()) co_return;
       std::optional<int64_t> load;
       if (r.error == http::CallError::kNone && r.status == 200) load = parse_load_report(r.body);
       if (load) {

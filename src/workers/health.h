@@ -6,6 +6,7 @@
 // /v1/models.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -42,6 +43,7 @@ class HealthPlane {
   ~HealthPlane();
   // Starts the loops for every worker of the current snapshot.
   void start();
+  // The loops end at their next wake-up. Safe from any thread.
   void stop();
 
  private:
@@ -52,7 +54,8 @@ class HealthPlane {
   asio::io_context& ctx_;
   WorkerRegistry& registry_;
   HealthConfig config_;
-  std::shared_ptr<bool> stopped_;
+  // Set by stop() from any thread, read by the loops on the control loop.
+  std::shared_ptr<std::atomic<bool>> stopped_;
 };
 
 }  // namespace kvgate

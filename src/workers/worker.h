@@ -1,7 +1,8 @@
 // workers/worker: an upstream inference server as the request path sees it: an immutable
 // descriptor (URL, resolved address) plus atomics the planes update (health, breaker, in-flight
 // requests, the load the server reports). WorkerRegistry publishes the current set as an immutable
-// snapshot swapped atomically; the request path reads it without locks.
+// snapshot; the request path takes a reference to it (util/shared_snapshot: a lock held for a
+// reference-count increment, never across the planes' work).
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 
 #include "http/client.h"
 #include "metrics/metrics.h"
+#include "util/shared_snapshot.h"
 #include "workers/circuit_breaker.h"
 
 namespace kvgate {
@@ -90,16 +92,12 @@ struct WorkerSet {
 class WorkerRegistry {
  public:
   WorkerRegistry() : current_(std::make_shared<const WorkerSet>()) {}
-  std::shared_ptr<const WorkerSet> snapshot() const {
-    return current_.load(std::memory_order_acquire);
-  }
-  void publish(std::shared_ptr<const WorkerSet> set) {
-    current_.store(std::move(set), std::memory_order_release);
-  }
+  std::shared_ptr<const WorkerSet> snapshot() const { return current_.load(); }
+  void publish(std::shared_ptr<const WorkerSet> set) { current_.store(std::move(set)); }
   size_t healthy_count() const;
 
  private:
-  std::atomic<std::shared_ptr<const WorkerSet>> current_;
+  SharedSnapshot<const WorkerSet> current_;
 };
 
 }  // namespace kvgate

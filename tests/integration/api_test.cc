@@ -95,7 +95,13 @@ TEST(Api, MetricsPassPromtool) {
   for (int i = 0; i < 5; ++i) client.post("/generate", kGenerate);
   client.post("/generate", "{bad");
   client.get("/nope");
-  std::string text = c.metrics();
+  // A request is counted once its answer is written: the client can read the 404 before kvgate
+  // has counted it.
+  std::string text;
+  wait_until([&] {
+    text = c.metrics();
+    return text.find("kvgate_requests_total{route=\"unknown\",status=\"404\"") != std::string::npos;
+  });
   for (const char* name :
        {"kvgate_requests_total{route=\"/generate\",status=\"200\",model=\"\",streaming=\"false\"} "
         "5",

@@ -90,7 +90,13 @@ TEST(Routing, RoundRobinSpreadsEvenly) {
 TEST(Routing, ModelsMergedFromWorkers) {
   Cluster c(2, {"--served-model-name", "m-one"}, kRoundRobin);
   HttpClient client(c.port());
-  auto r = client.get("/v1/models");
+  // The health plane asks a worker for its models just after the probe that made it healthy, so
+  // right after the cluster turns ready the list may still be empty (seen under TSan's slowdown).
+  Response r;
+  wait_until([&] {
+    r = client.get("/v1/models");
+    return r.body.find("\"m-one\"") != std::string::npos;
+  });
   ASSERT_EQ(r.status, 200);
   EXPECT_NE(r.body.find("\"object\":\"list\""), std::string::npos) << r.body;
   // Both workers serve m-one: it is listed once.

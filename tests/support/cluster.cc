@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -24,6 +25,16 @@ void Sim::start() {
   if (!up || !process->running()) {
     throw std::runtime_error("kvgate-sim did not start on port " + std::to_string(port) + ":\n" +
                              process->log());
+  }
+}
+
+Sim::~Sim() {
+  if (!process) return;
+  int status = process->stop();
+  if (status != 0 && status != -SIGKILL) {
+    ADD_FAILURE() << "kvgate-sim on port " << port << " exited with status " << status
+                  << "; its log:\n"
+                  << process->log();
   }
 }
 

@@ -15,6 +15,13 @@ struct Sim {
   int port = 0;
   std::vector<std::string> args;
   std::unique_ptr<Process> process;
+  Sim() = default;
+  Sim(Sim&&) = default;
+  Sim& operator=(Sim&&) = default;
+  // Stops the process. Like kvgate's, its exit is checked: an exit status other than 0 (a
+  // sanitizer report, a crash in teardown) fails the test; a SIGKILL (kill(), or a hang past the
+  // stop grace) does not.
+  ~Sim();
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
   // (Re)starts the process on the same port; waits until /health answers 200.
   void start();

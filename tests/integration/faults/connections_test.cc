@@ -19,6 +19,16 @@ using namespace std::chrono_literals;
 
 constexpr int kConnections = 10000;
 
+// The memory bound is a property of the real build. Under ThreadSanitizer (make check-tsan)
+// kvgate's resident memory includes TSan's shadow of every byte it touches, several times that
+// byte; under AddressSanitizer (make test) its quarantine keeps the read buffers idle connections
+// give back resident. There only the holding and the serving are checked.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kCheckMemory = false;
+#else
+constexpr bool kCheckMemory = true;
+#endif
+
 int connect_to(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
@@ -90,7 +100,7 @@ TEST(Connections, TenThousandKeepAliveConnectionsHeldWithBoundedMemory) {
     return static_cast<double>(c.gateway().rss_kib() - rss_before) / 1024.0 /
            (static_cast<double>(kConnections) / 1000.0);
   };
-  bool settled = wait_until([&] { return mb_per_1000() < 6.0; }, 30s);
+  bool settled = !kCheckMemory || wait_until([&] { return mb_per_1000() < 6.0; }, 30s);
   double per_1000 = mb_per_1000();
   std::cout << "kvgate holding " << fds.size() << " idle keep-alive connections: RSS "
             << rss_before / 1024 << " MB -> " << c.gateway().rss_kib() / 1024 << " MB, " << per_1000

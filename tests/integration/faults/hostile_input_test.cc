@@ -146,6 +146,9 @@ TEST(HostileInput, EveryMalformedRequestGetsAClear4xxAndNothingLeaks) {
 TEST(HostileInput, ConnectionsBeyondMaxConnectionsAreRefusedAndCounted) {
   Cluster c(1, {"--ttft-ms", "1", "--tpot-ms", "1"},
             {"--policy", "round_robin", "--max-connections", "3"});
+  // The cluster's readiness probes closed their connections, but kvgate counts one until its
+  // request thread sees the close: wait for that, or a held connection below may be refused.
+  ASSERT_TRUE(wait_until([&] { return c.metric("kvgate_connections") == 0; }));
   std::vector<std::unique_ptr<HttpClient>> held;
   for (int i = 0; i < 3; ++i) {
     held.push_back(std::make_unique<HttpClient>(c.port()));

@@ -180,7 +180,7 @@ TEST(WorkerFaults, HangingWorkerTimesOutAndLeavesNothingBehind) {
   int fds_before = c.gateway().fd_count();
   std::vector<std::future<Response>> calls;
   for (int i = 0; i < 8; ++i) {
-    calls.push_back(std::async(std::launch::async, [&] {
+    calls.push_back(std::async(std::launch::async, [&, i] {
       HttpClient h(c.port());
       h.set_timeout(20s);
       return h.post("/generate",

@@ -81,8 +81,9 @@ int64_t raise_fd_limit(int64_t max_connections) {
   }
   auto needed = static_cast<rlim_t>(max_connections) * 2 + kReserve;
   if (limit < needed) {
-    log::warn("the open-file limit is below what --max-connections needs when every connection "
-              "is busy; raise it (ulimit -n) or lower --max-connections")
+    log::warn(
+        "the open-file limit is below what --max-connections needs when every connection "
+        "is busy; raise it (ulimit -n) or lower --max-connections")
         .kv("limit", static_cast<uint64_t>(limit))
         .kv("needed", static_cast<uint64_t>(needed));
   }
@@ -304,6 +305,11 @@ int main(int argc, char** argv) {
     mc.port = static_cast<uint16_t>(cfg.prometheus_port);
     mc.body_limit = 4096;
     mc.max_connections = 256;
+    // A scraper asks and goes: short timeouts, so idle sockets cannot hold the 256 places.
+    mc.idle_timeout = std::chrono::seconds(5);
+    mc.header_timeout = std::chrono::seconds(5);
+    mc.body_timeout = std::chrono::seconds(5);
+    mc.write_timeout = std::chrono::seconds(10);
     metrics_server = std::make_unique<http::Server>(
         std::vector<asio::io_context*>{control.get()}, mc,
         [&registry](http::Exchange& ex) -> awaitable<void> {
@@ -392,21 +398,27 @@ int main(int argc, char** argv) {
     asio::co_spawn(
         *control,
         [&, drain]() -> awaitable<void> {
-          auto wait_idle = [&](Clock::time_point until) -> awaitable<bool> {
-            while (gateway.in_flight() > 0 && Clock::now() < until) {
-              drain->expires_after(std::chrono::milliseconds(20));
-              auto [wec] = co_await drain->async_wait(asio::as_tuple(asio::use_awaitable));
+          // Waits on `timer` (the drain timer, which a second signal cancels; or one no signal
+          // touches, for the unwinding after the forced close).
+          auto wait_idle = [&](Clock::time_point until,
+                               asio::steady_timer& timer) -> awaitable<bool> {
+            // Requests in the gateway, and connections still reading one (its head or body).
+            auto busy = [&] { return gateway.in_flight() > 0 || server->busy_connections() > 0; };
+            while (busy() && Clock::now() < until) {
+              timer.expires_after(std::chrono::milliseconds(20));
+              auto [wec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
               if (wec) co_return false;  // a second signal
             }
-            co_return gateway.in_flight() == 0;
+            co_return !busy();
           };
-          bool idle = co_await wait_idle(Clock::now() +
-                                         std::chrono::seconds(cfg.shutdown_grace_period_secs));
+          bool idle = co_await wait_idle(
+              Clock::now() + std::chrono::seconds(cfg.shutdown_grace_period_secs), *drain);
           if (!idle) {
             log::warn("grace period over; closing requests in flight")
                 .kv("in_flight", gateway.in_flight());
             server->close_all();
-            co_await wait_idle(Clock::now() + std::chrono::seconds(5));
+            asio::steady_timer unwind(*control);
+            co_await wait_idle(Clock::now() + std::chrono::seconds(5), unwind);
           }
           stop_all();
         },

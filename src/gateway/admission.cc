@@ -28,7 +28,27 @@ awaitable<Admission::Result> Admission::acquire(
     waiters_.push_back(w);
   }
   if (handle) *handle = w;
+  // If this coroutine is destroyed while queued (its event loop destroyed at shutdown), it leaves
+  // the queue, and a slot already handed to it is passed on: no waiter outlives its loop, and no
+  // slot is lost.
+  struct Leave {
+    Admission* a;
+    std::shared_ptr<Waiter>& w;
+    bool armed = true;
+    ~Leave() {
+      if (!armed) return;
+      bool granted = false;
+      {
+        std::lock_guard lock(a->mu_);
+        granted = w->granted;
+        auto it = std::find(a->waiters_.begin(), a->waiters_.end(), w);
+        if (it != a->waiters_.end()) a->waiters_.erase(it);
+      }
+      if (granted) a->release();
+    }
+  } leave{this, w};
   co_await w->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  leave.armed = false;
   if (handle) handle->reset();
   std::lock_guard lock(mu_);
   if (w->granted) co_return Result::kAdmitted;

@@ -29,6 +29,8 @@ constexpr http::Header kJsonType{"content-type", "application/json"};
 constexpr size_t kFirstEventLimit = 65536;
 // A refused answer (429/503...) is kept, up to this size, to give the client when no retry works.
 constexpr size_t kSavedAnswerLimit = 65536;
+// Longest `model` a request may name (OpenAI and Hugging Face ids are far shorter).
+constexpr size_t kMaxModelNameBytes = 256;
 
 // Watching a client for disconnects costs an I/O operation per request, so it starts only for
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
@@ -49,9 +51,11 @@ struct Cancel {
   Admission* admission = nullptr;
   std::shared_ptr<Admission::Waiter> waiter;
   http::UpstreamCall* call = nullptr;
+  asio::steady_timer* backoff = nullptr;  // a retry's wait (its Retry-After may be long)
   void fire() {
     if (waiter && admission) admission->cancel(waiter);
     if (call) call->abort();
+    if (backoff) backoff->cancel();
   }
 };
 
@@ -268,7 +272,12 @@ class Dispatch {
  public:
   Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass)
       : policy_(policy), ctx_(ctx), d_(d), pass_(pass) {
-    policy_.on_dispatched(d_, ctx_);
+    try {
+      policy_.on_dispatched(d_, ctx_);
+    } catch (...) {
+      d_.worker->record_neutral(pass_);  // a trial pass must never be lost
+      throw;
+    }
     d_.worker->begin_request();
   }
   ~Dispatch() {
@@ -299,7 +308,8 @@ class Dispatch {
     policy_.on_completed(d_, ctx_, o);
   }
   bool trial() const { return pass_ == CircuitBreaker::Pass::kTrial; }
-  bool started_guess = false;  // for the destructor: whether the request reached the worker
+  // For the destructor: whether the worker may have the request (true until known otherwise).
+  bool started_guess = true;
 
  private:
   Policy& policy_;
@@ -585,6 +595,16 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     record(route_label, 400, "", false, start);
     co_return;
   }
+  if (info.model.size() > kMaxModelNameBytes) {
+    // A model name becomes a metric label and a prefix-tree key: bounded like any client input.
+    co_await fail(ex,
+                  errors::bad_json("'model' is " + std::to_string(info.model.size()) +
+                                   " bytes long; model names are at most " +
+                                   std::to_string(kMaxModelNameBytes) + " bytes"),
+                  rid);
+    record(route_label, 400, "", false, start);
+    co_return;
+  }
   std::string_view model = metrics_.models.admit(info.model);
   HeaderView header_view{&ex, config_.allow_target_worker_header};
   RouteContext ctx;
@@ -627,7 +647,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   auto set = registry_.snapshot();  // keeps every worker of this request alive
   std::vector<uint64_t> failed;
   std::vector<Worker*> charge_if_served;  // answered 500 once: charged if another worker serves
-  int ran_and_failed = 0;                 // 500/504 answers: at most one is retried
+  int ran_and_failed = 0;                 // 500 answers: at most one is retried
   int attempts_made = 0;
   int denied = 0;
   http::CallError last_error = http::CallError::kNone;
@@ -635,6 +655,13 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   std::optional<std::chrono::milliseconds> retry_after;
   BudgetSlot budget_slot(budget_);
   asio::steady_timer backoff_timer(ex.executor());
+  cancel.backoff = &backoff_timer;
+  struct ClearBackoff {
+    Cancel& c;
+    ~ClearBackoff() { c.backoff = nullptr; }
+  } clear_backoff{cancel};
+  std::chrono::milliseconds next_delay{0};  // the wait may_retry() checked, used as checked
+  bool skip_backoff = false;                // the last round made no attempt (breaker turned)
   std::vector<Worker*> candidates;
   candidates.reserve(set->workers.size());
 
@@ -660,6 +687,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       wait = std::max(wait, *retry_after);
     }
     if (now + wait >= deadline) return "deadline";
+    next_delay = wait;
     list_candidates(now);
     if (candidates.empty()) return "no_worker";
     if (!budget_slot.acquire()) return "budget";
@@ -671,18 +699,17 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   };
 
   for (;;) {
-    if (attempts_made > 0) {
+    if (attempts_made > 0 && !skip_backoff) {
       metrics_.retries.with({route_label}).inc();
-      auto delay = backoff_delay(retry_, attempts_made - 1, thread_rng().uniform());
-      if (retry_after) delay = std::max(delay, *retry_after);
       retry_after.reset();
-      backoff_timer.expires_after(delay);
+      backoff_timer.expires_after(next_delay);
       co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
       if (ex.client_gone()) {
         client_left(model, info.stream);
         co_return;
       }
     }
+    skip_backoff = false;
     auto now = Clock::now();
     list_candidates(now);
     if (candidates.empty()) {
@@ -707,6 +734,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       // Its breaker turned (another request took the half-open trial): choose again, bounded.
       failed.push_back(w->id());
       if (++denied > static_cast<int>(set->workers.size()) + 1) break;
+      skip_backoff = true;  // no attempt was made: nothing to back off from
       continue;
     }
     if (w->metrics().selected) w->metrics().selected->inc();
@@ -769,7 +797,9 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
 
     int status = call.status();
-    bool ran = status == 500 || status == 504;
+    // A 500 says the worker ran the request and failed: retried once, elsewhere. (A 504 is not
+    // retried: the request may still be running behind whatever timed out.)
+    bool ran = status == 500;
     bool retryable = retryable_status(status) && !(ran && ran_and_failed > 0);
     if (retryable) {
       // Phase: retry (a status). The worker's Retry-After is honoured; when no retry may follow,
@@ -805,9 +835,13 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       }
     }
 
-    // Phase: a stream's first event, read before the client sees anything: an abort there is a
-    // failed attempt, retried like a refused one when it may be.
-    std::string pre;  // body bytes read before committing
+    // Phase: a stream's first event, read before the client sees anything. An abort there with a
+    // worker-side status (503 queue full, a failed PD transfer...) is a failed attempt, retried
+    // like that status when it may be; one naming a client error (4xx) or no status at all (SGLang
+    // sends a request's ValueError this way: input too long...) is the request's own answer.
+    std::string pre;            // body bytes read before committing
+    bool worker_abort = false;  // relayed a worker-side abort: a failure for the breaker
+    bool abort_ran = false;     // ... with status 500 (ran and failed, like an HTTP 500)
     bool sse = call.header("content-type").starts_with("text/event-stream");
     RelayBuffer buf(ts);
     if (sse && status == 200 && !call.done()) {
@@ -840,22 +874,37 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       }
       if (auto end = first_event_end(pre)) {
         if (auto abort = event_abort(std::string_view(pre).substr(0, *end))) {
-          metrics_.stream_aborts.with({w->url()}).inc();
+          int as = abort->status;
+          bool request_error = as == 0 || (as >= 400 && as < 500 && as != 408 && as != 429);
           log_attempt(
               log::warn(kLogFirstEventAbort, "upstream aborted the stream in its first event"))
               .kv("message", abort->message)
-              .kv("status", abort->status);
-          if (auto why = may_retry(); !why.empty()) {
-            retry_denied(why);  // the abort goes to the client as the worker sent it
-          } else {
-            call.abort();
-            dispatch.finish(
-                Outcome{.status = abort->status ? abort->status : 503, .started = false},
-                Verdict::kFailure);
-            last_error = http::CallError::kNone;
-            saved.reset();
-            failed.push_back(w->id());
-            continue;
+              .kv("status", as)
+              .kv("request_error", request_error);
+          if (!request_error) {
+            metrics_.stream_aborts.with({w->url()}).inc();
+            worker_abort = true;
+            bool ran_abort = as == 500;
+            abort_ran = ran_abort;
+            if (retryable_status(as) && !(ran_abort && ran_and_failed > 0)) {
+              if (auto why = may_retry(); !why.empty()) {
+                retry_denied(why);  // the abort goes to the client as the worker sent it
+              } else {
+                call.abort();
+                Verdict v = ran_abort   ? (dispatch.trial() ? Verdict::kFailure : Verdict::kNeutral)
+                            : as >= 500 ? Verdict::kFailure
+                                        : Verdict::kNeutral;
+                if (ran_abort) {
+                  ++ran_and_failed;
+                  if (!dispatch.trial()) charge_if_served.push_back(w);
+                }
+                dispatch.finish(Outcome{.status = as, .started = ran_abort}, v);
+                last_error = http::CallError::kNone;
+                saved.reset();
+                failed.push_back(w->id());
+                continue;
+              }
+            }
           }
         }
       }
@@ -863,7 +912,9 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
 
     // Phase: relay. Committed to this answer: from here on nothing is retried.
     for (Worker* charged : charge_if_served) {
-      if (charged != w && status < 500) charged->record_failure(CircuitBreaker::Pass::kNormal, now);
+      if (charged != w && status < 500 && !worker_abort) {
+        charged->record_failure(CircuitBreaker::Pass::kNormal, now);
+      }
     }
     charge_if_served.clear();
     ConnectionTokens resp_tokens;
@@ -895,9 +946,9 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
 
     int final_status = status;
     // A 500/504 after one elsewhere: the request, not this worker, is at fault.
-    Verdict verdict = status < 500                ? Verdict::kSuccess
-                      : ran && ran_and_failed > 0 ? Verdict::kNeutral
-                                                  : Verdict::kFailure;
+    Verdict verdict = status < 500 && !worker_abort              ? Verdict::kSuccess
+                      : (ran || abort_ran) && ran_and_failed > 0 ? Verdict::kNeutral
+                                                                 : Verdict::kFailure;
     UsageScanner usage;
     bool scan_usage = wants_usage_ && status < 400;
     if (call.done()) {
@@ -937,7 +988,11 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
           GatewayError ge = re == http::CallError::kTimeout
                                 ? errors::upstream_timeout(static_cast<long>(timeout_.count()))
                                 : errors::upstream_failed(w->id());
-          if (sse && !length) {
+          if (!ex.response_started()) {
+            // Nothing reached the client yet (a stream's head waits for its first bytes): a
+            // plain error answer is still possible.
+            co_await fail(ex, ge, rid, w);
+          } else if (sse && !length) {
             std::string event = "data: " + error_body(ge) + "\n\ndata: [DONE]\n\n";
             co_await ex.write_body(event);
             co_await ex.end_body();

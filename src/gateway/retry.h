@@ -35,10 +35,11 @@ struct RetryConfig {
 // spread by +-jitter using `u` uniform in [0, 1).
 std::chrono::milliseconds backoff_delay(const RetryConfig& c, int retry, double u);
 
-// Upstream statuses worth another attempt: 408, 429, 500, 502, 503, 504.
+// Upstream statuses worth another attempt: 408, 429, 502, 503 (the worker refused or could not
+// take the request) and 500 (it ran and failed: retried once, on another worker). Not 504 (which
+// sgl-model-gateway retries): whatever timed out, the request may still be running behind it.
 constexpr bool retryable_status(int status) {
-  return status == 408 || status == 429 || status == 500 || status == 502 || status == 503 ||
-         status == 504;
+  return status == 408 || status == 429 || status == 500 || status == 502 || status == 503;
 }
 
 // Statuses with which a worker says it did not run the request (it refused or could not take it):

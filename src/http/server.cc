@@ -3,6 +3,7 @@
 #include "http/server.h"
 
 #include <openssl/ssl.h>
+#include <poll.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -115,7 +116,9 @@ struct WatchState {
   bool done = false;
   bool gone = false;
   char peek = 0;
+  int fd = -1;
   std::function<void()> fn;
+  std::unique_ptr<asio::steady_timer> recheck;  // while bytes wait unread (see watch_disconnect)
   // Runs the callback once, at most.
   void fire() {
     if (done) return;
@@ -190,7 +193,6 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     if (close_ && !closing_header_written_) head_.append("connection: close\r\n");
     head_.append("\r\n");
     head_pending_ = true;
-    started_ = true;
     streaming_ = true;
     co_return true;
   }
@@ -219,6 +221,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       bufs[n++] = asio::buffer(data);
     }
     head_pending_ = false;
+    started_ = true;
     co_return co_await write(std::span<const asio::const_buffer>(bufs.data(), n));
   }
 
@@ -229,6 +232,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     if (head_pending_) bufs[n++] = asio::buffer(head_);
     if (chunked_) bufs[n++] = asio::buffer("0\r\n\r\n", 5);
     head_pending_ = false;
+    started_ = true;
     bool ok = true;
     if (n) ok = co_await write(std::span<const asio::const_buffer>(bufs.data(), n));
     if (remaining_ && *remaining_ != 0) close_ = true;  // short body: the client must see EOF
@@ -249,6 +253,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   awaitable<bool> flush() override {
     if (!head_pending_) co_return !gone_;
     head_pending_ = false;
+    started_ = true;
     co_return co_await write(asio::buffer(head_));
   }
   bool must_close() const { return close_; }
@@ -262,10 +267,17 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       asio::post(socket_.get_executor(), [w = watch_] { w->fire(); });
       return;
     }
-    if (buffer_.size() > 0) return;  // pipelined bytes already here: the client is still talking
-    // A one-byte MSG_PEEK receive: it completes on EOF or reset (client gone) or when the next
-    // pipelined request arrives (left in the socket). Being a speculative read, it costs no system
-    // call while the socket is known to be drained, unlike async_wait (an epoll_ctl per call).
+    watch_->fd = socket_.native_handle();
+    watch_->recheck = std::make_unique<asio::steady_timer>(socket_.get_executor());
+    if (buffer_.size() > 0) {
+      recheck_loop(watch_);  // pipelined bytes already here: only a hang-up can be seen
+      return;
+    }
+    // A one-byte MSG_PEEK receive: it completes on EOF or reset (client gone) or when bytes
+    // arrive (left in the socket: the next pipelined request, or a TLS close_notify). Being a
+    // speculative read, it costs no system call while the socket is known to be drained, unlike
+    // async_wait (an epoll_ctl per call). Once bytes wait unread, every read would see them, so
+    // the client's hang-up behind them is looked for (POLLRDHUP) once a second instead.
     auto state = watch_;
     socket_.async_receive(
         asio::buffer(&state->peek, 1), tcp::socket::message_peek,
@@ -273,9 +285,33 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
                                      [state](const boost::system::error_code& ec, size_t n) {
                                        if (state->done || ec == asio::error::operation_aborted)
                                          return;
-                                       if (ec || n == 0) state->fire();
+                                       if (ec || n == 0 || peer_hung_up(state->fd)) {
+                                         state->fire();
+                                       } else {
+                                         recheck_loop(state);
+                                       }
                                      }));
   }
+
+  static bool peer_hung_up(int fd) {
+    pollfd p{fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
+  // Every second until the watch ends: fires when the client hung up.
+  static void recheck_loop(std::shared_ptr<WatchState> state) {
+    asio::steady_timer& timer = *state->recheck;
+    timer.expires_after(std::chrono::seconds(1));
+    timer.async_wait([state = std::move(state)](const boost::system::error_code& ec) mutable {
+      if (ec || state->done) return;
+      if (peer_hung_up(state->fd)) {
+        state->fire();
+        return;
+      }
+      recheck_loop(std::move(state));
+    });
+  }
+
   bool client_gone() const override { return gone_ || (watch_ && watch_->gone); }
 
   void unwatch_disconnect() override {
@@ -283,6 +319,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     watch_->done = true;
     watch_->fn = nullptr;
     cancel_.emit(asio::cancellation_type::all);
+    if (watch_->recheck) watch_->recheck->cancel();
   }
 
   void force_close() override {
@@ -518,6 +555,14 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
   co_return !close;
 }
 
+// Marks a connection waiting for its next request (or not): what shutdown closes at once, and
+// what the drain does not wait for.
+void set_idle(Server::Shared& srv, SessionNode& node, bool idle) {
+  if (node.idle == idle) return;
+  node.idle = idle;
+  srv.stats.idle.fetch_add(idle ? 1 : -1, std::memory_order_relaxed);
+}
+
 // Serves requests on one connection until it closes. The frame of an idle connection holds only
 // what waiting needs; a request's parser and exchange live in serve_one()'s frame, allocated per
 // request (from Asio's per-thread frame cache), so 10,000 idle connections stay small.
@@ -540,7 +585,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
       constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
       buffer.reserve(kReadBufferSize);
       auto idle_until = Clock::now() + cfg.idle_timeout;
-      node.idle = true;
+      set_idle(srv, node, true);
       deadline.expires_at(kPlain ? std::min(idle_until, Clock::now() + kKeepBufferFor)
                                  : idle_until);
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kReadBufferSize), kTuple);
@@ -555,7 +600,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
         rec = wec;
         buffer.reserve(kReadBufferSize);
       }
-      node.idle = false;
+      set_idle(srv, node, false);
       if (rec && buffer.size() == 0) {
         if (deadline.expired() || srv.stopping.load(std::memory_order_relaxed)) {
           srv.stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
@@ -581,9 +626,13 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket,
   node.socket = &socket;
   node.link_after(*srv->sessions[slot]);
   struct Unlink {
+    Server::Shared& srv;
     SessionNode& n;
-    ~Unlink() { n.unlink(); }
-  } unlink{node};
+    ~Unlink() {
+      set_idle(srv, n, false);
+      n.unlink();
+    }
+  } unlink{*srv, node};
 
   boost::system::error_code ignored;
   socket.set_option(tcp::no_delay(true), ignored);
@@ -776,6 +825,11 @@ void Server::close_all() {
       }
     });
   }
+}
+
+int64_t Server::busy_connections() const {
+  return shared_->stats.connections.load(std::memory_order_relaxed) -
+         shared_->stats.idle.load(std::memory_order_relaxed);
 }
 
 const ServerStats& Server::stats() const {

@@ -58,6 +58,7 @@ struct ServerStats {
     kRejectKinds
   };
   std::atomic<int64_t> connections{0};      // open now
+  std::atomic<int64_t> idle{0};             // of which waiting for their next request
   std::atomic<uint64_t> accepted{0};        // ever
   std::atomic<uint64_t> refused{0};         // closed at once: --max-connections reached
   std::atomic<uint64_t> idle_closed{0};     // keep-alive timeout or shutdown
@@ -138,6 +139,9 @@ class Server {
   // its client gone (its disconnect watch fires).
   void close_all();
   const ServerStats& stats() const;
+  // Connections not waiting for a next request: a request being read, handled or answered (what
+  // a graceful shutdown waits for, besides the requests the handler counts).
+  int64_t busy_connections() const;
 
   struct Shared;  // what sessions share: config, handler, stopping flag, sessions, stats
 

@@ -1,6 +1,11 @@
 // policy/manual: see manual.h.
 #include "policy/manual.h"
 
+#define XXH_INLINE_ALL  // header-only xxHash: no library to link
+#include <xxhash.h>
+
+#include <cstdio>
+
 namespace kvgate {
 
 ManualPolicy::ManualPolicy(const PolicyConfig& c)
@@ -57,9 +62,20 @@ void ManualPolicy::publish_size() {
 }
 
 Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
-  std::string_view key = routing_key(ctx);
-  if (key.empty()) {
+  std::string_view header = routing_key(ctx);
+  if (header.empty()) {
     return {available[rng_.below(available.size())], std::nullopt, "no_routing_key", 0};
+  }
+  // Keys are held by a fixed-size digest when long (a header may be 64 KiB): what the table can
+  // hold is bounded in bytes as well as in count.
+  char digest[2 * sizeof(XXH128_hash_t) + 1];
+  std::string_view key = header;
+  if (header.size() > kMaxKeyBytes) {
+    XXH128_hash_t h = XXH3_128bits(header.data(), header.size());
+    std::snprintf(digest, sizeof digest, "%016llx%016llx",
+                  static_cast<unsigned long long>(h.high64),
+                  static_cast<unsigned long long>(h.low64));
+    key = std::string_view(digest, 32);
   }
   std::lock_guard lock(mu_);
   auto now = Clock::now();

@@ -30,6 +30,8 @@ class ManualPolicy final : public Policy {
   size_t keys() const;
 
  private:
+  // Keys longer than this are held as a 128-bit digest (32 hex characters).
+  static constexpr size_t kMaxKeyBytes = 64;
   struct Entry {
     std::string key;
     uint64_t candidates[2] = {0, 0};  // worker ids, 0 = none; [0] is the original placement

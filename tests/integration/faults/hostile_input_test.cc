@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <thread>
 
 #include "support/cluster.h"
@@ -111,6 +112,8 @@ TEST(HostileInput, EveryMalformedRequestGetsAClear4xxAndNothingLeaks) {
       {"huge number", post(R"({"text":"a","sampling_params":{"max_new_tokens":1e999999}})"), 400,
        "invalid_json"},
       {"not JSON", post("text=hello"), 400, "invalid_json"},
+      {"model name of 4 KiB", post(R"({"model":")" + std::string(4096, 'm') + R"(","text":"a"})"),
+       400, "invalid_json"},
       {"JSON that is not an object", post("[1,2,3]"), 400, "invalid_json"},
   };
   for (const auto& k : cases) {
@@ -162,6 +165,37 @@ TEST(HostileInput, ConnectionsBeyondMaxConnectionsAreRefusedAndCounted) {
   ASSERT_TRUE(wait_until([&] { return c.metric("kvgate_connections") == 0; }));
   HttpClient again(c.port());
   EXPECT_EQ(again.get("/liveness").status, 200);
+}
+
+TEST(HostileInput, ShutdownWaitsForARequestStillArriving) {
+  // SIGTERM while a client is still sending its body: the request is answered (with
+  // connection: close), not dropped, and kvgate exits cleanly after.
+  Cluster c(1, {"--ttft-ms", "1", "--tpot-ms", "1"},
+            {"--policy", "round_robin", "--health-check-interval-secs", "60"});
+  int fd = connect_to(c.port());
+  ASSERT_GE(fd, 0);
+  std::string body = R"({"text":"arriving","sampling_params":{"max_new_tokens":2}})";
+  std::string head =
+      "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n";
+  std::string first = head + body.substr(0, 10);
+  ASSERT_EQ(::send(fd, first.data(), first.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(first.size()));
+  ASSERT_TRUE(wait_until([&] { return c.metric("kvgate_connections") == 1; }));
+  ::kill(c.gateway().pid(), SIGTERM);
+  ASSERT_TRUE(
+      wait_until([&] { return c.gateway().log().find("shutting down") != std::string::npos; }));
+  std::string rest = body.substr(10);
+  ASSERT_EQ(::send(fd, rest.data(), rest.size(), MSG_NOSIGNAL), static_cast<ssize_t>(rest.size()));
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  EXPECT_EQ(status_of(out), 200) << out;
+  EXPECT_NE(out.find("connection: close"), std::string::npos) << out;
+  c.gateway_exit_checked();
+  EXPECT_EQ(c.gateway().wait_exit(std::chrono::seconds(10)), 0) << c.gateway().log();
 }
 
 }  // namespace

@@ -397,7 +397,10 @@ TEST(GatewayRetry, LastWorkerAbortingItsStreamIsRelayedAsItSentIt) {
     co_await ex.write_body("data: [DONE]\n\n");
     co_await ex.end_body();
   });
-  Harness h({aborting.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; });
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h(
+      {aborting.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; }, br);
   HttpClient c(h.port());
   auto r = c.post("/generate", R"({"text":"hi","stream":true})");
   EXPECT_EQ(r.status, 200);
@@ -405,6 +408,71 @@ TEST(GatewayRetry, LastWorkerAbortingItsStreamIsRelayedAsItSentIt) {
   ASSERT_EQ(events.size(), 2u) << r.body;
   EXPECT_NE(events[0].find("aborted"), std::string::npos);
   EXPECT_EQ(events[1], "[DONE]");
+  // Relayed because no retry could follow, but still the worker's failure, not a success.
+  EXPECT_TRUE(wait_until([&] { return h.worker(0).breaker().state() == BreakerState::kOpen; }));
+}
+
+TEST(GatewayRetry, ARequestsOwnErrorInTheFirstEventIsRelayedNotRetriedNotCharged) {
+  // SGLang streams a request's own error (a ValueError: input longer than the context...) as
+  // 200 then data: {"error": {"message"}} (no status), or an abort naming a 4xx: the request's
+  // answer, not a worker fault. Retrying it elsewhere would fail the same way on every worker
+  // and open every breaker.
+  for (std::string first :
+       {std::string(R"(data: {"error":{"message":"input is longer than the context"}})"),
+        std::string(R"(data: {"text":"","meta_info":{"finish_reason":{"type":"abort",)"
+                    R"("message":"too long","status_code":400}}})")}) {
+    auto script = [first](http::Exchange& ex) -> awaitable<void> {
+      const http::Header hdr[] = {{"content-type", "text/event-stream"}};
+      co_await ex.begin_body(200, hdr, std::nullopt);
+      co_await ex.write_body(first + "\n\ndata: [DONE]\n\n");
+      co_await ex.end_body();
+    };
+    FakeWorker a(script), b(script);
+    BreakerConfig br;
+    br.failure_threshold = 1;
+    Harness h({a.url(), b.url()}, {}, br);
+    h.policy->preference = {1, 2};
+    HttpClient c(h.port());
+    auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_NE(r.body.find("long"), std::string::npos) << r.body;
+    EXPECT_EQ(a.requests.load() + b.requests.load(), 1);
+    ASSERT_TRUE(h.policy->wait_events(2));
+    EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kClosed);
+  }
+}
+
+TEST(GatewayRetry, WorkerDyingAfterItsHeadersIsACleanErrorNotAnEmptyReply) {
+  FakeWorker dying([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header hdr[] = {{"content-type", "application/json"}};
+    co_await ex.begin_body(200, hdr, 100);
+    co_await ex.flush();  // status and headers, then the worker dies
+    ex.abort();
+  });
+  Harness h({dying.url()});
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("upstream_failed"), std::string::npos) << r.body;
+}
+
+TEST(GatewayRetry, AClientLeavingDuringARetryWaitFreesItsSlotAtOnce) {
+  // The worker asks for 20 s before a retry; the client leaves meanwhile: its admission slot
+  // must come back now, not when the wait would have ended.
+  FakeWorker slow_down(answer(503, R"({"error":"later"})", {{"retry-after", "20"}}));
+  FakeWorker good(answer(200, R"({"text":"ok"})"));
+  Harness h({slow_down.url(), good.url()}, [](GatewayConfig& c) {
+    c.max_concurrent_requests = 1;
+    c.queue_size = 4;
+    c.queue_timeout_secs = 60;
+  });
+  h.policy->preference = {1, 2};
+  {
+    HttpClient leaving(h.port());
+    leaving.set_timeout(300ms);
+    leaving.post("/generate", kBody);  // gives up during the 20 s wait
+  }
+  EXPECT_TRUE(wait_until([&] { return h.gateway().admission().active() == 0; }, 5s));
 }
 
 TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {

@@ -288,6 +288,41 @@ TEST(ServerShutdown, CloseAllFiresTheDisconnectWatchOfExchangesInProgress) {
   ::close(fd);
 }
 
+TEST(ServerShutdown, ClientHangingUpBehindPipelinedBytesIsStillNoticed) {
+  // A client that sent more bytes (a pipelined request, or a TLS close_notify) and then left:
+  // a peek sees the bytes, not the hang-up behind them; the watch must still fire.
+  std::atomic<bool> fired{false}, returned{false};
+  TestServer s([&](Exchange& ex) -> awaitable<void> {
+    ex.watch_disconnect([&] { fired = true; });
+    for (int i = 0; i < 1000 && !fired; ++i) co_await sleep_for(ex, 10ms);
+    returned = true;
+    co_await ex.respond(200, {}, "late");
+  });
+  int fd = connect_to(s.port());
+  send_all(fd, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\n");
+  ASSERT_TRUE(wait_until([&] { return s.stats().connections.load() == 1; }));
+  ::close(fd);
+  EXPECT_TRUE(wait_until([&] { return fired.load(); }, 5s));
+  EXPECT_TRUE(wait_until([&] { return returned.load(); }));
+}
+
+TEST(ServerShutdown, ARequestStillArrivingIsCountedBusyUntilAnswered) {
+  // Graceful shutdown waits for connections still reading a request, not only for requests
+  // already handled: busy_connections() counts them.
+  TestServer s(ok_handler);
+  int fd = connect_to(s.port());
+  send_all(fd, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab");
+  EXPECT_TRUE(wait_until([&] { return s.server().busy_connections() == 1; }));
+  s.server().stop();
+  EXPECT_EQ(s.server().busy_connections(), 1);
+  send_all(fd, "cd");
+  std::string out = read_until_close(fd);
+  ::close(fd);
+  EXPECT_NE(out.find("HTTP/1.1 200"), std::string::npos) << out;
+  EXPECT_NE(out.find("connection: close"), std::string::npos) << out;
+  EXPECT_TRUE(wait_until([&] { return s.server().busy_connections() == 0; }));
+}
+
 // ---- server: hostile HTTP ----
 
 struct Hostile {

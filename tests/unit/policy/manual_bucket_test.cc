@@ -47,6 +47,32 @@ TEST(Manual, StickyKeysFailoverAndReturn) {
   EXPECT_EQ(p->select(pool.ptrs, none.ctx).branch, "no_routing_key");
 }
 
+TEST(Manual, LongKeysAreHeldAsDigestsAndStaySticky) {
+  // A 60 KiB key must not cost 60 KiB a key: long keys are held by a 128-bit digest.
+  Pool pool(8);
+  PolicyConfig c;
+  c.name = "manual";
+  c.seed = 5;
+  auto p = testing::make(c, pool);
+  std::map<std::string, Worker*> home;
+  for (int k = 0; k < 16; ++k) {
+    std::string key(60 * 1024, static_cast<char>('a' + k % 26));
+    key += std::to_string(k);
+    Req r;
+    keyed(r, key);
+    Decision first = p->select(pool.ptrs, r.ctx);
+    EXPECT_EQ(first.branch, "vacant") << k;  // distinct long keys never collide
+    home[key] = first.worker;
+  }
+  for (const auto& [key, w] : home) {
+    Req r;
+    keyed(r, key);
+    Decision d = p->select(pool.ptrs, r.ctx);
+    EXPECT_EQ(d.worker, w);
+    EXPECT_EQ(d.branch, "occupied_hit");
+  }
+}
+
 TEST(Manual, AssignmentModes) {
   Pool pool(3);
   PolicyConfig c;

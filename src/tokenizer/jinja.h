@@ -140,8 +140,11 @@ class Value {
     if (heap() && u_.p && !u_.p->immortal) ++u_.p->refs;
   }
   void release() {
-    if (heap() && u_.p && !u_.p->immortal && --u_.p->refs == 0) delete u_.p;
+    if (heap() && u_.p && !u_.p->immortal && --u_.p->refs == 0) free_cell(type_, u_.p);
   }
+  // Frees a cell whose count reached zero, and what it alone held, without recursing: a list
+  // nested 100,000 deep (a template can build one in a loop) is freed one level at a time.
+  static void free_cell(Type type, HeapCell* cell) noexcept;
   Type type_;
   union U {
     bool b;
@@ -186,6 +189,19 @@ struct Object : HeapCell {
   }
 };
 
+// A runtime error of a render, with its message: what the interpreter throws (and Template::render
+// reports), and what append_str / to_str throw for a value nested too deeply.
+struct RenderError {
+  std::string message;
+};
+
+// Deepest nesting of lists, tuples, dicts and namespaces that printing, comparing and tojson walk
+// (they recurse, one level per level); deeper fails the render, as Python's RecursionError does.
+// It is simdjson's depth limit, so any value that came from JSON (request messages, tools,
+// chat_template_kwargs, the tokenizer config) is within it; only template source, building
+// values in a loop, can go deeper.
+inline constexpr int kMaxValueDepth = 1024;
+
 // JSON text -> Value (objects keep their key order; integers stay integers, 1.0 stays a float).
 // Returns false with `error` set on malformed JSON.
 bool from_json(std::string_view json, Value& out, std::string& error);
@@ -197,11 +213,13 @@ size_t from_json_parser_capacity();
 // for JSON parsers that reject what Python's json module accepts.
 std::string widen_big_integers(std::string_view json);
 
-// Python's str() of a value (what {{ }} prints): None, True, 1.5, [1, 'a'], {'k': 'v'}.
+// Python's str() of a value (what {{ }} prints): None, True, 1.5, [1, 'a'], {'k': 'v'}. Throws
+// RenderError for a value nested more than kMaxValueDepth deep.
 void append_str(const Value& v, std::string& out);
 std::string to_str(const Value& v);
 // json.dumps(v, ensure_ascii=..., indent=..., separators=..., sort_keys=...) as transformers'
-// tojson filter. indent < 0: none. Returns false (error set) for values JSON cannot hold.
+// tojson filter. indent < 0: none. Returns false (error set) for values JSON cannot hold and for
+// values nested more than kMaxValueDepth deep.
 struct JsonOptions {
   int indent = -1;
   std::string indent_text;  // when set, used instead of `indent` spaces
@@ -212,6 +230,13 @@ struct JsonOptions {
   bool custom_separators = false;
 };
 bool to_json(const Value& v, const JsonOptions& options, std::string& out, std::string& error);
+
+// For fuzz targets: renders on the calling thread fail ("template ran too long") after `steps`
+// steps of evaluation (statements and expressions evaluated); 0, the default, is no limit.
+// kvgate sets none: templates are the operator's, as in Python. A fuzzer needs one, or the loops
+// it nests in each other run for minutes and build values that fill its memory: failures, to it,
+// that are no bug.
+void set_render_step_limit(uint64_t steps);
 
 // A parsed template.
 class Template {

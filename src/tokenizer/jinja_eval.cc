@@ -151,9 +151,6 @@ bool is_known_method(std::string_view name) {
 
 namespace {
 
-struct RenderError {
-  std::string message;
-};
 [[noreturn]] void raise(std::string msg) {
   throw RenderError{std::move(msg)};
 }
@@ -249,18 +246,24 @@ double num_of(const Value& v) {
   return v.is_float() ? v.as_float() : static_cast<double>(int_of(v));
 }
 
-bool py_eq(const Value& a, const Value& b);
+[[noreturn]] void too_deep_to_compare() {
+  raise("value nested too deeply to compare (more than " + std::to_string(kMaxValueDepth) +
+        " levels)");
+}
 
-bool obj_eq(const Object& a, const Object& b) {
+// `depth` (here and in py_cmp): how many containers hold a and b.
+bool py_eq(const Value& a, const Value& b, int depth = 0);
+
+bool obj_eq(const Object& a, const Object& b, int depth) {
   if (a.items.size() != b.items.size()) return false;
   for (const auto& [k, v] : a.items) {
     const Value* o = b.find(k);
-    if (!o || !py_eq(v, *o)) return false;
+    if (!o || !py_eq(v, *o, depth + 1)) return false;
   }
   return true;
 }
 
-bool py_eq(const Value& a, const Value& b) {
+bool py_eq(const Value& a, const Value& b, int depth) {
   if (is_num_like(a) && is_num_like(b)) {
     if (is_int_like(a) && is_int_like(b)) return int_of(a) == int_of(b);
     return num_of(a) == num_of(b);
@@ -274,24 +277,27 @@ bool py_eq(const Value& a, const Value& b) {
       return a.str() == b.str();
     case Value::Type::kArray: {
       if (a.is_tuple() != b.is_tuple()) return false;
+      if (a.cell() == b.cell()) return true;  // Python compares an object with itself so too
+      if (depth >= kMaxValueDepth) too_deep_to_compare();
       const auto& x = a.arr().items;
       const auto& y = b.arr().items;
       if (x.size() != y.size()) return false;
       for (size_t i = 0; i < x.size(); ++i) {
-        if (!py_eq(x[i], y[i])) return false;
+        if (!py_eq(x[i], y[i], depth + 1)) return false;
       }
       return true;
     }
     case Value::Type::kObject:
-      if (a.is_namespace() || b.is_namespace()) return a.cell() == b.cell();
-      return obj_eq(a.obj(), b.obj());
+      if (a.is_namespace() || b.is_namespace() || a.cell() == b.cell()) return a.cell() == b.cell();
+      if (depth >= kMaxValueDepth) too_deep_to_compare();
+      return obj_eq(a.obj(), b.obj(), depth);
     default:
       return a.cell() == b.cell();
   }
 }
 
 // <0, 0, >0; raises for unorderable types (as Python's TypeError).
-int py_cmp(const Value& a, const Value& b, const char* op) {
+int py_cmp(const Value& a, const Value& b, const char* op, int depth = 0) {
   if (is_num_like(a) && is_num_like(b)) {
     if (is_int_like(a) && is_int_like(b)) {
       int64_t x = int_of(a), y = int_of(b);
@@ -307,8 +313,9 @@ int py_cmp(const Value& a, const Value& b, const char* op) {
   if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
     const auto& x = a.arr().items;
     const auto& y = b.arr().items;
+    if (depth >= kMaxValueDepth) too_deep_to_compare();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!py_eq(x[i], y[i])) return py_cmp(x[i], y[i], op);
+      if (!py_eq(x[i], y[i], depth + 1)) return py_cmp(x[i], y[i], op, depth + 1);
     }
     return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
   }
@@ -635,6 +642,14 @@ struct Args {
 
 enum class Control { kNone, kBreak, kContinue };
 
+// Deepest a render's evaluation may go: statements in statements and operands of operands, across
+// macro calls (each of which starts over on its body, so macro recursion multiplies the syntax
+// tree's depth). Each level is a few C++ frames; past this the render fails, as Python's
+// RecursionError fails one, instead of running out of stack.
+constexpr int kMaxEvalDepth = 1024;
+
+thread_local uint64_t render_step_limit = 0;  // set_render_step_limit
+
 class Interp {
  public:
   explicit Interp(const Template::Impl& t) : t_(t) {
@@ -659,7 +674,7 @@ class Interp {
   Value eval(const Node& n, Scope& scope);
 
  private:
-  void emit(const Node& n, Scope& scope, std::string& out);
+  [[gnu::noinline]] void emit(const Node& n, Scope& scope, std::string& out);
   Value lookup(const Node& n, Scope& scope);
   Value get_attr(const Value& obj, std::string_view name) {
     return get_attr(obj, name, method_mask(name));
@@ -671,22 +686,62 @@ class Interp {
   Value binop(BinOp op, const Value& a, const Value& b);
   bool compare(CmpOp op, const Value& a, const Value& b);
   bool contains(const Value& container, const Value& item);
-  Value call(const Node& n, Scope& scope);
-  Value call_value(const Value& fn, Args& args);
-  Value call_method(const Value& self, std::string_view name, Args& args);
-  Value call_macro(const CallableCell& c, Args& args);
-  Value apply_filter(const Node& n, Value v, Scope& scope);
-  bool apply_test(const Node& n, const Value& v, Scope& scope);
+  // Stack: eval and exec recurse once per level of the syntax tree, so they keep their frames
+  // small (ASan's build pads every local); the cases that need locals are functions of their own
+  // (noinline), on the stack only at their own level. Filters, tests and methods get their
+  // arguments evaluated, so their frames, the largest, are never there while nested expressions
+  // evaluate.
+  [[gnu::noinline]] Value eval_item(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_slice(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_filter(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_test(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_unary(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_binary(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_compare(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_list(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value eval_dict(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value call(const Node& n, Scope& scope);
+  [[gnu::noinline]] Value call_value(const Value& fn, Args& args);
+  [[gnu::noinline]] Value call_builtin(const CallableCell& c, Args& args);
+  [[gnu::noinline]] Value call_method(const Value& self, std::string_view name, Args& args);
+  [[gnu::noinline]] Value call_macro(const CallableCell& c, Args& args);
+  [[gnu::noinline]] Value run_filter(const Node& n, Value v, const Args& args);
+  [[gnu::noinline]] bool run_test(int id, const Value& v, const std::vector<Value>& args);
   Args eval_args(const Node& n, Scope& scope);
   void assign(const Node& target, Value v, Scope& scope);
-  Control exec_for(const Node& n, Scope& scope, std::string& out);
-  Value map_item(const Value& item, const std::string& filter, const Args& rest);
+  [[gnu::noinline]] Control exec_for(const Node& n, Scope& scope, std::string& out);
+  [[gnu::noinline]] Control exec_block(const Node& n, Scope& scope, std::string& out);
+  Value map_item(const Value& item, const std::string& filter_name, const Args& rest);
   bool run_test_by_name(std::string_view name, const Value& v, const std::vector<Value>& args);
 
   const Template::Impl& t_;
   uint32_t sym_range_, sym_namespace_, sym_dict_, sym_raise_, sym_strftime_;
   int depth_ = 0;
+  int eval_depth_ = 0;  // exec and eval calls in progress
+  uint64_t steps_ = 0;  // exec and eval calls made
+  uint64_t step_limit_ = render_step_limit != 0 ? render_step_limit : UINT64_MAX;
   std::vector<Value> namespaces_;  // made by this render
+
+  // Counts one level of evaluation while it lasts, and one step.
+  class Nested {
+   public:
+    explicit Nested(Interp& in) : depth_(in.eval_depth_) {
+      if (++depth_ > kMaxEvalDepth || ++in.steps_ > in.step_limit_) [[unlikely]] {
+        --depth_;
+        if (depth_ >= kMaxEvalDepth) {
+          raise("template nested too deeply (more than " + std::to_string(kMaxEvalDepth) +
+                " levels of evaluation)");
+        }
+        raise("template ran too long (more than " + std::to_string(in.step_limit_) + " steps)");
+      }
+    }
+    ~Nested() { --depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    int& depth_;
+  };
 };
 
 Value builtin(Builtin b) {
@@ -1055,6 +1110,10 @@ Value Interp::call_value(const Value& fn, Args& args) {
     case CallableCell::Kind::kBuiltin:
       break;
   }
+  return call_builtin(c, args);
+}
+
+Value Interp::call_builtin(const CallableCell& c, Args& args) {
   switch (c.builtin) {
     case Builtin::kRange: {
       if (args.pos.empty() || args.pos.size() > 3) raise("range expected 1 to 3 arguments");
@@ -1480,6 +1539,7 @@ void flatten_chain(const Node& n, BinOp op, std::vector<const Node*>& out) {
 }
 
 Value Interp::eval(const Node& n, Scope& scope) {
+  Nested nested(*this);
   switch (n.kind) {
     case NodeKind::kConst:
       return n.value;
@@ -1487,113 +1547,31 @@ Value Interp::eval(const Node& n, Scope& scope) {
       return lookup(n, scope);
     case NodeKind::kAttr:
       return get_attr(eval(*n.x, scope), n.name, n.id);
-    case NodeKind::kItem: {
-      Value obj = eval(*n.x, scope);
-      return get_item(obj, eval(*n.y, scope));
-    }
-    case NodeKind::kSlice: {
-      Value obj = eval(*n.x, scope);
-      Value parts[3];
-      for (size_t i = 0; i < 3; ++i) {
-        if (n.a[i]) parts[i] = eval(*n.a[i], scope);
-      }
-      if (obj.is_undefined()) raise_undefined(obj);
-      if (obj.is_array()) {
-        const auto& items = obj.arr().items;
-        auto idx =
-            slice_indices(static_cast<int64_t>(items.size()), &parts[0], &parts[1], &parts[2]);
-        std::vector<Value> out;
-        out.reserve(idx.size());
-        for (int64_t i : idx) out.push_back(items[static_cast<size_t>(i)]);
-        return Value::array(std::move(out), obj.is_tuple());
-      }
-      if (obj.is_string()) {
-        const std::string& s = obj.str();
-        std::string out;
-        if (is_ascii(s)) {
-          for (int64_t i :
-               slice_indices(static_cast<int64_t>(s.size()), &parts[0], &parts[1], &parts[2])) {
-            out.push_back(s[static_cast<size_t>(i)]);
-          }
-        } else {
-          auto cps = code_points(s);
-          for (int64_t i :
-               slice_indices(static_cast<int64_t>(cps.size()), &parts[0], &parts[1], &parts[2])) {
-            out.append(cps[static_cast<size_t>(i)]);
-          }
-        }
-        return Value(std::move(out));
-      }
-      raise(std::string("'") + type_name(obj) + "' object is not subscriptable");
-    }
+    case NodeKind::kItem:
+      return eval_item(n, scope);
+    case NodeKind::kSlice:
+      return eval_slice(n, scope);
     case NodeKind::kCall:
       return call(n, scope);
     case NodeKind::kFilter:
-      return apply_filter(n, n.x ? eval(*n.x, scope) : Value(), scope);
+      return eval_filter(n, scope);
     case NodeKind::kTest:
-      if ((n.id == tDefined || n.id == tUndefined) && n.x->kind == NodeKind::kAttr) {
-        bool has = has_attr(eval(*n.x->x, scope), n.x->name, n.x->id);
-        return Value((n.id == tDefined ? has : !has) != n.flag);
-      }
-      return Value(apply_test(n, eval(*n.x, scope), scope) != n.flag);
+      return eval_test(n, scope);
     case NodeKind::kNot:
       return Value(!eval(*n.x, scope).truthy());
     case NodeKind::kNeg:
-    case NodeKind::kPos: {
-      Value v = eval(*n.x, scope);
-      if (v.is_undefined()) raise_undefined(v);
-      bool neg = n.kind == NodeKind::kNeg;
-      if (is_int_like(v)) return Value(neg ? -int_of(v) : int_of(v));
-      if (v.is_float()) return Value(neg ? -v.as_float() : v.as_float());
-      raise(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + type_name(v) +
-            "'");
-    }
-    case NodeKind::kBinary: {
-      auto op = static_cast<BinOp>(n.op);
-      if (op == BinOp::kAdd || op == BinOp::kConcat) {
-        // Chains of string concatenation build their result once.
-        std::vector<const Node*> parts;
-        flatten_chain(n, op, parts);
-        if (parts.size() > 2) {
-          std::vector<Value> vals;
-          vals.reserve(parts.size());
-          bool all_strings = true;
-          for (const Node* p : parts) {
-            vals.push_back(eval(*p, scope));
-            all_strings = all_strings && vals.back().is_string();
-          }
-          if (all_strings || op == BinOp::kConcat) {
-            std::string out;
-            for (const auto& v : vals) append_str(v, out);
-            return Value(std::move(out));
-          }
-          Value acc = vals[0];
-          for (size_t i = 1; i < vals.size(); ++i) acc = binop(op, acc, vals[i]);
-          return acc;
-        }
-      }
-      Value a = eval(*n.x, scope);
-      return binop(op, a, eval(*n.y, scope));
-    }
-    case NodeKind::kAnd: {
-      Value a = eval(*n.x, scope);
-      if (!a.truthy()) return a;
-      return eval(*n.y, scope);
-    }
+    case NodeKind::kPos:
+      return eval_unary(n, scope);
+    case NodeKind::kBinary:
+      return eval_binary(n, scope);
+    case NodeKind::kAnd:
     case NodeKind::kOr: {
       Value a = eval(*n.x, scope);
-      if (a.truthy()) return a;
+      if (a.truthy() == (n.kind == NodeKind::kOr)) return a;
       return eval(*n.y, scope);
     }
-    case NodeKind::kCompare: {
-      Value left = eval(*n.x, scope);
-      for (size_t i = 0; i < n.cmp.size(); ++i) {
-        Value right = eval(*n.a[i], scope);
-        if (!compare(n.cmp[i], left, right)) return Value(false);
-        left = std::move(right);
-      }
-      return Value(true);
-    }
+    case NodeKind::kCompare:
+      return eval_compare(n, scope);
     case NodeKind::kCondExpr: {
       if (eval(*n.x, scope).truthy()) return eval(*n.y, scope);
       if (n.z) return eval(*n.z, scope);
@@ -1602,24 +1580,136 @@ Value Interp::eval(const Node& n, Scope& scope) {
           "section was defined");
     }
     case NodeKind::kList:
-    case NodeKind::kTuple: {
-      std::vector<Value> items;
-      items.reserve(n.a.size());
-      for (const auto& x : n.a) items.push_back(eval(*x, scope));
-      return Value::array(std::move(items), n.kind == NodeKind::kTuple);
-    }
-    case NodeKind::kDict: {
-      Value d = Value::object();
-      for (size_t i = 0; i < n.a.size(); ++i) {
-        Value k = eval(*n.a[i], scope);
-        if (!k.is_string()) raise("dict literal keys must be strings here");
-        d.obj_mut().set(k.str(), eval(*n.b[i], scope));
-      }
-      return d;
-    }
+    case NodeKind::kTuple:
+      return eval_list(n, scope);
+    case NodeKind::kDict:
+      return eval_dict(n, scope);
     default:
       raise("statement used as an expression");
   }
+}
+
+Value Interp::eval_item(const Node& n, Scope& scope) {
+  Value obj = eval(*n.x, scope);
+  return get_item(obj, eval(*n.y, scope));
+}
+
+Value Interp::eval_slice(const Node& n, Scope& scope) {
+  Value obj = eval(*n.x, scope);
+  Value parts[3];
+  for (size_t i = 0; i < 3; ++i) {
+    if (n.a[i]) parts[i] = eval(*n.a[i], scope);
+  }
+  if (obj.is_undefined()) raise_undefined(obj);
+  if (obj.is_array()) {
+    const auto& items = obj.arr().items;
+    auto idx = slice_indices(static_cast<int64_t>(items.size()), &parts[0], &parts[1], &parts[2]);
+    std::vector<Value> out;
+    out.reserve(idx.size());
+    for (int64_t i : idx) out.push_back(items[static_cast<size_t>(i)]);
+    return Value::array(std::move(out), obj.is_tuple());
+  }
+  if (obj.is_string()) {
+    const std::string& s = obj.str();
+    std::string out;
+    if (is_ascii(s)) {
+      for (int64_t i :
+           slice_indices(static_cast<int64_t>(s.size()), &parts[0], &parts[1], &parts[2])) {
+        out.push_back(s[static_cast<size_t>(i)]);
+      }
+    } else {
+      auto cps = code_points(s);
+      for (int64_t i :
+           slice_indices(static_cast<int64_t>(cps.size()), &parts[0], &parts[1], &parts[2])) {
+        out.append(cps[static_cast<size_t>(i)]);
+      }
+    }
+    return Value(std::move(out));
+  }
+  raise(std::string("'") + type_name(obj) + "' object is not subscriptable");
+}
+
+Value Interp::eval_filter(const Node& n, Scope& scope) {
+  Value v = n.x ? eval(*n.x, scope) : Value();
+  Args args = eval_args(n, scope);
+  return run_filter(n, std::move(v), args);
+}
+
+Value Interp::eval_test(const Node& n, Scope& scope) {
+  if ((n.id == tDefined || n.id == tUndefined) && n.x->kind == NodeKind::kAttr) {
+    bool has = has_attr(eval(*n.x->x, scope), n.x->name, n.x->id);
+    return Value((n.id == tDefined ? has : !has) != n.flag);
+  }
+  Value v = eval(*n.x, scope);
+  std::vector<Value> args;
+  args.reserve(n.a.size());
+  for (const auto& a : n.a) args.push_back(eval(*a, scope));
+  return Value(run_test(n.id, v, args) != n.flag);
+}
+
+Value Interp::eval_unary(const Node& n, Scope& scope) {
+  Value v = eval(*n.x, scope);
+  if (v.is_undefined()) raise_undefined(v);
+  bool neg = n.kind == NodeKind::kNeg;
+  if (is_int_like(v)) return Value(neg ? -int_of(v) : int_of(v));
+  if (v.is_float()) return Value(neg ? -v.as_float() : v.as_float());
+  raise(std::string("bad operand type for unary ") + (neg ? "-" : "+") + ": '" + type_name(v) +
+        "'");
+}
+
+Value Interp::eval_binary(const Node& n, Scope& scope) {
+  auto op = static_cast<BinOp>(n.op);
+  if (op == BinOp::kAdd || op == BinOp::kConcat) {
+    // Chains of string concatenation build their result once.
+    std::vector<const Node*> parts;
+    flatten_chain(n, op, parts);
+    if (parts.size() > 2) {
+      std::vector<Value> vals;
+      vals.reserve(parts.size());
+      bool all_strings = true;
+      for (const Node* p : parts) {
+        vals.push_back(eval(*p, scope));
+        all_strings = all_strings && vals.back().is_string();
+      }
+      if (all_strings || op == BinOp::kConcat) {
+        std::string out;
+        for (const auto& v : vals) append_str(v, out);
+        return Value(std::move(out));
+      }
+      Value acc = vals[0];
+      for (size_t i = 1; i < vals.size(); ++i) acc = binop(op, acc, vals[i]);
+      return acc;
+    }
+  }
+  Value a = eval(*n.x, scope);
+  return binop(op, a, eval(*n.y, scope));
+}
+
+Value Interp::eval_compare(const Node& n, Scope& scope) {
+  Value left = eval(*n.x, scope);
+  for (size_t i = 0; i < n.cmp.size(); ++i) {
+    Value right = eval(*n.a[i], scope);
+    if (!compare(n.cmp[i], left, right)) return Value(false);
+    left = std::move(right);
+  }
+  return Value(true);
+}
+
+Value Interp::eval_list(const Node& n, Scope& scope) {
+  std::vector<Value> items;
+  items.reserve(n.a.size());
+  for (const auto& x : n.a) items.push_back(eval(*x, scope));
+  return Value::array(std::move(items), n.kind == NodeKind::kTuple);
+}
+
+Value Interp::eval_dict(const Node& n, Scope& scope) {
+  Value d = Value::object();
+  for (size_t i = 0; i < n.a.size(); ++i) {
+    Value k = eval(*n.a[i], scope);
+    if (!k.is_string()) raise("dict literal keys must be strings here");
+    d.obj_mut().set(k.str(), eval(*n.b[i], scope));
+  }
+  return d;
 }
 
 // {{ expr }}: strings and concatenation chains go straight to the output.
@@ -1720,8 +1810,10 @@ Control Interp::exec_for(const Node& n, Scope& scope, std::string& out) {
 }
 
 Control Interp::exec(const NodeList& stmts, Scope& scope, std::string& out) {
+  Nested nested(*this);
   for (const auto& sp : stmts) {
     const Node& n = *sp;
+    Control c = Control::kNone;
     switch (n.kind) {
       case NodeKind::kText:
         out.append(n.value.str());
@@ -1729,82 +1821,79 @@ Control Interp::exec(const NodeList& stmts, Scope& scope, std::string& out) {
       case NodeKind::kOutput:
         emit(*n.x, scope, out);
         break;
-      case NodeKind::kIf: {
-        const NodeList& branch = eval(*n.x, scope).truthy() ? n.a : n.b;
-        Control c = exec(branch, scope, out);
-        if (c != Control::kNone) return c;
+      case NodeKind::kIf:
+        c = exec(eval(*n.x, scope).truthy() ? n.a : n.b, scope, out);
         break;
-      }
       case NodeKind::kFor:
         exec_for(n, scope, out);
         break;
       case NodeKind::kSet:
         assign(*n.x, eval(*n.y, scope), scope);
         break;
-      case NodeKind::kSetBlock: {
-        std::string body;
-        exec(n.a, scope, body);
-        Value v(std::move(body));
-        if (n.y) {
-          // Filters of a block set apply to the rendered body: rebuild the chain on it.
-          std::vector<const Node*> chain;
-          for (const Node* f = n.y.get(); f != nullptr; f = f->x.get()) chain.push_back(f);
-          for (size_t i = chain.size(); i-- > 0;) v = apply_filter(*chain[i], std::move(v), scope);
-        }
-        assign(*n.x, std::move(v), scope);
-        break;
-      }
-      case NodeKind::kMacro: {
-        auto* c = new CallableCell();
-        c->kind = CallableCell::Kind::kMacro;
-        c->macro = &n;
-        c->closure = &scope;
-        scope.set(n.sym, make_callable(c));
-        break;
-      }
       case NodeKind::kBreak:
         return Control::kBreak;
       case NodeKind::kContinue:
         return Control::kContinue;
-      case NodeKind::kFilterBlock: {
-        std::string body;
-        exec(n.a, scope, body);
-        Value v(std::move(body));
-        std::vector<const Node*> chain;
-        for (const Node* f = n.x.get(); f != nullptr; f = f->x.get()) chain.push_back(f);
-        for (size_t i = chain.size(); i-- > 0;) v = apply_filter(*chain[i], std::move(v), scope);
-        append_str(v, out);
-        break;
-      }
-      case NodeKind::kWith: {
-        Scope inner;
-        inner.parent = &scope;
-        for (const auto& s : n.b) assign(*s->x, eval(*s->y, scope), inner);
-        Control c = exec(n.a, inner, out);
-        if (c != Control::kNone) return c;
-        break;
-      }
       default:
-        raise("expression used as a statement");
+        c = exec_block(n, scope, out);
     }
+    if (c != Control::kNone) return c;
   }
   return Control::kNone;
+}
+
+// The statements with bodies or locals of their own: set blocks, macros, filter blocks, with.
+Control Interp::exec_block(const Node& n, Scope& scope, std::string& out) {
+  // Filters of a block apply to its rendered body: the chain rebuilt on it.
+  auto filter_body = [&](const Node* last, std::string body) {
+    Value v(std::move(body));
+    std::vector<const Node*> chain;
+    for (const Node* f = last; f != nullptr; f = f->x.get()) chain.push_back(f);
+    for (size_t i = chain.size(); i-- > 0;) {
+      Args args = eval_args(*chain[i], scope);
+      v = run_filter(*chain[i], std::move(v), args);
+    }
+    return v;
+  };
+  switch (n.kind) {
+    case NodeKind::kSetBlock: {
+      std::string body;
+      exec(n.a, scope, body);
+      assign(*n.x, filter_body(n.y.get(), std::move(body)), scope);
+      return Control::kNone;
+    }
+    case NodeKind::kMacro: {
+      auto* c = new CallableCell();
+      c->kind = CallableCell::Kind::kMacro;
+      c->macro = &n;
+      c->closure = &scope;
+      scope.set(n.sym, make_callable(c));
+      return Control::kNone;
+    }
+    case NodeKind::kFilterBlock: {
+      std::string body;
+      exec(n.a, scope, body);
+      append_str(filter_body(n.x.get(), std::move(body)), out);
+      return Control::kNone;
+    }
+    case NodeKind::kWith: {
+      Scope inner;
+      inner.parent = &scope;
+      for (const auto& s : n.b) assign(*s->x, eval(*s->y, scope), inner);
+      return exec(n.a, inner, out);
+    }
+    default:
+      raise("expression used as a statement");
+  }
 }
 
 // ---- filters ----
 
 bool Interp::run_test_by_name(std::string_view name, const Value& v,
                               const std::vector<Value>& args) {
-  Node fake(NodeKind::kTest);
-  fake.id = find_name(kTestNames, name);
-  if (fake.id < 0) raise("no test named '" + std::string(name) + "'");
-  Scope empty;
-  for (const auto& a : args) {
-    auto c = std::make_unique<Node>(NodeKind::kConst);
-    c->value = a;
-    fake.a.push_back(std::move(c));
-  }
-  return apply_test(fake, v, empty);
+  int id = find_name(kTestNames, name);
+  if (id < 0) raise("no test named '" + std::string(name) + "'");
+  return run_test(id, v, args);
 }
 
 // Dotted attribute path ("a.b.0") as jinja2's make_attrgetter.
@@ -1828,24 +1917,13 @@ Value attr_path(const Value& item, const std::string& path,
   return cur;
 }
 
-Value Interp::map_item(const Value& item, const std::string& filter, const Args& rest) {
-  int id = find_name(kFilterNames, filter);
-  if (id < 0) raise("no filter named '" + filter + "'");
+Value Interp::map_item(const Value& item, const std::string& filter_name, const Args& rest) {
+  int id = find_name(kFilterNames, filter_name);
+  if (id < 0) raise("no filter named '" + filter_name + "'");
   Node fake(NodeKind::kFilter);
   fake.id = id;
-  fake.name = filter;
-  for (const auto& a : rest.pos) {
-    auto c = std::make_unique<Node>(NodeKind::kConst);
-    c->value = a;
-    fake.a.push_back(std::move(c));
-  }
-  for (const auto& [k, v] : rest.kw) {
-    auto c = std::make_unique<Node>(NodeKind::kConst);
-    c->value = v;
-    fake.kwargs.emplace_back(k, std::move(c));
-  }
-  Scope empty;
-  return apply_filter(fake, item, empty);
+  fake.name = filter_name;
+  return run_filter(fake, item, rest);
 }
 
 int sort_cmp(const Value& a, const Value& b, bool case_sensitive) {
@@ -1857,8 +1935,7 @@ int sort_cmp(const Value& a, const Value& b, bool case_sensitive) {
   return py_cmp(a, b, "<");
 }
 
-Value Interp::apply_filter(const Node& n, Value v, Scope& scope) {
-  Args args = eval_args(n, scope);
+Value Interp::run_filter(const Node& n, Value v, const Args& args) {
   auto getitem = [this](const Value& o, const Value& k) { return get_item(o, k); };
   auto str_or_empty = [](const Value& x) { return x.is_undefined() ? std::string() : to_str(x); };
   switch (static_cast<Filter>(n.id)) {
@@ -2257,15 +2334,13 @@ Value Interp::apply_filter(const Node& n, Value v, Scope& scope) {
 
 // ---- tests ----
 
-bool Interp::apply_test(const Node& n, const Value& v, Scope& scope) {
-  std::vector<Value> args;
-  for (const auto& a : n.a) args.push_back(eval(*a, scope));
+bool Interp::run_test(int id, const Value& v, const std::vector<Value>& args) {
   auto arg0 = [&]() -> const Value& {
     if (args.empty())
-      raise("test '" + std::string(kTestNames[static_cast<size_t>(n.id)]) + "' needs an argument");
+      raise("test '" + std::string(kTestNames[static_cast<size_t>(id)]) + "' needs an argument");
     return args[0];
   };
-  switch (static_cast<Test>(n.id)) {
+  switch (static_cast<Test>(id)) {
     case tDefined:
       return !v.is_undefined();
     case tUndefined:
@@ -2304,7 +2379,7 @@ bool Interp::apply_test(const Node& n, const Value& v, Scope& scope) {
     case tEven: {
       if (!is_int_like(v)) raise("odd/even tests need an integer");
       bool odd = (int_of(v) % 2) != 0;
-      return n.id == tOdd ? odd : !odd;
+      return id == tOdd ? odd : !odd;
     }
     case tDivisibleby: {
       const Value& d = arg0();
@@ -2350,6 +2425,10 @@ bool Interp::apply_test(const Node& n, const Value& v, Scope& scope) {
 }
 
 }  // namespace
+
+void set_render_step_limit(uint64_t steps) {
+  render_step_limit = steps;
+}
 
 bool Template::render(const std::vector<std::pair<std::string, Value>>& variables, std::string& out,
                       std::string& error) const {

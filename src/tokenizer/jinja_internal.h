@@ -76,12 +76,17 @@ struct Node {
   std::vector<Param> params;  // kMacro
   explicit Node(NodeKind k, uint32_t l = 0) : kind(k), line(l) {}
   bool owns_value = false;  // kConst/kText made by the parser: `value` is its immortal constant
-  ~Node() {
-    if (owns_value) value.free_immortal();
-  }
+  // Frees the subtree without recursing (the parser may build a deep one before rejecting it).
+  ~Node();
+  // Moves every child of this node to the end of `out`.
+  void take_children(std::vector<NodePtr>& out);
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 };
+
+// Deepest syntax tree a template may have, counting statements in statements and operands of
+// operands (jinja_parse.cc: a deeper one fails to load). The interpreter recurses per level.
+inline constexpr int kMaxSyntaxDepth = 256;
 
 // Filter, test and method names the interpreter implements (ids index these tables).
 const std::vector<std::string_view>& filter_names();

@@ -584,6 +584,7 @@ class Parser {
     parse_body(n->a, {"elif", "else", "endif"});
     ++pos_;  // {%
     if (is_name("elif")) {
+      DepthGuard guard(*this);  // an elif is an if inside the else branch
       n->b.push_back(parse_if());
       return n;
     }
@@ -1184,6 +1185,71 @@ class Parser {
 
 }  // namespace
 
+void Node::take_children(std::vector<NodePtr>& out) {
+  for (NodePtr* p : {&x, &y, &z}) {
+    if (*p) out.push_back(std::move(*p));
+  }
+  for (NodeList* list : {&a, &b}) {
+    for (auto& n : *list) {
+      if (n) out.push_back(std::move(n));
+    }
+    list->clear();
+  }
+  for (auto& kv : kwargs) {
+    if (kv.second) out.push_back(std::move(kv.second));
+  }
+  kwargs.clear();
+  for (auto& p : params) {
+    if (p.dflt) out.push_back(std::move(p.dflt));
+  }
+}
+
+Node::~Node() {
+  if (owns_value) value.free_immortal();
+  std::vector<NodePtr> pending;
+  take_children(pending);
+  while (!pending.empty()) {
+    NodePtr n = std::move(pending.back());
+    pending.pop_back();
+    n->take_children(pending);
+  }  // each node is freed here, with no children left to free recursively
+}
+
+namespace {
+
+// Fails when the tree is deeper than kMaxSyntaxDepth. The parser's recursion is bounded on its
+// own (DepthGuard), but chains it builds in a loop are not: `a + b + c ...`, `x.a.b ...`,
+// `x | f | g ...` nest one node per operator.
+void check_depth(const NodeList& body) {
+  std::vector<std::pair<const Node*, int>> stack;
+  for (const auto& n : body) stack.emplace_back(n.get(), 1);
+  while (!stack.empty()) {
+    auto [n, depth] = stack.back();
+    stack.pop_back();
+    if (depth > kMaxSyntaxDepth) {
+      throw ParseError{"line " + std::to_string(n->line) +
+                       ": expression or block nested too deeply (more than " +
+                       std::to_string(kMaxSyntaxDepth) + " levels)"};
+    }
+    for (const Node* c : {n->x.get(), n->y.get(), n->z.get()}) {
+      if (c) stack.emplace_back(c, depth + 1);
+    }
+    for (const NodeList* list : {&n->a, &n->b}) {
+      for (const auto& c : *list) {
+        if (c) stack.emplace_back(c.get(), depth + 1);
+      }
+    }
+    for (const auto& kv : n->kwargs) {
+      if (kv.second) stack.emplace_back(kv.second.get(), depth + 1);
+    }
+    for (const auto& p : n->params) {
+      if (p.dflt) stack.emplace_back(p.dflt.get(), depth + 1);
+    }
+  }
+}
+
+}  // namespace
+
 int find_name(const std::vector<std::string_view>& names, std::string_view name) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == name) return static_cast<int>(i);
@@ -1202,6 +1268,7 @@ std::unique_ptr<Template> Template::parse(std::string_view source, std::string& 
     Lexer lexer(source);
     Parser parser(lexer.run(), *impl);
     parser.run();
+    check_depth(impl->body);
   } catch (const ParseError& e) {
     error = "chat template: " + e.message;
     return nullptr;

@@ -52,6 +52,34 @@ Value Value::make_namespace() {
   return Value(Type::kObject, o);
 }
 
+namespace {
+
+// While a cell is being freed, the cells its values release to zero wait here instead of being
+// freed from inside its destructor, which would recurse once per level of nesting.
+thread_local std::vector<HeapCell*>* cells_to_free = nullptr;
+
+}  // namespace
+
+void Value::free_cell(Type type, HeapCell* cell) noexcept {
+  if (type == Type::kString || type == Type::kUndefined) {  // these hold no values
+    delete cell;
+    return;
+  }
+  if (cells_to_free != nullptr) {
+    cells_to_free->push_back(cell);
+    return;
+  }
+  std::vector<HeapCell*> pending;
+  cells_to_free = &pending;
+  delete cell;
+  while (!pending.empty()) {
+    HeapCell* next = pending.back();
+    pending.pop_back();
+    delete next;
+  }
+  cells_to_free = nullptr;
+}
+
 bool Value::is_tuple() const {
   return is_array() && arr().tuple;
 }
@@ -129,6 +157,9 @@ bool Value::truthy() const {
 }
 
 // ---- JSON in ----
+
+// Whatever simdjson parses, printing and tojson can walk.
+static_assert(kMaxValueDepth >= static_cast<int>(simdjson::DEFAULT_MAX_DEPTH));
 
 namespace {
 
@@ -366,19 +397,25 @@ void append_str_repr(const std::string& s, std::string& out) {
   out.push_back(quote);
 }
 
-void append_repr(const Value& v, std::string& out);
+void append_repr(const Value& v, std::string& out, int depth);
+void append_str_at(const Value& v, std::string& out, int depth);
 
 // Namespaces being printed on this thread. They are the only values that can hold themselves
 // (templates mutate nothing else); like Python's repr, one met again inside itself prints {...}.
 thread_local std::vector<const Object*> printing_namespaces;
 
-void append_container(const Value& v, std::string& out) {
+// `depth`: how many containers hold v.
+void append_container(const Value& v, std::string& out, int depth) {
+  if (depth >= kMaxValueDepth) {
+    throw RenderError{"value nested too deeply to print (more than " +
+                      std::to_string(kMaxValueDepth) + " levels)"};
+  }
   if (v.is_array()) {
     const auto& items = v.arr().items;
     out.push_back(v.is_tuple() ? '(' : '[');
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out.append(", ");
-      append_repr(items[i], out);
+      append_repr(items[i], out, depth + 1);
     }
     if (v.is_tuple() && items.size() == 1) out.push_back(',');
     out.push_back(v.is_tuple() ? ')' : ']');
@@ -406,25 +443,23 @@ void append_container(const Value& v, std::string& out) {
     if (i) out.append(", ");
     append_str_repr(items[i].first, out);
     out.append(": ");
-    append_repr(items[i].second, out);
+    append_repr(items[i].second, out, depth + 1);
   }
   out.push_back('}');
   if (v.is_namespace()) out.push_back('>');
 }
 
-void append_repr(const Value& v, std::string& out) {
+void append_repr(const Value& v, std::string& out, int depth) {
   if (v.is_string()) {
     append_str_repr(v.str(), out);
   } else if (v.is_undefined()) {
     out.append("Undefined");
   } else {
-    append_str(v, out);
+    append_str_at(v, out, depth);
   }
 }
 
-}  // namespace
-
-void append_str(const Value& v, std::string& out) {
+void append_str_at(const Value& v, std::string& out, int depth) {
   switch (v.type()) {
     case Value::Type::kUndefined:
       return;
@@ -448,7 +483,7 @@ void append_str(const Value& v, std::string& out) {
       return;
     case Value::Type::kArray:
     case Value::Type::kObject:
-      append_container(v, out);
+      append_container(v, out, depth);
       return;
     case Value::Type::kCallable:
       out.append("<function>");
@@ -459,6 +494,12 @@ void append_str(const Value& v, std::string& out) {
   }
 }
 
+}  // namespace
+
+void append_str(const Value& v, std::string& out) {
+  append_str_at(v, out, 0);
+}
+
 std::string to_str(const Value& v) {
   std::string s;
   append_str(v, s);
@@ -466,7 +507,7 @@ std::string to_str(const Value& v) {
 }
 
 void append_repr_of(const Value& v, std::string& out) {
-  append_repr(v, out);
+  append_repr(v, out, 0);
 }
 
 // ---- JSON out (Python's json.dumps) ----
@@ -532,18 +573,39 @@ void json_string(std::string_view s, bool ensure_ascii, std::string& out) {
   out.push_back('"');
 }
 
-bool json_value(const Value& v, const JsonOptions& o, int depth, std::string& out,
-                std::string& error) {
-  bool indent = o.indent >= 0 || !o.indent_text.empty();
-  std::string unit = o.indent_text.empty() && o.indent >= 0
-                         ? std::string(static_cast<size_t>(o.indent), ' ')
-                         : o.indent_text;
-  std::string item_sep = o.custom_separators ? o.item_separator : (indent ? "," : ", ");
-  std::string key_sep = o.custom_separators ? o.key_separator : ": ";
-  auto newline = [&](int d) {
+// One json.dumps call: the options' strings, worked out once.
+struct JsonWriter {
+  JsonWriter(const JsonOptions& o, std::string& out, std::string& error)
+      : o(o),
+        indent(o.indent >= 0 || !o.indent_text.empty()),
+        unit(o.indent_text.empty() && o.indent >= 0
+                 ? std::string(static_cast<size_t>(o.indent), ' ')
+                 : o.indent_text),
+        item_sep(o.custom_separators ? o.item_separator : (indent ? "," : ", ")),
+        key_sep(o.custom_separators ? o.key_separator : ": "),
+        out(out),
+        error(error) {}
+
+  void newline(int d) {
     out.push_back('\n');
     for (int k = 0; k < d; ++k) out.append(unit);
-  };
+  }
+  // `depth`: how many containers hold v.
+  bool value(const Value& v, int depth);
+
+  const JsonOptions& o;
+  bool indent;
+  std::string unit, item_sep, key_sep;
+  std::string& out;
+  std::string& error;
+};
+
+bool JsonWriter::value(const Value& v, int depth) {
+  if ((v.is_array() || v.is_object()) && depth >= kMaxValueDepth) {
+    error = "value nested too deeply for JSON (more than " + std::to_string(kMaxValueDepth) +
+            " levels)";
+    return false;
+  }
   switch (v.type()) {
     case Value::Type::kNone:
       out.append("null");
@@ -578,7 +640,7 @@ bool json_value(const Value& v, const JsonOptions& o, int depth, std::string& ou
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out.append(item_sep);
         if (indent) newline(depth + 1);
-        if (!json_value(items[i], o, depth + 1, out, error)) return false;
+        if (!value(items[i], depth + 1)) return false;
       }
       if (indent) newline(depth);
       out.push_back(']');
@@ -606,7 +668,7 @@ bool json_value(const Value& v, const JsonOptions& o, int depth, std::string& ou
         if (indent) newline(depth + 1);
         json_string(items[order[k]].first, o.ensure_ascii, out);
         out.append(key_sep);
-        if (!json_value(items[order[k]].second, o, depth + 1, out, error)) return false;
+        if (!value(items[order[k]].second, depth + 1)) return false;
       }
       if (indent) newline(depth);
       out.push_back('}');
@@ -626,7 +688,8 @@ bool json_value(const Value& v, const JsonOptions& o, int depth, std::string& ou
 }  // namespace
 
 bool to_json(const Value& v, const JsonOptions& options, std::string& out, std::string& error) {
-  return json_value(v, options, 0, out, error);
+  JsonWriter writer(options, out, error);
+  return writer.value(v, 0);
 }
 
 }  // namespace kvgate::tokenizer::jinja

@@ -1,0 +1,109 @@
+// rules/rule: a rule is what an operator writes to get one pool of workers: which requests it
+// takes (models, listener port, path prefix), how it routes them (mode, sel and the policy's own
+// knobs, kv_exact, P/D) and its endpoints. Field names are the ones users of KV-exact gateways
+// know (mode, sel, kvEngineType, kvExactMode, kvBlockSize, kvZmqPort, kvDpRankCount, ...); one
+// table (rule_fields()) gives each its name, default, range and help, and drives parsing,
+// validation, the effective rule printed back, and docs/configuration.md.
+//
+// A rule arrives as a JSON object (admin API) or a YAML mapping (config file); both become a
+// RuleDoc (a small tree that remembers each value's line) and then a Rule. Validation reports
+// every error at once, each naming the field, the value and the fix.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gateway/config.h"
+
+namespace kvgate::rules {
+
+enum class Role { kNone, kPrefill, kDecode };
+std::string_view to_string(Role r);
+
+struct Endpoint {
+  std::string url;  // normalized (http::parse_url): scheme://host:port, no trailing slash
+  Role role = Role::kNone;
+  std::optional<int64_t> bootstrap_port;  // P/D prefill: SGLang's bootstrap port
+  std::optional<int64_t> kv_zmq_port;     // this endpoint's rank-0 event port (else the rule's)
+  int64_t weight = 1;
+};
+
+enum class EngineType { kVllm, kSglang, kTrtllm, kLlamacpp };
+std::string_view to_string(EngineType e);
+
+struct Rule {
+  std::string name;  // [A-Za-z0-9_.-], 1..64 chars; unique in the table
+  // Which requests it takes. Empty models: any model (the catch-all of its port/path).
+  std::vector<std::string> models;
+  int64_t port = 0;         // listener port the request came in on; 0: any
+  std::string path_prefix;  // "" : any path
+  // How it routes.
+  int64_t mode = 0;              // 0: plain proxy (bodies not read); 4: fullproxy, AI-aware
+  std::string sel = "round_robin";  // a policy name (registry); numbers 0 and 8 accepted on input
+  EngineType kv_engine_type = EngineType::kVllm;
+  int64_t kv_exact_mode = 0;  // 0 off, 3 single role-less pool, 1 P/D
+  int64_t kv_block_size = 16;
+  std::string kv_hash_algo;  // effective (engine-derived when not given)
+  int64_t kv_zmq_port = 5557;
+  int64_t kv_dp_rank_count = 1;
+  int64_t kv_warmup_sec = 30;
+  int64_t pd_bootstrap_port = 0;  // 0: 8998
+  std::string tokenizer_path;
+  // The policy's own knobs, defaulting to the gateway's command-line values: the routing group
+  // of the knob table, written in camelCase in a rule (cache-threshold -> cacheThreshold).
+  GatewayConfig policy_knobs;
+  std::vector<Endpoint> endpoints;
+
+  bool pd() const;  // endpoints carry prefill/decode roles
+};
+
+// One error of a rule: the field (a path: "endpoints[2].role"), the value as written, what is
+// wrong and how to fix it, and the line in the config file when it came from one (0 if not).
+struct FieldError {
+  std::string field;
+  std::string value;
+  std::string message;
+  int line = 0;
+};
+
+// A parsed JSON or YAML value that remembers where it was written.
+struct RuleDoc;
+
+// Builds a rule from a JSON object / a YAML node. `base` gives the policy knobs' defaults (the
+// command line). Returns nullopt with every error in `errors`.
+std::optional<Rule> rule_from_json(std::string_view json, const GatewayConfig& base,
+                                   std::vector<FieldError>& errors);
+
+// Checks one rule on its own (all errors appended; empty: valid).
+void validate(const Rule& rule, std::vector<FieldError>& errors);
+// Checks rules together: unique names, no model claimed twice on the same port/path, at most one
+// catch-all per port/path.
+void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors);
+// Whether `next` may replace `current` live (kvEngineType may not change: delete and recreate).
+void validate_update(const Rule& current, const Rule& next, std::vector<FieldError>& errors);
+
+// The effective rule as JSON, every field with its value (defaults included).
+std::string to_json(const Rule& rule);
+
+// The default rule made from --worker-urls and --policy (named "default", mode 4, any model).
+Rule rule_from_flags(const GatewayConfig& config);
+
+// The rule fields' table (name, default, range, help), for docs and print-config.
+struct FieldInfo {
+  std::string_view name;
+  std::string_view type;  // "int", "string", "list", ...
+  std::string default_text;
+  std::string range_text;
+  std::string_view help;
+};
+std::vector<FieldInfo> rule_fields(const GatewayConfig& base);
+
+// "field: value: message" lines, one per error (for logs and check-config).
+std::string format_errors(std::span<const FieldError> errors);
+
+}  // namespace kvgate::rules

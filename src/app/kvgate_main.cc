@@ -13,12 +13,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "gateway/config.h"
 #include "gateway/gateway.h"
+#include "gateway/pools.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "rules/rule.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/cli.h"
 #include "tokenizer/tokenizer.h"
@@ -168,95 +171,77 @@ int main(int argc, char** argv) {
   if (buckets.empty()) buckets = metrics::latency_buckets();
   GatewayMetrics gm(registry, buckets);
 
-  // Workers.
-  BreakerConfig breaker;
-  breaker.enabled = !cfg.disable_circuit_breaker;
-  breaker.failure_threshold = static_cast<uint32_t>(cfg.cb_failure_threshold);
-  breaker.success_threshold = static_cast<uint32_t>(cfg.cb_success_threshold);
-  breaker.open_timeout = std::chrono::seconds(cfg.cb_timeout_duration_secs);
+  // Event loops: one per request thread, each with its own RequestThread state; the control loop
+  // runs the pools' planes (health, policy upkeep), the metrics listener and signals.
+  auto control = std::make_unique<asio::io_context>(1);
+
+  // Pools: one per rule (--worker-urls and --policy make the rule "default").
+  std::atomic<uint64_t> next_worker_id{1};
   std::shared_ptr<const http::TlsClientContext> worker_tls;
-  WorkerRegistry workers;
-  auto set = std::make_shared<WorkerSet>();
-  uint64_t next_id = 1;
-  for (const auto& url : cfg.worker_urls) {
-    http::Target t;
-    http::parse_url(url, t);  // validated already
-    if (std::string e = http::resolve(t); !e.empty()) return fail("--worker-urls: " + e);
-    if (t.https) {
-      if (!worker_tls) {
-        std::string err;
-        worker_tls = http::TlsClientContext::create(
-            cfg.worker_ca_cert_path, cfg.worker_client_cert_path, cfg.worker_client_key_path, err);
-        if (!worker_tls) return fail(err);
-      }
-      t.tls = worker_tls;
+  std::map<std::string, std::weak_ptr<const TokenizerFiles>> tokenizers;
+  PoolEnv env;
+  env.config = &cfg;
+  env.breaker = breaker_config(cfg);
+  env.health = health_config(cfg);
+  env.metrics = &gm;
+  env.registry = &registry;
+  env.control = control.get();
+  env.next_worker_id = &next_worker_id;
+  env.worker_tls = [&](std::shared_ptr<const http::TlsClientContext>& out) -> std::string {
+    if (!worker_tls) {
+      std::string err;
+      worker_tls = http::TlsClientContext::create(
+          cfg.worker_ca_cert_path, cfg.worker_client_cert_path, cfg.worker_client_key_path, err);
+      if (!worker_tls) return err;
     }
-    auto w = std::make_shared<Worker>(next_id++, std::move(t), breaker);
-    WorkerMetrics wm;
-    wm.inflight = &gm.worker_active.with({w->url()});
-    wm.health = &gm.worker_health.with({w->url()});
-    wm.cb_state = &gm.worker_cb_state.with({w->url()});
-    wm.reported_load = &gm.worker_load.with({w->url()});
-    wm.requests = &gm.worker_requests.with({w->url()});
-    wm.failures = &gm.worker_failures.with({w->url()});
-    wm.selected = &gm.selections.with({cfg.policy, w->url()});
-    wm.load_poll_failures = &gm.worker_load_poll_failures.with({w->url()});
-    w->attach_metrics(wm);
-    log::info("worker").kv("worker_id", w->id()).kv("worker", w->url());
-    set->workers.push_back(std::move(w));
-  }
-  workers.publish(set);
-
-  // Policy.
-  PolicyConfig pc;
-  pc.name = cfg.policy;
-  pc.seed = static_cast<uint64_t>(cfg.policy_seed);
-  pc.cache_threshold = cfg.cache_threshold;
-  pc.balance_abs_threshold = cfg.balance_abs_threshold;
-  pc.balance_rel_threshold = cfg.balance_rel_threshold;
-  pc.eviction_interval_secs = cfg.eviction_interval;
-  pc.max_tree_size = cfg.max_tree_size;
-  pc.max_prefix_trees = cfg.max_prefix_trees;
-  pc.prefix_token_count = cfg.prefix_token_count;
-  pc.prefix_hash_load_factor = cfg.prefix_hash_load_factor;
-  pc.max_idle_secs = cfg.max_idle_secs;
-  pc.manual_assignment_mode = cfg.manual_assignment_mode;
-  pc.max_routing_keys = cfg.max_routing_keys;
-  pc.chwbl_key_chars = cfg.chwbl_key_chars;
-  pc.chwbl_load_factor = cfg.chwbl_load_factor;
-  pc.bucket_refit_secs = cfg.bucket_refit_secs;
-  pc.registry = &registry;
-  std::string err;
-  auto policy = make_policy(pc, err);
-  if (!policy) return fail("--policy: " + err);
-  policy->on_workers_changed(*set);
-  bool poll_load = policy->uses_reported_load();
-
-  // Tokenizer and chat template (--tokenizer-path, or --model-path as a local directory).
-  std::string tok_dir = cfg.tokenizer_path;
-  if (tok_dir.empty() && !cfg.model_path.empty() &&
-      std::filesystem::exists(std::filesystem::path(cfg.model_path) / "tokenizer.json")) {
-    tok_dir = cfg.model_path;
-  }
-  std::unique_ptr<tokenizer::Tokenizer> tok;
-  std::unique_ptr<tokenizer::ChatTemplate> chat_template;
-  if (!tok_dir.empty()) {
-    tok = tokenizer::Tokenizer::load(tok_dir, err);
-    if (!tok) {
-      return fail("--tokenizer-path " + tok_dir + ": " + err +
-                  " (point it at a directory holding the model's tokenizer.json)");
-    }
+    out = worker_tls;
+    return "";
+  };
+  env.tokenizer = [&](const std::string& dir,
+                      std::string& err) -> std::shared_ptr<const TokenizerFiles> {
+    if (auto held = tokenizers[dir].lock()) return held;
+    auto files = std::make_shared<TokenizerFiles>();
+    files->tokenizer = tokenizer::Tokenizer::load(dir, err);
+    if (!files->tokenizer) return nullptr;
     std::string template_err;
-    chat_template = tokenizer::ChatTemplate::load(tok_dir, template_err);
-    if (!chat_template) {
+    files->chat_template = tokenizer::ChatTemplate::load(dir, template_err);
+    if (!files->chat_template) {
       log::warn("no usable chat template; chat requests route on their messages' text")
-          .kv("dir", tok_dir)
+          .kv("dir", dir)
           .kv("why", template_err);
     }
-    log::info("tokenizer loaded").kv("dir", tok_dir).kv("chat_template", chat_template != nullptr);
+    log::info("tokenizer loaded")
+        .kv("dir", dir)
+        .kv("chat_template", files->chat_template != nullptr);
+    tokenizers[dir] = files;
+    return files;
+  };
+  // What the flags' rule needs is checked first, so its errors name the flags.
+  rules::Rule flag_rule = rules::rule_from_flags(cfg);
+  if (std::any_of(cfg.worker_urls.begin(), cfg.worker_urls.end(),
+                  [](const std::string& u) { return u.starts_with("https://"); })) {
+    std::shared_ptr<const http::TlsClientContext> tls;
+    if (std::string e = env.worker_tls(tls); !e.empty()) return fail(e);
   }
-  Gateway gateway(cfg, workers, std::move(policy), gm);
-  gateway.set_tokenizer(tok.get(), chat_template.get());
+  std::shared_ptr<const TokenizerFiles> flag_tokenizer;
+  if (!flag_rule.tokenizer_path.empty()) {
+    std::string err;
+    flag_tokenizer = env.tokenizer(flag_rule.tokenizer_path, err);
+    if (!flag_tokenizer) {
+      return fail("--tokenizer-path " + flag_rule.tokenizer_path + ": " + err +
+                  " (point it at a directory holding the model's tokenizer.json)");
+    }
+  }
+  PoolManager pools(env);
+  if (auto errors = pools.apply({flag_rule}); !errors.empty()) {
+    return fail(rules::format_errors(errors));
+  }
+  for (const auto& p : pools.table()->pools) {
+    for (const auto& w : p->workers()->workers) {
+      log::info("worker").kv("rule", p->name()).kv("worker_id", w->id()).kv("worker", w->url());
+    }
+  }
+  Gateway gateway(cfg, pools, gm);
   {
     auto& budget_gauge =
         registry.gauge("kvgate_retry_budget_in_use",
@@ -268,8 +253,6 @@ int main(int argc, char** argv) {
     });
   }
 
-  // Event loops: one per request thread, each with its own RequestThread state; the control loop
-  // runs the health plane, the metrics listener and signals.
   unsigned n = cfg.threads > 0 ? static_cast<unsigned>(cfg.threads)
                                : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::unique_ptr<RequestThread>> thread_states;
@@ -282,7 +265,6 @@ int main(int argc, char** argv) {
     contexts.push_back(std::make_unique<asio::io_context>(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO));
     ctx_ptrs.push_back(contexts.back().get());
   }
-  auto control = std::make_unique<asio::io_context>(1);
 
   http::ServerConfig sc;
   sc.host = cfg.host;
@@ -341,34 +323,9 @@ int main(int argc, char** argv) {
     registry.add_collector([&dropped] { dropped.with({}).mirror(log::dropped_lines()); });
   }
 
-  HealthConfig hc;
-  hc.interval = std::chrono::seconds(cfg.health_check_interval_secs);
-  hc.timeout = std::chrono::seconds(cfg.health_check_timeout_secs);
-  hc.endpoint = cfg.health_check_endpoint;
-  hc.failure_threshold = static_cast<uint32_t>(cfg.health_failure_threshold);
-  hc.success_threshold = static_cast<uint32_t>(cfg.health_success_threshold);
-  hc.poll_load = poll_load;
-  hc.load_interval = std::chrono::milliseconds(cfg.load_check_interval_ms);
-  auto health = std::make_unique<HealthPlane>(*control, workers, hc);
-
   server->start();
   metrics_server->start();
-  health->start();
-  // Policy upkeep (tree eviction, band refits, key expiry) on the control thread.
-  if (auto period = gateway.policy().period(); period.count() > 0) {
-    asio::co_spawn(
-        *control,
-        [&gateway, period, ctl = control.get()]() -> awaitable<void> {
-          asio::steady_timer t(*ctl);
-          for (;;) {
-            t.expires_after(period);
-            auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-            if (ec) co_return;
-            gateway.policy().on_period();
-          }
-        },
-        asio::detached);
-  }
+  pools.start();
 
   // Shutdown. First signal: stop accepting, close idle connections, answer in-flight requests with
   // `connection: close`, and wait for them up to the grace period; then close what is left (their
@@ -394,7 +351,7 @@ int main(int argc, char** argv) {
     log::info("shutting down").kv("signal", sig).kv("in_flight", gateway.in_flight());
     server->stop();
     metrics_server->stop();
-    health->stop();
+    pools.stop();
     asio::co_spawn(
         *control,
         [&, drain]() -> awaitable<void> {
@@ -431,8 +388,8 @@ int main(int argc, char** argv) {
       .kv("tls", !cfg.tls_cert_path.empty())
       .kv("max_connections", max_connections)
       .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
-      .kv("policy", cfg.policy)
-      .kv("workers", cfg.worker_urls.size())
+      .kv("rules", pools.table()->pools.size())
+      .kv("workers", pools.table()->total_workers())
       .kv("threads", n);
 
   std::vector<std::thread> threads;
@@ -453,7 +410,8 @@ int main(int argc, char** argv) {
   // Teardown, in dependency order: listeners (their acceptors belong to the loops), then each
   // loop's pooled connections, then the loops themselves (destroying what is still suspended on
   // them, which may touch the thread states, the gateway and the workers: all still alive), then
-  // the thread states; the control loop before the health plane its coroutines belong to.
+  // the thread states; then the pools (their timers belong to the control loop), then the control
+  // loop (destroying the health loops suspended on it).
   server.reset();
   metrics_server.reset();
   for (auto& ts : thread_states) ts->close();
@@ -461,8 +419,8 @@ int main(int argc, char** argv) {
   thread_states.clear();
   signals.reset();
   drain.reset();
+  pools.shutdown();
   control.reset();
-  health.reset();
   log::info("kvgate stopped");
   return 0;
 }

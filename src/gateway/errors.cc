@@ -24,6 +24,10 @@ GatewayError bad_json(std::string detail) {
   return {400, "invalid_request_error", "invalid_json", std::move(detail)};
 }
 
+GatewayError invalid_request(std::string detail) {
+  return {400, "invalid_request_error", "invalid_request", std::move(detail)};
+}
+
 GatewayError not_found(std::string_view method, std::string_view path) {
   return {404, "invalid_request_error", "not_found",
           "no route for " + std::string(method) + " " + std::string(path) +
@@ -90,6 +94,18 @@ GatewayError upstream_no_answer(uint64_t worker_id) {
 GatewayError upstream_protocol(uint64_t worker_id) {
   return {502, "server_error", "upstream_protocol",
           "worker #" + std::to_string(worker_id) + " answered with a malformed HTTP response"};
+}
+
+GatewayError model_not_found(std::string_view model) {
+  return {404, "invalid_request_error", "model_not_found",
+          "no rule serves model '" + std::string(model.substr(0, 256)) +
+              "'; GET /v1/models lists the models this gateway serves"};
+}
+
+GatewayError no_rule(std::string_view path) {
+  return {404, "invalid_request_error", "no_rule",
+          "no rule takes requests for " + std::string(path.substr(0, 256)) +
+              " on this listener; add one (admin API or config file)"};
 }
 
 GatewayError policy_refused(std::string_view policy, std::string_view branch) {

@@ -20,6 +20,8 @@ std::string error_body(const GatewayError& e);
 
 namespace errors {
 GatewayError bad_json(std::string detail);
+// Well-formed JSON with a value kvgate refuses (code invalid_request).
+GatewayError invalid_request(std::string detail);
 GatewayError not_found(std::string_view method, std::string_view path);
 GatewayError method_not_allowed(std::string_view method, std::string_view path,
                                 std::string_view allowed);
@@ -34,6 +36,9 @@ GatewayError upstream_timeout(long seconds);
 GatewayError upstream_failed(uint64_t worker_id);
 GatewayError upstream_no_answer(uint64_t worker_id);
 GatewayError upstream_protocol(uint64_t worker_id);
+// No rule takes the request: a model no rule names (and no catch-all rule), or no rule at all.
+GatewayError model_not_found(std::string_view model);
+GatewayError no_rule(std::string_view path);
 GatewayError policy_refused(std::string_view policy, std::string_view branch);
 }  // namespace errors
 

@@ -366,14 +366,10 @@ void RequestThread::close() {
   state_->reaper.reset();
 }
 
-Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
-                 std::unique_ptr<Policy> policy, GatewayMetrics& metrics)
+Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics& metrics)
     : config_(config),
-      registry_(registry),
-      policy_(std::move(policy)),
+      pools_(pools),
       metrics_(metrics),
-      admission_(config.max_concurrent_requests, static_cast<size_t>(config.queue_size),
-                 std::chrono::seconds(config.queue_timeout_secs)),
       retry_{
           .max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries),
           .initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms),
@@ -385,8 +381,6 @@ Gateway::Gateway(const GatewayConfig& config, WorkerRegistry& registry,
       budget_(retry_),
       rid_headers_(request_id_header_names(config)),
       timeout_(config.request_timeout_secs),
-      parse_options_(policy_->parse_options()),
-      wants_usage_(policy_->wants_usage()),
       has_api_key_(!config.api_key.empty()),
       api_key_digest_(sha256(config.api_key)) {}
 
@@ -499,36 +493,71 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     co_return;
   }
   if (path == "/readiness") {
-    auto set = registry_.snapshot();
-    size_t healthy = registry_.healthy_count();
-    std::string body = std::string(R"({"status":")") + (healthy ? "ready" : "not_ready") +
-                       R"(","healthy_workers":)" + std::to_string(healthy) +
-                       R"(,"total_workers":)" + std::to_string(set->workers.size()) + "}";
-    int status = healthy ? 200 : 503;
-    co_await answer(ex, status, body, rid);
-    record(route->path, status, "", false, start);
+    co_await readiness(ex, rid, start);
     co_return;
   }
   co_await answer(ex, 200, R"({"status":"ok"})", rid);
   record(route->path, 200, "", false, start);
 }
 
+// Ready when every rule has a healthy worker (a rule with none would answer its requests 503).
+awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
+                                   Clock::time_point start) {
+  auto table = pools_.table();
+  size_t healthy = 0, total = 0;
+  bool ready = !table->pools.empty();
+  std::string rules;
+  for (const auto& p : table->pools) {
+    size_t h = p->registry().healthy_count();
+    size_t n = p->workers()->workers.size();
+    healthy += h;
+    total += n;
+    ready = ready && h > 0;
+    if (!rules.empty()) rules.push_back(',');
+    rules.append(R"({"rule":)");
+    json::append_string(rules, p->name());
+    rules.append(R"(,"healthy_workers":)" + std::to_string(h) + R"(,"total_workers":)" +
+                 std::to_string(n) + "}");
+  }
+  std::string body = std::string(R"({"status":")") + (ready ? "ready" : "not_ready") +
+                     R"(","healthy_workers":)" + std::to_string(healthy) + R"(,"total_workers":)" +
+                     std::to_string(total) + R"(,"rules":[)" + rules + "]}";
+  int status = ready ? 200 : 503;
+  co_await answer(ex, status, body, rid);
+  record("/readiness", status, "", false, start);
+}
+
 awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
-  auto set = registry_.snapshot();
-  std::set<std::string> seen;
+  auto table = pools_.table();
+  std::set<std::string, std::less<>> seen;
   std::string body = R"({"object":"list","data":[)";
   bool first = true;
   simdjson::dom::parser parser;
-  for (const auto& w : set->workers) {
-    if (!w->healthy()) continue;
-    for (const auto& m : w->models()) {
-      std::string_view id;
-      simdjson::dom::element e;
-      if (parser.parse(m).get(e) || e["id"].get_string().get(id)) continue;
-      if (!seen.emplace(id).second) continue;
-      if (!first) body.push_back(',');
-      body.append(m);
-      first = false;
+  auto add = [&](std::string_view entry) {
+    if (!first) body.push_back(',');
+    body.append(entry);
+    first = false;
+  };
+  for (const auto& p : table->pools) {
+    // A rule naming its models lists them (owned by the rule); a catch-all lists what its
+    // healthy workers serve.
+    for (const auto& m : p->rule().models) {
+      if (!seen.emplace(m).second) continue;
+      std::string entry = R"({"id":)";
+      json::append_string(entry, m);
+      entry.append(R"(,"object":"model","owned_by":"kvgate"})");
+      add(entry);
+    }
+    if (!p->rule().models.empty()) continue;
+    for (const auto& w : p->workers()->workers) {
+      if (!w->healthy()) continue;
+      for (const auto& m : w->models()) {
+        std::string_view id;
+        simdjson::dom::element e;
+        if (parser.parse(m).get(e) || e["id"].get_string().get(id)) continue;
+        if (!seen.emplace(id).second) continue;
+        add(m);
+      }
     }
   }
   body.append("]}");
@@ -547,14 +576,47 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     ~EndRequest() { b.request_ended(); }
   } end_request{budget_};
 
-  // A client that goes away cancels what the request waits for (queue slot, upstream call).
-  Cancel cancel;
-  cancel.admission = &admission_;
-  WatchGuard watch(ts, ex, &cancel);
   auto client_left = [&](std::string_view model, bool stream) {
     metrics_.client_disconnects.with({}).inc();
     record(route_label, kClientClosedStatus, model, stream, start);
   };
+  auto bad_request = [&](std::string err) -> awaitable<void> {
+    co_await fail(ex, errors::bad_json(std::move(err)), rid);
+    record(route_label, 400, "", false, start);
+  };
+
+  // Phase: resolve. The rule table may change at any time; this request keeps the pool it
+  // resolved (and with it the policy that decides and hears the completion) until it is done.
+  // Only when rules name models is the body read here, for its model alone (cheap next to the
+  // parse below, which waits for admission).
+  RequestInfo info;
+  bool parsed = false;
+  std::shared_ptr<Pool> pool;
+  {
+    auto table = pools_.table();
+    uint16_t port = ex.local_port();
+    if (table->needs_model(port, ex.path())) {
+      if (std::string err = parse_request(route, ex.body(), info); !err.empty()) {
+        co_await bad_request(std::move(err));
+        co_return;
+      }
+      parsed = true;
+    }
+    pool = table->resolve(port, ex.path(), info.model);
+  }
+  if (!pool) {
+    GatewayError ge = parsed ? errors::model_not_found(info.model) : errors::no_rule(ex.path());
+    co_await fail(ex, ge, rid);
+    record(route_label, ge.status, "", false, start);
+    co_return;
+  }
+  Admission& admission = pool->admission();
+  Policy& policy = pool->policy();
+
+  // A client that goes away cancels what the request waits for (queue slot, upstream call).
+  Cancel cancel;
+  cancel.admission = &admission;
+  WatchGuard watch(ts, ex, &cancel);
 
   // Phase: admit. Before parsing: parsing, rendering and tokenizing cost CPU in proportion to the
   // body, and only admitted requests may spend it.
@@ -564,19 +626,19 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       if (a) a->release();
     }
   } slot;
-  if (admission_.enabled()) {
+  if (admission.enabled()) {
     metrics_.queue_depth_now.add(1);
-    auto r = co_await admission_.acquire(ex.executor(), &cancel.waiter);
+    auto r = co_await admission.acquire(ex.executor(), &cancel.waiter);
     metrics_.queue_depth_now.add(-1);
     cancel.waiter.reset();
-    if (r == Admission::Result::kAdmitted) slot.a = &admission_;
+    if (r == Admission::Result::kAdmitted) slot.a = &admission;
     if (r == Admission::Result::kCancelled || ex.client_gone()) {
       client_left("", false);
       co_return;
     }
     if (r == Admission::Result::kQueueFull) {
       metrics_.admission_rejected.with({"queue_full"}).inc();
-      co_await fail(ex, errors::queue_full(admission_.queue_size()), rid);
+      co_await fail(ex, errors::queue_full(admission.queue_size()), rid);
       record(route_label, 429, "", false, start);
       co_return;
     }
@@ -588,19 +650,22 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
   }
 
-  // Phase: parse.
-  RequestInfo info;
-  if (std::string err = parse_request(route, ex.body(), info, parse_options_); !err.empty()) {
-    co_await fail(ex, errors::bad_json(std::move(err)), rid);
-    record(route_label, 400, "", false, start);
-    co_return;
+  // Phase: parse (a pool in mode 0 proxies without reading bodies).
+  const ParseOptions& options = pool->parse_options();
+  bool wants_content = options.want_text || options.want_tokens;
+  if (pool->reads_body() && (!parsed || wants_content)) {
+    info = RequestInfo{};
+    if (std::string err = parse_request(route, ex.body(), info, options); !err.empty()) {
+      co_await bad_request(std::move(err));
+      co_return;
+    }
   }
   if (info.model.size() > kMaxModelNameBytes) {
     // A model name becomes a metric label and a prefix-tree key: bounded like any client input.
     co_await fail(ex,
-                  errors::bad_json("'model' is " + std::to_string(info.model.size()) +
-                                   " bytes long; model names are at most " +
-                                   std::to_string(kMaxModelNameBytes) + " bytes"),
+                  errors::invalid_request("'model' is " + std::to_string(info.model.size()) +
+                                          " bytes long; model names are at most " +
+                                          std::to_string(kMaxModelNameBytes) + " bytes"),
                   rid);
     record(route_label, 400, "", false, start);
     co_return;
@@ -644,7 +709,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   fwd.push_back({"x-request-id", rid});
 
   // Phases select / send / retry.
-  auto set = registry_.snapshot();  // keeps every worker of this request alive
+  auto set = pool->workers();  // keeps every worker of this request alive
   std::vector<uint64_t> failed;
   std::vector<Worker*> charge_if_served;  // answered 500 once: charged if another worker serves
   int ran_and_failed = 0;                 // 500 answers: at most one is retried
@@ -720,12 +785,12 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       }
       break;
     }
-    Decision d = policy_->select(candidates, ctx);
+    Decision d = policy.select(candidates, ctx);
     Worker* w = d.worker;
     if (w == nullptr) {
-      metrics_.branch_counter(policy_->name(), d.branch).inc();
+      metrics_.branch_counter(policy.name(), d.branch).inc();
       if (attempts_made > 0) break;
-      co_await fail(ex, errors::policy_refused(policy_->name(), d.branch), rid);
+      co_await fail(ex, errors::policy_refused(policy.name(), d.branch), rid);
       record(route_label, 503, model, info.stream, start);
       co_return;
     }
@@ -737,10 +802,10 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       skip_backoff = true;  // no attempt was made: nothing to back off from
       continue;
     }
-    if (w->metrics().selected) w->metrics().selected->inc();
-    metrics_.branch_counter(policy_->name(), d.branch).inc();
+    if (metrics::Counter* c = pool->selected(*w)) c->inc();
+    metrics_.branch_counter(policy.name(), d.branch).inc();
     ++attempts_made;
-    Dispatch dispatch(*policy_, ctx, d, pass);
+    Dispatch dispatch(policy, ctx, d, pass);
     http::UpstreamCall call(ex.executor(), ts.pool, w->target(), w->id());
     call.set_deadline(deadline);
     cancel.call = &call;
@@ -839,9 +904,11 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     // worker-side status (503 queue full, a failed PD transfer...) is a failed attempt, retried
     // like that status when it may be; one naming a client error (4xx) or no status at all (SGLang
     // sends a request's ValueError this way: input too long...) is the request's own answer.
-    std::string pre;            // body bytes read before committing
-    bool worker_abort = false;  // relayed a worker-side abort: a failure for the breaker
-    bool abort_ran = false;     // ... with status 500 (ran and failed, like an HTTP 500)
+    std::string pre;             // body bytes read before committing
+    bool worker_abort = false;   // relayed a worker-side abort: a failure for the breaker
+    bool abort_ran = false;      // ... with status 500 (ran and failed, like an HTTP 500)
+    int abort_status = 0;        // ... the status it stands for
+    bool request_abort = false;  // the first event is the request's own error
     bool sse = call.header("content-type").starts_with("text/event-stream");
     RelayBuffer buf(ts);
     if (sse && status == 200 && !call.done()) {
@@ -874,8 +941,13 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       }
       if (auto end = first_event_end(pre)) {
         if (auto abort = event_abort(std::string_view(pre).substr(0, *end))) {
-          int as = abort->status;
+          // An engine-side abort naming no status (SGLang's FINISH_ABORT from an abort or a
+          // drain) is the worker's doing: treated as a 503. An error object naming none is the
+          // request's (SGLang streams a request's ValueError that way).
+          int as = abort->status == 0 && abort->finish_abort ? 503 : abort->status;
           bool request_error = as == 0 || (as >= 400 && as < 500 && as != 408 && as != 429);
+          request_abort = request_error;
+          abort_status = as;
           log_attempt(
               log::warn(kLogFirstEventAbort, "upstream aborted the stream in its first event"))
               .kv("message", abort->message)
@@ -912,7 +984,8 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
 
     // Phase: relay. Committed to this answer: from here on nothing is retried.
     for (Worker* charged : charge_if_served) {
-      if (charged != w && status < 500 && !worker_abort) {
+      // Charged only when this worker serves the request (not when it, too, answers an error).
+      if (charged != w && status < 400 && !worker_abort && !request_abort) {
         charged->record_failure(CircuitBreaker::Pass::kNormal, now);
       }
     }
@@ -937,7 +1010,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     out.push_back({"x-request-id", rid});
     std::string route_header, attempts_header;
     if (config_.debug_headers) {
-      route_header = std::string(policy_->name()) + "/" + std::string(d.branch);
+      route_header = std::string(policy.name()) + "/" + std::string(d.branch);
       attempts_header = std::to_string(attempts_made);
       out.push_back({"x-kvgate-worker", w->url()});
       out.push_back({"x-kvgate-route", route_header});
@@ -945,12 +1018,16 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     }
 
     int final_status = status;
-    // A 500/504 after one elsewhere: the request, not this worker, is at fault.
-    Verdict verdict = status < 500 && !worker_abort              ? Verdict::kSuccess
-                      : (ran || abort_ran) && ran_and_failed > 0 ? Verdict::kNeutral
-                                                                 : Verdict::kFailure;
+    // As an HTTP answer of the same status would count: a 500 after one elsewhere is the
+    // request's fault, not this worker's; a relayed 408/429 abort is backpressure (neutral).
+    Verdict verdict = worker_abort                ? (abort_status < 500                ? Verdict::kNeutral
+                                                     : abort_ran && ran_and_failed > 0 ? Verdict::kNeutral
+                                                                                       : Verdict::kFailure)
+                      : status < 500              ? Verdict::kSuccess
+                      : ran && ran_and_failed > 0 ? Verdict::kNeutral
+                                                  : Verdict::kFailure;
     UsageScanner usage;
-    bool scan_usage = wants_usage_ && status < 400;
+    bool scan_usage = pool->wants_usage() && status < 400;
     if (call.done()) {
       bool sent = co_await ex.respond(status, out, "");
       if (!sent) final_status = kClientClosedStatus;

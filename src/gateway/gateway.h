@@ -1,5 +1,7 @@
 // gateway/gateway: the request path of kvgate. A proxied request goes through named phases, in
 // this order (gateway.cc follows it):
+//   resolve  find the pool (rule) that takes it, by listener port, path prefix and model; the
+//            request pins it until it completes (a rule changed meanwhile does not move it);
 //   admit    wait for a concurrency slot (or 429/408), before any costly work on the body;
 //   parse    read what routing needs from the body (RequestInfo), or 400;
 //   select   ask the policy for a worker among the available ones, take a breaker pass;
@@ -22,6 +24,7 @@
 #include "gateway/config.h"
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
+#include "gateway/pools.h"
 #include "gateway/retry.h"
 #include "http/server.h"
 #include "policy/policy.h"
@@ -55,20 +58,13 @@ class RequestThread {
 
 class Gateway {
  public:
-  Gateway(const GatewayConfig& config, WorkerRegistry& registry, std::unique_ptr<Policy> policy,
-          GatewayMetrics& metrics);
+  // Requests resolve their pool in `pools`' rule table (which the control plane may change at
+  // any time); `pools` outlives the gateway.
+  Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics& metrics);
   ~Gateway();
 
   awaitable<void> handle(http::Exchange& ex);
 
-  Policy& policy() { return *policy_; }
-  // The tokenizer and chat template content-aware policies route with (--tokenizer-path); both
-  // outlive the gateway. Call before serving.
-  void set_tokenizer(const tokenizer::Tokenizer* tok, const tokenizer::ChatTemplate* tmpl) {
-    parse_options_.tokenizer = tok;
-    parse_options_.chat_template = tmpl;
-  }
-  Admission& admission() { return admission_; }
   const RetryBudget& retry_budget() const { return budget_; }
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }
@@ -77,6 +73,7 @@ class Gateway {
   struct Attempt;
   awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view rid);
   awaitable<void> list_models(http::Exchange& ex, std::string_view rid);
+  awaitable<void> readiness(http::Exchange& ex, std::string_view rid, Clock::time_point start);
   awaitable<void> answer(http::Exchange& ex, int status, std::string_view body,
                          std::string_view rid);
   // A gateway error answer; with --debug-headers it names the worker involved, if any.
@@ -87,16 +84,12 @@ class Gateway {
   bool authorized(const http::Exchange& ex) const;
 
   const GatewayConfig& config_;
-  WorkerRegistry& registry_;
-  std::unique_ptr<Policy> policy_;
+  PoolManager& pools_;
   GatewayMetrics& metrics_;
-  Admission admission_;
   RetryConfig retry_;
   RetryBudget budget_;
   std::vector<std::string> rid_headers_;
   std::chrono::seconds timeout_;
-  ParseOptions parse_options_;
-  bool wants_usage_;
   bool has_api_key_;
   std::array<unsigned char, 32> api_key_digest_{};
   std::atomic<int64_t> in_flight_{0};

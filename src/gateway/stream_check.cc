@@ -27,6 +27,7 @@ std::string event_data(std::string_view event) {
 
 bool is_abort_reason(simdjson::dom::element reason, StreamAbort& out) {
   std::string_view s;
+  out.finish_abort = true;
   if (!reason.get_string().get(s)) return s == "abort";
   simdjson::dom::object o;
   if (reason.get_object().get(o)) return false;

@@ -20,6 +20,9 @@ std::optional<size_t> first_event_end(std::string_view buf);
 struct StreamAbort {
   std::string message;  // the worker's words (its error message), for logs
   int status = 0;       // the status_code it names, 0 when none
+  // A finish_reason of type abort (the engine stopped the request: SGLang's FINISH_ABORT), not an
+  // error object (what SGLang streams for a request it rejects, e.g. a ValueError).
+  bool finish_abort = false;
 };
 
 // Whether the SSE event `event` (its raw lines) aborts the request: a JSON data payload with a

@@ -94,6 +94,7 @@ struct Server::Shared {
   ServerConfig config;
   Handler handler;
   std::atomic<bool> stopping{false};
+  uint16_t port = 0;  // the bound port (set before accepting)
   ServerStats stats;
   std::unique_ptr<ssl::context> tls;
   std::vector<asio::io_context*> contexts;
@@ -162,6 +163,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   std::string& body() override { return req_.body(); }
   const std::string& remote_address() const override { return remote_; }
   bool secure() const override { return !std::is_same_v<Stream, tcp::socket>; }
+  uint16_t local_port() const override { return srv_.port; }
 
   awaitable<bool> respond(int status, HeaderList headers, std::string_view body) override {
     start_head(status, headers);
@@ -244,6 +246,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   bool response_complete() const override { return complete_; }
   void close_after() override { close_ = true; }
   void abort() override {
+    unwatch_disconnect();  // its fd is closed now, and may soon be another connection's
     boost::system::error_code ignored;
     socket_.close(ignored);
     gone_ = true;
@@ -782,6 +785,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
     acceptors_.push_back(std::move(acc));
   }
   port_ = port;
+  shared_->port = port;
 }
 
 Server::~Server() {

@@ -87,6 +87,8 @@ class Exchange {
   virtual std::string& body() = 0;
   virtual const std::string& remote_address() const = 0;
   virtual bool secure() const = 0;  // arrived over TLS
+  // The port of the listener the request arrived on (0 when not known).
+  virtual uint16_t local_port() const { return 0; }
 
   // Whole response with Content-Length. Returns false if the client went away.
   virtual awaitable<bool> respond(int status, HeaderList headers, std::string_view body) = 0;

@@ -101,6 +101,21 @@ void FamilyBase::remove(std::initializer_list<std::string_view> values) {
   cells_.erase(it);
 }
 
+void FamilyBase::remove_where(std::string_view label, std::string_view value) {
+  auto at = std::find(label_names_.begin(), label_names_.end(), label);
+  if (at == label_names_.end()) return;
+  auto i = static_cast<size_t>(at - label_names_.begin());
+  std::unique_lock lock(mu_);
+  for (auto it = cells_.begin(); it != cells_.end();) {
+    if (it->second.values[i] == value) {
+      delete_cell(it->second.cell);
+      it = cells_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void FamilyBase::destroy_cells() {
   std::unique_lock lock(mu_);
   for (auto& [key, entry] : cells_) delete_cell(entry.cell);
@@ -190,9 +205,27 @@ template class Family<Counter>;
 template class Family<Gauge>;
 template class Family<Histogram>;
 
+// A family registered again under the same name is the one already there (each pool's policy
+// registers its own metrics: two pools share them), when its type and labels agree; anything
+// else is a programming error.
+template <class F>
+F* Registry::existing(const std::string& name, Type type, const std::vector<std::string>& labels) {
+  for (const auto& f : families_) {
+    if (f->name() != name) continue;
+    if (f->type() != type || f->label_names() != labels) {
+      std::fprintf(stderr, "kvgate: metric %s registered twice with different shapes\n",
+                   name.c_str());
+      std::abort();
+    }
+    return static_cast<F*>(f.get());
+  }
+  return nullptr;
+}
+
 CounterFamily& Registry::counter(std::string name, std::string help,
                                  std::vector<std::string> labels) {
   std::lock_guard lock(mu_);
+  if (auto* f = existing<CounterFamily>(name, Type::kCounter, labels)) return *f;
   auto f = std::make_unique<CounterFamily>(std::move(name), std::move(help), Type::kCounter,
                                            std::move(labels), std::vector<double>{});
   auto& ref = *f;
@@ -202,6 +235,7 @@ CounterFamily& Registry::counter(std::string name, std::string help,
 
 GaugeFamily& Registry::gauge(std::string name, std::string help, std::vector<std::string> labels) {
   std::lock_guard lock(mu_);
+  if (auto* f = existing<GaugeFamily>(name, Type::kGauge, labels)) return *f;
   auto f = std::make_unique<GaugeFamily>(std::move(name), std::move(help), Type::kGauge,
                                          std::move(labels), std::vector<double>{});
   auto& ref = *f;
@@ -212,6 +246,7 @@ GaugeFamily& Registry::gauge(std::string name, std::string help, std::vector<std
 HistogramFamily& Registry::histogram(std::string name, std::string help,
                                      std::vector<std::string> labels, std::vector<double> bounds) {
   std::lock_guard lock(mu_);
+  if (auto* f = existing<HistogramFamily>(name, Type::kHistogram, labels)) return *f;
   std::sort(bounds.begin(), bounds.end());
   auto f = std::make_unique<HistogramFamily>(std::move(name), std::move(help), Type::kHistogram,
                                              std::move(labels), std::move(bounds));

@@ -64,9 +64,13 @@ class FamilyBase {
              std::vector<double> bounds);
   virtual ~FamilyBase() = default;
   const std::string& name() const { return name_; }
+  Type type() const { return type_; }
+  const std::vector<std::string>& label_names() const { return label_names_; }
   void expose(std::string& out) const;
   // Drops the cell with these label values (e.g. a removed worker). Cell references die with it.
   void remove(std::initializer_list<std::string_view> values);
+  // Drops every cell whose label `label` has `value` (a removed worker's series of every kind).
+  void remove_where(std::string_view label, std::string_view value);
 
  protected:
   // Deletes every cell; the most derived destructor calls it while delete_cell is still callable.
@@ -123,6 +127,9 @@ class Registry {
   std::string expose() const;
 
  private:
+  template <class F>
+  F* existing(const std::string& name, Type type, const std::vector<std::string>& labels);
+
   mutable std::mutex mu_;
   std::vector<std::function<void()>> collectors_;
   std::vector<std::unique_ptr<FamilyBase>> families_;

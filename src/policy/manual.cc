@@ -68,14 +68,15 @@ Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& 
   }
   // Keys are held by a fixed-size digest when long (a header may be 64 KiB): what the table can
   // hold is bounded in bytes as well as in count.
-  char digest[2 * sizeof(XXH128_hash_t) + 1];
+  // A digest starts with a byte no header value holds ('\n'), so no short key equals one.
+  char digest[2 * sizeof(XXH128_hash_t) + 2];
   std::string_view key = header;
   if (header.size() > kMaxKeyBytes) {
     XXH128_hash_t h = XXH3_128bits(header.data(), header.size());
-    std::snprintf(digest, sizeof digest, "%016llx%016llx",
+    std::snprintf(digest, sizeof digest, "\n%016llx%016llx",
                   static_cast<unsigned long long>(h.high64),
                   static_cast<unsigned long long>(h.low64));
-    key = std::string_view(digest, 32);
+    key = std::string_view(digest, 33);
   }
   std::lock_guard lock(mu_);
   auto now = Clock::now();

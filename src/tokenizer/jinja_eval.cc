@@ -881,7 +881,19 @@ Value Interp::get_item(const Value& obj, const Value& key) {
   }
 }
 
+// Largest string and list a render builds, and its largest output: far beyond any prompt (a
+// million-token context is a few MB), and small enough that a template doubling a string in a
+// loop fails fast instead of filling memory (as repetition already did).
+constexpr size_t kMaxStringBytes = size_t{64} << 20;
+constexpr size_t kMaxListItems = size_t{1} << 20;
+constexpr size_t kMaxOutputBytes = size_t{256} << 20;
+
+void check_string_size(size_t n) {
+  if (n > kMaxStringBytes) raise("string too large (more than 64 MiB)");
+}
+
 Value concat_strings(const Value& a, const Value& b) {
+  check_string_size(a.str().size() + b.str().size());
   std::string s;
   s.reserve(a.str().size() + b.str().size());
   s.append(a.str()).append(b.str());
@@ -902,6 +914,7 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
   if (op == BinOp::kConcat) {
     std::string s = to_str(a);
     append_str(b, s);
+    check_string_size(s.size());
     return Value(std::move(s));
   }
   if (a.is_undefined()) raise_undefined(a);
@@ -911,6 +924,9 @@ Value Interp::binop(BinOp op, const Value& a, const Value& b) {
     case BinOp::kAdd:
       if (a.is_string() && b.is_string()) return concat_strings(a, b);
       if (a.is_array() && b.is_array() && a.is_tuple() == b.is_tuple()) {
+        if (a.arr().items.size() + b.arr().items.size() > kMaxListItems) {
+          raise("list too large (more than 1048576 items)");
+        }
         std::vector<Value> items = a.arr().items;
         items.insert(items.end(), b.arr().items.begin(), b.arr().items.end());
         return Value::array(std::move(items), a.is_tuple());
@@ -1674,6 +1690,7 @@ Value Interp::eval_binary(const Node& n, Scope& scope) {
       if (all_strings || op == BinOp::kConcat) {
         std::string out;
         for (const auto& v : vals) append_str(v, out);
+        check_string_size(out.size());
         return Value(std::move(out));
       }
       Value acc = vals[0];
@@ -1838,6 +1855,7 @@ Control Interp::exec(const NodeList& stmts, Scope& scope, std::string& out) {
         c = exec_block(n, scope, out);
     }
     if (c != Control::kNone) return c;
+    if (out.size() > kMaxOutputBytes) raise("template output too large (more than 256 MiB)");
   }
   return Control::kNone;
 }
@@ -2031,6 +2049,7 @@ Value Interp::run_filter(const Node& n, Value v, const Args& args) {
         } else {
           append_str(x, out);
         }
+        check_string_size(out.size());
       }
       return Value(std::move(out));
     }

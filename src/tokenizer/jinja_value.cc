@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <utility>
 #include <vector>
 
 #include "tokenizer/jinja.h"
@@ -66,8 +68,16 @@ void Value::free_cell(Type type, HeapCell* cell) noexcept {
     return;
   }
   if (cells_to_free != nullptr) {
-    cells_to_free->push_back(cell);
-    return;
+    try {
+      cells_to_free->push_back(cell);
+      return;
+    } catch (const std::bad_alloc&) {
+      // No memory to list it: free it here instead, recursing (only as deep as memory allowed).
+      auto* list = std::exchange(cells_to_free, nullptr);
+      delete cell;
+      cells_to_free = list;
+      return;
+    }
   }
   std::vector<HeapCell*> pending;
   cells_to_free = &pending;

@@ -138,6 +138,7 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
         ever_healthy = true;
       }
       if (w->models().empty() || goods % 8 == 1) co_await refresh_models(w);
+      if (stopped->load()) co_return;  // the plane may be gone: touch none of it
     } else {
       goods = 0;
       ++fails;

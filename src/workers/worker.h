@@ -25,7 +25,6 @@ struct WorkerMetrics {
   metrics::Gauge* reported_load = nullptr;
   metrics::Counter* requests = nullptr;
   metrics::Counter* failures = nullptr;
-  metrics::Counter* selected = nullptr;  // chosen by the routing policy
   metrics::Counter* load_poll_failures = nullptr;
 };
 

@@ -113,7 +113,7 @@ TEST(HostileInput, EveryMalformedRequestGetsAClear4xxAndNothingLeaks) {
        "invalid_json"},
       {"not JSON", post("text=hello"), 400, "invalid_json"},
       {"model name of 4 KiB", post(R"({"model":")" + std::string(4096, 'm') + R"(","text":"a"})"),
-       400, "invalid_json"},
+       400, "invalid_request"},
       {"JSON that is not an object", post("[1,2,3]"), 400, "invalid_json"},
   };
   for (const auto& k : cases) {

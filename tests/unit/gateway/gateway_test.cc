@@ -130,20 +130,30 @@ class Harness {
     cfg_.retry_initial_backoff_ms = 1;
     cfg_.retry_max_backoff_ms = 30000;
     if (tweak) tweak(cfg_);
-    auto set = std::make_shared<WorkerSet>();
-    uint64_t id = 1;
-    for (const auto& u : urls) {
-      http::Target t;
-      EXPECT_EQ(http::parse_url(u, t), "");
-      http::resolve(t);
-      auto w = std::make_shared<Worker>(id++, t, breaker);
-      w->set_healthy(true);
-      set->workers.push_back(w);
-    }
-    registry_.publish(set);
-    auto p = std::make_unique<RecordingPolicy>();
-    policy = p.get();
-    gateway_ = std::make_unique<Gateway>(cfg_, registry_, std::move(p), metrics);
+    PoolEnv env;
+    env.config = &cfg_;
+    env.metrics = &metrics;
+    env.registry = &metrics_registry;
+    env.control = &control_;
+    env.next_worker_id = &next_id_;
+    env.breaker = breaker;
+    env.health = health_config(cfg_);
+    pools_ = std::make_unique<PoolManager>(env);
+    pools_->set_policy_override("default", [this] {
+      auto p = std::make_unique<RecordingPolicy>();
+      policy = p.get();
+      return p;
+    });
+    rules::Rule rule;
+    rule.name = "default";
+    rule.mode = 4;
+    rule.policy_knobs = cfg_;
+    for (const auto& u : urls) rule.endpoints.push_back({.url = u});
+    auto errors = pools_->apply({rule});
+    EXPECT_TRUE(errors.empty()) << rules::format_errors(errors);
+    // Health probes do not run here (the pools are not started): every worker is up.
+    for (const auto& w : pools_->table()->pools[0]->workers()->workers) w->set_healthy(true);
+    gateway_ = std::make_unique<Gateway>(cfg_, *pools_, metrics);
     thread_state_ = std::make_unique<RequestThread>(cfg_);
     http::ServerConfig sc;
     sc.host = "127.0.0.1";
@@ -171,8 +181,9 @@ class Harness {
     thread_state_.reset();
   }
   int port() const { return port_ ? port_ : server_->port(); }
-  Worker& worker(size_t i) { return *registry_.snapshot()->workers[i]; }
+  Worker& worker(size_t i) { return *pools_->table()->pools[0]->workers()->workers[i]; }
   Gateway& gateway() { return *gateway_; }
+  Admission& admission() { return pools_->table()->pools[0]->admission(); }
   double metric(const std::string& series) {
     std::string text = metrics_registry.expose();
     auto pos = text.find("\n" + series + " ");
@@ -186,7 +197,9 @@ class Harness {
 
  private:
   GatewayConfig cfg_;
-  WorkerRegistry registry_;
+  asio::io_context control_;
+  std::atomic<uint64_t> next_id_{1};
+  std::unique_ptr<PoolManager> pools_;
   std::unique_ptr<Gateway> gateway_;
   std::unique_ptr<asio::io_context> ctx_ = std::make_unique<asio::io_context>(1);
   std::unique_ptr<RequestThread> thread_state_;
@@ -442,6 +455,75 @@ TEST(GatewayRetry, ARequestsOwnErrorInTheFirstEventIsRelayedNotRetriedNotCharged
   }
 }
 
+TEST(GatewayRetry, AnEngineAbortNamingNoStatusIsTheWorkersAndRetried) {
+  // SGLang's FINISH_ABORT without a status_code (an abort or a drain on the engine's side) is not
+  // the request's error: the next worker serves it.
+  FakeWorker aborting([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body(
+        "data: {\"text\":\"\",\"meta_info\":{\"finish_reason\":{\"type\":\"abort\","
+        "\"message\":\"Aborted\",\"status_code\":null}}}\n\ndata: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  FakeWorker good([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  Harness h({aborting.url(), good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(testing::sse_data(r.body), (std::vector<std::string>{"{\"text\":\"fine\"}", "[DONE]"}));
+  EXPECT_EQ(good.requests.load(), 1);
+}
+
+TEST(GatewayRetry, ARelayedBackpressureAbortDoesNotOpenTheBreaker) {
+  // A 429 in the first event, relayed because no retry may follow, counts as a 429 answer does:
+  // backpressure, not a failure.
+  FakeWorker busy([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body(
+        "data: {\"error\":{\"message\":\"too many requests\",\"code\":429}}\n\n"
+        "data: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h(
+      {busy.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; }, br);
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("too many requests"), std::string::npos) << r.body;
+  ASSERT_TRUE(h.policy->wait_events(2));
+  EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kClosed);
+}
+
+TEST(GatewayRetry, A500IsNotChargedWhenTheNextWorkerAnswersTheRequestsOwnError) {
+  FakeWorker failing(answer(500, R"({"error":"boom"})"));
+  FakeWorker rejecting([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body("data: {\"error\":{\"message\":\"input too long\"}}\n\n");
+    co_await ex.end_body();
+  });
+  BreakerConfig br;
+  br.failure_threshold = 1;
+  Harness h({failing.url(), rejecting.url()}, {}, br);
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("input too long"), std::string::npos) << r.body;
+  ASSERT_TRUE(h.policy->wait_events(4));
+  EXPECT_EQ(h.worker(0).breaker().state(), BreakerState::kClosed);
+}
+
 TEST(GatewayRetry, WorkerDyingAfterItsHeadersIsACleanErrorNotAnEmptyReply) {
   FakeWorker dying([](http::Exchange& ex) -> awaitable<void> {
     const http::Header hdr[] = {{"content-type", "application/json"}};
@@ -472,7 +554,7 @@ TEST(GatewayRetry, AClientLeavingDuringARetryWaitFreesItsSlotAtOnce) {
     leaving.set_timeout(300ms);
     leaving.post("/generate", kBody);  // gives up during the 20 s wait
   }
-  EXPECT_TRUE(wait_until([&] { return h.gateway().admission().active() == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return h.admission().active() == 0; }, 5s));
 }
 
 TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {
@@ -561,13 +643,13 @@ TEST(GatewayAdmission, ClientLeavingTheQueueFreesItsPlace) {
     HttpClient c(h.port());
     return c.post("/generate", kBody);
   });
-  ASSERT_TRUE(wait_until([&] { return h.gateway().admission().active() == 1; }));
+  ASSERT_TRUE(wait_until([&] { return h.admission().active() == 1; }));
   {
     HttpClient queued(h.port());
     queued.set_timeout(200ms);
     queued.post("/generate", kBody);  // times out client-side and closes while queued
   }
-  EXPECT_TRUE(wait_until([&] { return h.gateway().admission().queued() == 0; }, 3s));
+  EXPECT_TRUE(wait_until([&] { return h.admission().queued() == 0; }, 3s));
   EXPECT_EQ(first.get().status, 200);
   EXPECT_EQ(slow.requests.load(), 1);  // the departed client's request never ran
 }

@@ -387,6 +387,35 @@ TEST(Jinja, DeepNestingFuzzInputsFailCleanly) {
   }
 }
 
+TEST(Jinja, GrowingStringsAndListsFailInsteadOfFillingMemory) {
+  // A handful of steps that would build a terabyte: each operator that grows a value is capped.
+  for (const char* grow : {"ns.s ~ ns.s", "ns.s + ns.s", "[ns.s, ns.s] | join"}) {
+    SCOPED_TRACE(grow);
+    std::string err, out;
+    auto t = Template::parse(
+        std::string(
+            "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(60) %}{% set ns.s = ") +
+            grow + " %}{% endfor %}{{ ns.s | length }}",
+        err);
+    ASSERT_TRUE(t) << err;
+    EXPECT_FALSE(t->render({}, out, err));
+    EXPECT_NE(err.find("string too large"), std::string::npos) << err;
+  }
+  std::string err, out;
+  auto t = Template::parse(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
+      "{% endfor %}",
+      err);
+  ASSERT_TRUE(t) << err;
+  EXPECT_FALSE(t->render({}, out, err));
+  EXPECT_NE(err.find("list too large"), std::string::npos) << err;
+  t = Template::parse("{% set s = 'x' * 60000000 %}{% for i in range(10) %}{{ s }}{% endfor %}",
+                      err);
+  ASSERT_TRUE(t) << err;
+  EXPECT_FALSE(t->render({}, out, err));
+  EXPECT_NE(err.find("output too large"), std::string::npos) << err;
+}
+
 TEST(Jinja, StepLimitStopsALongRender) {
   // What fuzz targets set (per thread); kvgate sets none.
   std::thread t([] {

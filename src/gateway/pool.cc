@@ -1,0 +1,206 @@
+// gateway/pool: see pool.h.
+#include "gateway/pool.h"
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "policy/registry.h"
+#include "util/log.h"
+
+namespace kvgate {
+
+namespace {
+
+PolicyConfig policy_config(const rules::Rule& rule, const PoolEnv& env) {
+  const GatewayConfig& k = rule.policy_knobs;
+  PolicyConfig pc;
+  pc.name = rule.sel;
+  pc.seed = static_cast<uint64_t>(k.policy_seed);
+  pc.cache_threshold = k.cache_threshold;
+  pc.balance_abs_threshold = k.balance_abs_threshold;
+  pc.balance_rel_threshold = k.balance_rel_threshold;
+  pc.eviction_interval_secs = k.eviction_interval;
+  pc.max_tree_size = k.max_tree_size;
+  pc.max_prefix_trees = k.max_prefix_trees;
+  pc.prefix_token_count = k.prefix_token_count;
+  pc.prefix_hash_load_factor = k.prefix_hash_load_factor;
+  pc.max_idle_secs = k.max_idle_secs;
+  pc.manual_assignment_mode = k.manual_assignment_mode;
+  pc.max_routing_keys = k.max_routing_keys;
+  pc.chwbl_key_chars = k.chwbl_key_chars;
+  pc.chwbl_load_factor = k.chwbl_load_factor;
+  pc.bucket_refit_secs = k.bucket_refit_secs;
+  pc.registry = env.registry;
+  return pc;
+}
+
+}  // namespace
+
+BreakerConfig breaker_config(const GatewayConfig& c) {
+  BreakerConfig b;
+  b.enabled = !c.disable_circuit_breaker;
+  b.failure_threshold = static_cast<uint32_t>(c.cb_failure_threshold);
+  b.success_threshold = static_cast<uint32_t>(c.cb_success_threshold);
+  b.open_timeout = std::chrono::seconds(c.cb_timeout_duration_secs);
+  return b;
+}
+
+HealthConfig health_config(const GatewayConfig& c) {
+  HealthConfig h;
+  h.interval = std::chrono::seconds(c.health_check_interval_secs);
+  h.timeout = std::chrono::seconds(c.health_check_timeout_secs);
+  h.endpoint = c.health_check_endpoint;
+  h.failure_threshold = static_cast<uint32_t>(c.health_failure_threshold);
+  h.success_threshold = static_cast<uint32_t>(c.health_success_threshold);
+  h.load_interval = std::chrono::milliseconds(c.load_check_interval_ms);
+  return h;
+}
+
+void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
+  WorkerMetrics wm;
+  wm.inflight = &m.worker_active.with({w.url()});
+  wm.health = &m.worker_health.with({w.url()});
+  wm.cb_state = &m.worker_cb_state.with({w.url()});
+  wm.reported_load = &m.worker_load.with({w.url()});
+  wm.requests = &m.worker_requests.with({w.url()});
+  wm.failures = &m.worker_failures.with({w.url()});
+  wm.load_poll_failures = &m.worker_load_poll_failures.with({w.url()});
+  w.attach_metrics(wm);
+}
+
+void remove_worker_metrics(std::string_view url, GatewayMetrics& m) {
+  for (metrics::FamilyBase* f : std::initializer_list<metrics::FamilyBase*>{
+           &m.worker_active, &m.worker_health, &m.worker_cb_state, &m.worker_load,
+           &m.worker_requests, &m.worker_failures, &m.worker_load_poll_failures, &m.upstream_errors,
+           &m.selections, &m.stream_aborts}) {
+    f->remove_where("worker", url);
+  }
+}
+
+struct Pool::Upkeep {
+  explicit Upkeep(asio::io_context& ctx) : timer(ctx) {}
+  asio::steady_timer timer;
+  std::atomic<bool> stopped{false};
+};
+
+Pool::Pool(const rules::Rule& rule, const PoolEnv& env)
+    : rule_(rule),
+      rule_json_(rules::to_json(rule)),
+      env_(env),
+      admission_(env.config->max_concurrent_requests, static_cast<size_t>(env.config->queue_size),
+                 std::chrono::seconds(env.config->queue_timeout_secs)) {}
+
+Pool::~Pool() {
+  if (upkeep_) upkeep_->stopped = true;
+  if (health_) health_->stop();
+}
+
+std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env, const Pool* previous,
+                                  std::string& error, std::unique_ptr<Policy> policy) {
+  auto fail = [&](const std::string& what) {
+    error = what;
+    return nullptr;
+  };
+  if (rule.pd()) {
+    return fail(
+        "prefill/decode pools (endpoints with roles) are not built in this version of kvgate; "
+        "list the workers without roles");
+  }
+  if (rule.kv_exact_mode != 0) {
+    return fail("kvExactMode " + std::to_string(rule.kv_exact_mode) +
+                " (kv_exact routing) is not built in this version of kvgate; set kvExactMode 0");
+  }
+  std::shared_ptr<Pool> pool(new Pool(rule, env));
+
+  // Policy, and what it needs read from bodies.
+  if (!policy) {
+    policy = make_policy(policy_config(rule, env), error);
+    if (!policy) return fail("sel: " + error);
+  }
+  pool->policy_ = std::move(policy);
+  pool->parse_options_ = pool->policy_->parse_options();
+  pool->wants_usage_ = pool->policy_->wants_usage();
+  if (!rule.tokenizer_path.empty() && rule.mode == 4) {
+    std::string err;
+    pool->tokenizer_ = env.tokenizer ? env.tokenizer(rule.tokenizer_path, err) : nullptr;
+    if (!pool->tokenizer_) {
+      return fail("tokenizerPath " + rule.tokenizer_path + ": " + err +
+                  " (point it at a directory holding the model's tokenizer.json)");
+    }
+    pool->parse_options_.tokenizer = pool->tokenizer_->tokenizer.get();
+    pool->parse_options_.chat_template = pool->tokenizer_->chat_template.get();
+  }
+
+  // Workers: taken over from the previous pool of this rule when it had the URL.
+  auto set = std::make_shared<WorkerSet>();
+  std::shared_ptr<const WorkerSet> old = previous ? previous->workers() : nullptr;
+  for (const auto& ep : rule.endpoints) {
+    http::Target t;
+    if (std::string e = http::parse_url(ep.url, t); !e.empty()) return fail("endpoints: " + e);
+    WorkerPtr w;
+    if (old) {
+      for (const auto& o : old->workers) {
+        if (o->url() == t.url) w = o;
+      }
+    }
+    if (!w) {
+      if (std::string e = http::resolve(t); !e.empty()) return fail("endpoints: " + e);
+      if (t.https) {
+        std::shared_ptr<const http::TlsClientContext> tls;
+        if (std::string e = env.worker_tls ? env.worker_tls(tls) : "no TLS for https workers";
+            !e.empty()) {
+          return fail(e);
+        }
+        t.tls = std::move(tls);
+      }
+      w = std::make_shared<Worker>(env.next_worker_id->fetch_add(1), std::move(t), env.breaker);
+      attach_worker_metrics(*w, *env.metrics);
+    }
+    pool->selected_[w->id()] = &env.metrics->selections.with({pool->policy_->name(), w->url()});
+    set->workers.push_back(std::move(w));
+  }
+  pool->policy_->on_workers_changed(*set);
+  pool->registry_.publish(std::move(set));
+  return pool;
+}
+
+metrics::Counter* Pool::selected(const Worker& w) const {
+  auto it = selected_.find(w.id());
+  return it == selected_.end() ? nullptr : it->second;
+}
+
+void Pool::start() {
+  if (started_) return;
+  started_ = true;
+  HealthConfig hc = env_.health;
+  hc.poll_load = policy_->uses_reported_load();
+  health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
+  health_->start();
+  auto period = policy_->period();
+  if (period.count() <= 0) return;
+  upkeep_ = std::make_shared<Upkeep>(*env_.control);
+  // The callbacks hold the upkeep state, not the pool: after stop() one may still run (to see
+  // the flag) when the pool is gone.
+  struct Loop {
+    std::shared_ptr<Upkeep> u;
+    Policy* policy;
+    std::chrono::milliseconds period;
+    void operator()(const boost::system::error_code& ec) const {
+      if (ec || u->stopped) return;
+      policy->on_period();
+      u->timer.expires_after(period);
+      u->timer.async_wait(*this);
+    }
+  };
+  upkeep_->timer.expires_after(period);
+  upkeep_->timer.async_wait(Loop{upkeep_, policy_.get(), period});
+}
+
+void Pool::stop() {
+  if (health_) health_->stop();
+  if (upkeep_) {
+    upkeep_->stopped = true;
+    upkeep_->timer.cancel();
+  }
+}
+
+}  // namespace kvgate

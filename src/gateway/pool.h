@@ -1,0 +1,120 @@
+// gateway/pool: what a rule builds, the unit of routing: its endpoints (workers), its policy, its
+// admission queue, its health loops and policy upkeep on the control loop, and the metric cells
+// of its workers. A Pool is immutable once built (its rule never changes: a changed rule builds a
+// new pool, which takes over the workers the old one shares with it, so health, breakers and
+// in-flight counts carry on). Requests pin the pool they resolved (a shared_ptr) until they
+// complete, so the completion reaches the policy that decided even after the rule changed.
+//
+// Threads: build(), start() and stop() run on the control loop; everything else is read by
+// request threads concurrently (the policy is thread-safe, as it always was).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "gateway/admission.h"
+#include "gateway/config.h"
+#include "gateway/gateway_metrics.h"
+#include "http/client.h"
+#include "http/io.h"
+#include "policy/policy.h"
+#include "request/request_info.h"
+#include "rules/rule.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "workers/health.h"
+#include "workers/worker.h"
+
+namespace kvgate {
+
+// A tokenizer and chat template loaded from one directory, shared by the pools that name it.
+struct TokenizerFiles {
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::unique_ptr<tokenizer::ChatTemplate> chat_template;  // null: none usable
+};
+
+// What every pool uses and the process has once. Lives longer than every pool.
+struct PoolEnv {
+  const GatewayConfig* config = nullptr;  // the process-wide knobs (admission)
+  BreakerConfig breaker;                  // every worker's breaker (breaker_config())
+  HealthConfig health;                    // every pool's probes (health_config())
+  GatewayMetrics* metrics = nullptr;
+  metrics::Registry* registry = nullptr;
+  asio::io_context* control = nullptr;  // where health loops and policy upkeep run
+  // Worker ids are unique in the process (per-thread connection pools key on them).
+  std::atomic<uint64_t>* next_worker_id = nullptr;
+  // TLS for https:// workers (made on first use from the --worker-* flags); "" or an error.
+  std::function<std::string(std::shared_ptr<const http::TlsClientContext>&)> worker_tls;
+  // A directory's tokenizer files, loaded once and shared; null with `error` set.
+  std::function<std::shared_ptr<const TokenizerFiles>(const std::string& dir, std::string& error)>
+      tokenizer;
+};
+
+class Pool {
+ public:
+  // Builds the pool of `rule` (valid: rules::validate passed). Workers whose URL `previous` also
+  // has are taken over from it. `policy` replaces the one `rule.sel` names (tests). Returns null
+  // with `error` saying what failed (a worker's address that does not resolve, a
+  // tokenizer that does not load, a feature not built).
+  static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
+                                     const Pool* previous, std::string& error,
+                                     std::unique_ptr<Policy> policy = nullptr);
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  const rules::Rule& rule() const { return rule_; }
+  const std::string& name() const { return rule_.name; }
+  // The rule as JSON when built (what "unchanged" compares).
+  const std::string& rule_json() const { return rule_json_; }
+  std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
+  WorkerRegistry& registry() { return registry_; }
+  Policy& policy() { return *policy_; }
+  Admission& admission() { return admission_; }
+  // What the request path must read of bodies for this pool (mode 4), with its tokenizer.
+  const ParseOptions& parse_options() const { return parse_options_; }
+  bool reads_body() const { return rule_.mode == 4; }
+  bool wants_usage() const { return wants_usage_; }
+  // The pool's selection counter of a worker (kvgate_worker_selected_total{policy, worker}).
+  metrics::Counter* selected(const Worker& w) const;
+
+  // Starts health probes (and /get_load polls when the policy uses them) for its workers, and the
+  // policy's upkeep. Control loop only.
+  void start();
+  // Ends them (loops end at their next wake-up); requests still running finish. Control loop.
+  void stop();
+  bool started() const { return started_; }
+
+ private:
+  Pool(const rules::Rule& rule, const PoolEnv& env);
+
+  rules::Rule rule_;
+  std::string rule_json_;
+  const PoolEnv env_;
+  WorkerRegistry registry_;
+  std::unique_ptr<Policy> policy_;
+  Admission admission_;
+  ParseOptions parse_options_;
+  bool wants_usage_ = false;
+  std::shared_ptr<const TokenizerFiles> tokenizer_;
+  std::unordered_map<uint64_t, metrics::Counter*> selected_;
+  std::unique_ptr<HealthPlane> health_;
+  // The upkeep loop's stop flag and timer (shared with its callbacks, which may run after stop()).
+  struct Upkeep;
+  std::shared_ptr<Upkeep> upkeep_;
+  bool started_ = false;
+};
+
+// The breaker and health settings of the command line / config file.
+BreakerConfig breaker_config(const GatewayConfig& c);
+HealthConfig health_config(const GatewayConfig& c);
+
+// Attaches a worker's metric cells (kvgate_worker_* by URL). Cells are shared by every Worker
+// object with the same URL; remove_worker_metrics() drops them once no live worker has the URL.
+void attach_worker_metrics(Worker& w, GatewayMetrics& m);
+void remove_worker_metrics(std::string_view url, GatewayMetrics& m);
+
+}  // namespace kvgate

@@ -1,0 +1,261 @@
+// gateway/pools: see pools.h.
+#include "gateway/pools.h"
+
+#include <algorithm>
+#include <boost/asio/steady_timer.hpp>
+#include <set>
+
+#include "util/log.h"
+
+namespace kvgate {
+
+namespace {
+
+bool port_matches(const rules::Rule& r, uint16_t port) {
+  return r.port == 0 || r.port == port;
+}
+
+bool path_matches(const rules::Rule& r, std::string_view path) {
+  return r.path_prefix.empty() || path.starts_with(r.path_prefix);
+}
+
+// Higher is more specific: a port beats any port, then the longer path prefix.
+size_t specificity(const rules::Rule& r) {
+  return (r.port != 0 ? size_t{1} << 20 : 0) + r.path_prefix.size();
+}
+
+void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
+  for (const auto& w : p.workers()->workers) out.insert(w->url());
+}
+
+}  // namespace
+
+bool RuleTable::needs_model(uint16_t port, std::string_view path) const {
+  for (const auto& p : pools) {
+    const auto& r = p->rule();
+    if (!r.models.empty() && port_matches(r, port) && path_matches(r, path)) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Pool> RuleTable::resolve(uint16_t port, std::string_view path,
+                                         std::string_view model) const {
+  const std::shared_ptr<Pool>* named = nullptr;
+  const std::shared_ptr<Pool>* any = nullptr;
+  for (const auto& p : pools) {
+    const auto& r = p->rule();
+    if (!port_matches(r, port) || !path_matches(r, path)) continue;
+    if (r.models.empty()) {
+      if (!any || specificity(r) > specificity((*any)->rule())) any = &p;
+    } else if (std::find(r.models.begin(), r.models.end(), model) != r.models.end()) {
+      if (!named || specificity(r) > specificity((*named)->rule())) named = &p;
+    }
+  }
+  if (named) return *named;
+  return any ? *any : nullptr;
+}
+
+const Pool* RuleTable::find(std::string_view name) const {
+  for (const auto& p : pools) {
+    if (p->name() == name) return p.get();
+  }
+  return nullptr;
+}
+
+size_t RuleTable::healthy_workers() const {
+  size_t n = 0;
+  for (const auto& p : pools) n += p->registry().healthy_count();
+  return n;
+}
+
+size_t RuleTable::total_workers() const {
+  size_t n = 0;
+  for (const auto& p : pools) n += p->workers()->workers.size();
+  return n;
+}
+
+PoolManager::PoolManager(PoolEnv env)
+    : env_(std::move(env)), table_(std::make_shared<const RuleTable>()) {}
+
+PoolManager::~PoolManager() {
+  stop();
+}
+
+std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next) {
+  std::vector<rules::FieldError> errors;
+  for (const auto& r : next) {
+    std::vector<rules::FieldError> own;
+    rules::validate(r, own);
+    for (auto& e : own) {
+      e.field = "rules[" + r.name + "]." + e.field;
+      errors.push_back(std::move(e));
+    }
+  }
+  rules::validate_table(next, errors);
+  auto current = table();
+  for (const auto& r : next) {
+    if (const Pool* old = current->find(r.name)) {
+      std::vector<rules::FieldError> own;
+      rules::validate_update(old->rule(), r, own);
+      for (auto& e : own) {
+        e.field = "rules[" + r.name + "]." + e.field;
+        errors.push_back(std::move(e));
+      }
+    }
+  }
+  if (!errors.empty()) return errors;
+
+  // Build what is new or changed; nothing is published unless every build succeeds.
+  auto table = std::make_shared<RuleTable>();
+  std::vector<std::shared_ptr<Pool>> built;
+  for (const auto& r : next) {
+    const Pool* old = current->find(r.name);
+    if (old && old->rule_json() == rules::to_json(r)) {
+      for (const auto& p : current->pools) {
+        if (p.get() == old) table->pools.push_back(p);
+      }
+      continue;
+    }
+    std::string err;
+    std::unique_ptr<Policy> policy;
+    if (auto it = overrides_.find(r.name); it != overrides_.end()) policy = it->second();
+    auto pool = Pool::build(r, env_, old, err, std::move(policy));
+    if (!pool) {
+      errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
+      continue;
+    }
+    built.push_back(pool);
+    table->pools.push_back(std::move(pool));
+  }
+  if (!errors.empty()) {
+    // The pools built for nothing take the metric cells of their new workers with them.
+    std::set<std::string, std::less<>> urls;
+    for (const auto& p : built) add_urls(*p, urls);
+    table.reset();
+    built.clear();
+    std::set<std::string, std::less<>> live;
+    for (const auto& p : current->pools) add_urls(*p, live);
+    for (const auto& p : retiring_) add_urls(*p, live);
+    for (const auto& u : urls) {
+      if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
+    }
+    return errors;
+  }
+
+  std::shared_ptr<const RuleTable> published = table;
+  table_.store(published);
+  for (const auto& p : built) {
+    log::info("rule applied")
+        .kv("rule", p->name())
+        .kv("sel", p->rule().sel)
+        .kv("endpoints", p->rule().endpoints.size())
+        .kv("replaced", current->find(p->name()) != nullptr);
+    if (started_) p->start();
+  }
+  for (const auto& p : current->pools) {
+    bool kept = std::any_of(published->pools.begin(), published->pools.end(),
+                            [&](const std::shared_ptr<Pool>& q) { return q == p; });
+    if (kept) continue;
+    if (!published->find(p->name())) log::info("rule deleted").kv("rule", p->name());
+    p->stop();
+    retiring_.push_back(p);
+  }
+  current.reset();
+  retire();
+  return errors;
+}
+
+std::vector<rules::FieldError> PoolManager::upsert(rules::Rule rule, bool* created) {
+  auto next = rules();
+  auto it = std::find_if(next.begin(), next.end(),
+                         [&](const rules::Rule& r) { return r.name == rule.name; });
+  if (created) *created = it == next.end();
+  if (it == next.end()) {
+    next.push_back(std::move(rule));
+  } else {
+    *it = std::move(rule);
+  }
+  return apply(std::move(next));
+}
+
+bool PoolManager::remove(std::string_view name) {
+  auto next = rules();
+  auto it =
+      std::find_if(next.begin(), next.end(), [&](const rules::Rule& r) { return r.name == name; });
+  if (it == next.end()) return false;
+  next.erase(it);
+  auto errors = apply(std::move(next));
+  return errors.empty();
+}
+
+std::vector<rules::Rule> PoolManager::rules() const {
+  std::vector<rules::Rule> out;
+  for (const auto& p : table()->pools) out.push_back(p->rule());
+  return out;
+}
+
+std::optional<rules::Rule> PoolManager::rule(std::string_view name) const {
+  auto t = table();
+  if (const Pool* p = t->find(name)) return p->rule();
+  return std::nullopt;
+}
+
+void PoolManager::set_policy_override(std::string name,
+                                      std::function<std::unique_ptr<Policy>()> make) {
+  overrides_[std::move(name)] = std::move(make);
+}
+
+void PoolManager::start() {
+  if (started_) return;
+  started_ = true;
+  for (const auto& p : table()->pools) p->start();
+}
+
+void PoolManager::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (retire_timer_) retire_timer_->cancel();
+  for (const auto& p : table()->pools) p->stop();
+  for (const auto& p : retiring_) p->stop();
+}
+
+void PoolManager::shutdown() {
+  stop();
+  retire_timer_.reset();
+  table_.store(std::make_shared<const RuleTable>());
+  retiring_.clear();
+}
+
+size_t PoolManager::retire() {
+  std::set<std::string, std::less<>> gone;
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    if (it->use_count() == 1) {  // only this list holds it: no request, no table
+      add_urls(**it, gone);
+      it = retiring_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!gone.empty()) {
+    std::set<std::string, std::less<>> live;
+    for (const auto& p : table()->pools) add_urls(*p, live);
+    for (const auto& p : retiring_) add_urls(*p, live);
+    for (const auto& u : gone) {
+      if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
+    }
+  }
+  if (!retiring_.empty()) schedule_retire();
+  return retiring_.size();
+}
+
+void PoolManager::schedule_retire() {
+  if (stopped_ || !env_.control) return;
+  if (!retire_timer_) retire_timer_ = std::make_unique<asio::steady_timer>(*env_.control);
+  if (retire_timer_->expiry() > Clock::now()) return;  // one is pending
+  retire_timer_->expires_after(std::chrono::milliseconds(200));
+  retire_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) retire();
+  });
+}
+
+}  // namespace kvgate

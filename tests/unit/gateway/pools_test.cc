@@ -1,0 +1,177 @@
+// Tests of gateway/pools: resolving requests to rules, and applying rule changes (kept pools,
+// workers taken over, retired pools, metric series removed, all-or-nothing failures).
+#include "gateway/pools.h"
+
+#include <gtest/gtest.h>
+
+#include "metrics/metrics.h"
+
+namespace kvgate {
+namespace {
+
+rules::Rule make_rule(std::string name, std::vector<std::string> urls,
+                      std::vector<std::string> models = {}) {
+  rules::Rule r;
+  r.name = std::move(name);
+  r.mode = 4;
+  r.sel = "round_robin";
+  r.models = std::move(models);
+  for (auto& u : urls) r.endpoints.push_back({.url = std::move(u)});
+  return r;
+}
+
+class PoolsTest : public ::testing::Test {
+ protected:
+  PoolsTest() {
+    env_.config = &cfg_;
+    env_.metrics = &metrics_;
+    env_.registry = &registry_;
+    env_.control = &control_;
+    env_.next_worker_id = &next_id_;
+    env_.health = health_config(cfg_);
+    pools_ = std::make_unique<PoolManager>(env_);
+  }
+  bool exposes(const std::string& text) {
+    return registry_.expose().find(text) != std::string::npos;
+  }
+
+  GatewayConfig cfg_;
+  metrics::Registry registry_;
+  GatewayMetrics metrics_{registry_, metrics::latency_buckets()};
+  asio::io_context control_;
+  std::atomic<uint64_t> next_id_{1};
+  PoolEnv env_;
+  std::unique_ptr<PoolManager> pools_;
+};
+
+TEST_F(PoolsTest, ResolvesByModelThenCatchAllThenMostSpecific) {
+  auto errors = pools_->apply({
+      make_rule("llama", {"http://127.0.0.1:1"}, {"llama-3", "llama-3.1"}),
+      make_rule("qwen", {"http://127.0.0.1:2"}, {"qwen3"}),
+      make_rule("rest", {"http://127.0.0.1:3"}),
+  });
+  ASSERT_TRUE(errors.empty()) << rules::format_errors(errors);
+  auto t = pools_->table();
+  EXPECT_TRUE(t->needs_model(30000, "/v1/chat/completions"));
+  EXPECT_EQ(t->resolve(30000, "/generate", "qwen3")->name(), "qwen");
+  EXPECT_EQ(t->resolve(30000, "/generate", "llama-3.1")->name(), "llama");
+  EXPECT_EQ(t->resolve(30000, "/generate", "mistral")->name(), "rest");
+  EXPECT_EQ(t->resolve(30000, "/generate", "")->name(), "rest");
+
+  auto by_port = make_rule("port", {"http://127.0.0.1:4"});
+  by_port.port = 30001;
+  auto by_path = make_rule("path", {"http://127.0.0.1:5"});
+  by_path.path_prefix = "/v1/";
+  errors =
+      pools_->apply({make_rule("only-qwen", {"http://127.0.0.1:2"}, {"qwen3"}), by_port, by_path});
+  ASSERT_TRUE(errors.empty()) << rules::format_errors(errors);
+  t = pools_->table();
+  EXPECT_EQ(t->resolve(30001, "/v1/completions", "x")->name(), "port");
+  EXPECT_EQ(t->resolve(30000, "/v1/completions", "x")->name(), "path");
+  EXPECT_EQ(t->resolve(30000, "/generate", "x"), nullptr);
+  EXPECT_EQ(t->resolve(30000, "/generate", "qwen3")->name(), "only-qwen");
+}
+
+TEST_F(PoolsTest, WithoutModelsNoBodyIsNeeded) {
+  ASSERT_TRUE(pools_->apply({make_rule("default", {"http://127.0.0.1:1"})}).empty());
+  EXPECT_FALSE(pools_->table()->needs_model(0, "/generate"));
+}
+
+TEST_F(PoolsTest, UnchangedRuleKeepsItsPoolChangedRuleTakesOverItsWorkers) {
+  ASSERT_TRUE(pools_
+                  ->apply({make_rule("a", {"http://127.0.0.1:1", "http://127.0.0.1:2"}),
+                           make_rule("b", {"http://127.0.0.1:3"})})
+                  .empty());
+  auto before = pools_->table();
+  auto a0 = before->pools[0];
+  auto b0 = before->pools[1];
+  WorkerPtr kept = a0->workers()->workers[1];
+  kept->set_healthy(true);
+
+  ASSERT_TRUE(pools_
+                  ->apply({make_rule("a", {"http://127.0.0.1:2", "http://127.0.0.1:4"}),
+                           make_rule("b", {"http://127.0.0.1:3"})})
+                  .empty());
+  auto after = pools_->table();
+  EXPECT_NE(after->pools[0], a0);  // changed: a new pool
+  EXPECT_EQ(after->pools[1], b0);  // unchanged: the same pool
+  // The worker both versions of rule a list is the same object: health carries on.
+  EXPECT_EQ(after->pools[0]->workers()->workers[0], kept);
+  EXPECT_TRUE(after->pools[0]->workers()->workers[0]->healthy());
+  EXPECT_NE(after->pools[0]->workers()->workers[1]->id(), kept->id());
+}
+
+TEST_F(PoolsTest, RetiredPoolLivesWhileARequestHoldsItThenItsWorkersSeriesGo) {
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  auto pinned = pools_->table()->resolve(0, "/generate", "");  // a request in flight
+  pinned->workers()->workers[0]->set_healthy(true);
+  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\"} 1"));
+
+  ASSERT_TRUE(pools_->apply({make_rule("b", {"http://127.0.0.1:2"})}).empty());
+  EXPECT_EQ(pools_->table()->find("a"), nullptr);
+  EXPECT_EQ(pools_->retiring(), 1u);
+  // The request still routes with its pool and its worker's cells.
+  pinned->workers()->workers[0]->begin_request();
+  pinned->workers()->workers[0]->end_request();
+  EXPECT_TRUE(exposes("worker=\"http://127.0.0.1:1\""));
+
+  pinned.reset();  // the request completes
+  EXPECT_EQ(pools_->retire(), 0u);
+  EXPECT_FALSE(exposes("worker=\"http://127.0.0.1:1\""));
+  EXPECT_TRUE(exposes("worker=\"http://127.0.0.1:2\""));
+}
+
+TEST_F(PoolsTest, AUrlStillInAnotherPoolKeepsItsSeries) {
+  ASSERT_TRUE(pools_
+                  ->apply({make_rule("a", {"http://127.0.0.1:1"}, {"m1"}),
+                           make_rule("b", {"http://127.0.0.1:1"}, {"m2"})})
+                  .empty());
+  ASSERT_TRUE(pools_->remove("a"));
+  EXPECT_EQ(pools_->retire(), 0u);
+  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\"}"));
+}
+
+TEST_F(PoolsTest, AFailedApplyChangesNothing) {
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  auto before = pools_->table();
+  auto bad = make_rule("b", {"http://127.0.0.1:2"});
+  bad.sel = "no_such_policy";
+  auto errors = pools_->apply({make_rule("a", {"http://127.0.0.1:1"}), bad});
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(rules::format_errors(errors).find("rules[b]"), std::string::npos)
+      << rules::format_errors(errors);
+  EXPECT_EQ(pools_->table(), before);
+  // The worker the failed build made has no series left behind.
+  EXPECT_FALSE(exposes("worker=\"http://127.0.0.1:2\""));
+
+  auto engine = make_rule("a", {"http://127.0.0.1:1"});
+  engine.kv_engine_type = rules::EngineType::kSglang;
+  errors = pools_->apply({engine});
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(rules::format_errors(errors).find("kvEngineType"), std::string::npos);
+  EXPECT_EQ(pools_->table(), before);
+}
+
+TEST_F(PoolsTest, FeaturesNotBuiltAreRefusedByName) {
+  auto pd = make_rule("pd", {"http://127.0.0.1:1", "http://127.0.0.1:2"});
+  pd.endpoints[0].role = rules::Role::kPrefill;
+  pd.endpoints[1].role = rules::Role::kDecode;
+  auto errors = pools_->apply({pd});
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(rules::format_errors(errors).find("prefill/decode"), std::string::npos);
+}
+
+TEST_F(PoolsTest, UpsertAndRemove) {
+  bool created = false;
+  ASSERT_TRUE(pools_->upsert(make_rule("a", {"http://127.0.0.1:1"}), &created).empty());
+  EXPECT_TRUE(created);
+  ASSERT_TRUE(pools_->upsert(make_rule("a", {"http://127.0.0.1:2"}), &created).empty());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(pools_->rule("a")->endpoints[0].url, "http://127.0.0.1:2");
+  EXPECT_TRUE(pools_->remove("a"));
+  EXPECT_FALSE(pools_->remove("a"));
+  EXPECT_TRUE(pools_->table()->pools.empty());
+}
+
+}  // namespace
+}  // namespace kvgate

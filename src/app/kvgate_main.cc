@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "gateway/admin.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
 #include "gateway/pools.h"
@@ -43,6 +44,11 @@ constexpr std::string_view kOutro =
     "  kvgate --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002 --policy round_robin\n"
     "Endpoints: POST /generate /v1/chat/completions /v1/completions /v1/embeddings /v1/rerank;\n"
     "GET /v1/models /health /liveness /readiness; metrics on --prometheus-port at /metrics.";
+
+// Whether `host` is a loopback address (127.0.0.0/8, ::1, localhost).
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvgate: %s\n", msg.c_str());
@@ -152,6 +158,15 @@ int main(int argc, char** argv) {
   bool api_key_given =
       std::find(parsed.set.begin(), parsed.set.end(), "api-key") != parsed.set.end();
   if (std::string e = load_api_key(cfg, api_key_given); !e.empty()) return fail(e);
+  bool admin_key_given =
+      std::find(parsed.set.begin(), parsed.set.end(), "admin-api-key") != parsed.set.end();
+  if (std::string e = load_admin_api_key(cfg, admin_key_given); !e.empty()) return fail(e);
+  if (cfg.admin_api_key.empty() && !is_loopback(cfg.admin_host)) {
+    return fail("--admin-host " + cfg.admin_host +
+                " is not a loopback address and no admin key is set: anyone who can reach it "
+                "could change the rules. Give --admin-api-key-file, or keep --admin-host "
+                "127.0.0.1");
+  }
   log::Level level = log::Level::kInfo;
   log::parse_level(cfg.log_level, level);
   log::set_level(level);
@@ -279,6 +294,17 @@ int main(int argc, char** argv) {
   sc.tls_key_path = cfg.tls_key_path;
   std::unique_ptr<http::Server> server;
   std::unique_ptr<http::Server> metrics_server;
+  std::unique_ptr<http::Server> admin_server;
+  AdminApi::Hooks admin_hooks;
+  admin_hooks.effective_config = [&] {
+    std::string rules_json = "[";
+    for (const auto& r : pools.rules()) {
+      if (rules_json.size() > 1) rules_json.push_back(',');
+      rules_json += rules::to_json(r);
+    }
+    return R"({"knobs":)" + knobs_json(cfg) + R"(,"rules":)" + rules_json + "]}";
+  };
+  AdminApi admin(cfg, pools, admin_hooks);
   try {
     server = std::make_unique<http::Server>(
         ctx_ptrs, sc, [&gateway](http::Exchange& ex) { return gateway.handle(ex); });
@@ -312,6 +338,18 @@ int main(int argc, char** argv) {
             co_await ex.respond(200, h, registry.expose());
           }
         });
+    http::ServerConfig ac;
+    ac.host = cfg.admin_host;
+    ac.port = static_cast<uint16_t>(cfg.admin_port);
+    ac.body_limit = 4 << 20;  // a rule with thousands of endpoints fits
+    ac.max_connections = 64;
+    ac.idle_timeout = std::chrono::seconds(30);
+    ac.header_timeout = std::chrono::seconds(10);
+    ac.body_timeout = std::chrono::seconds(10);
+    ac.write_timeout = std::chrono::seconds(10);
+    admin_server =
+        std::make_unique<http::Server>(std::vector<asio::io_context*>{control.get()}, ac,
+                                       [&admin](http::Exchange& ex) { return admin.handle(ex); });
   } catch (const std::exception& e) {
     return fail(e.what());
   }
@@ -325,6 +363,7 @@ int main(int argc, char** argv) {
 
   server->start();
   metrics_server->start();
+  admin_server->start();
   pools.start();
 
   // Shutdown. First signal: stop accepting, close idle connections, answer in-flight requests with
@@ -351,6 +390,7 @@ int main(int argc, char** argv) {
     log::info("shutting down").kv("signal", sig).kv("in_flight", gateway.in_flight());
     server->stop();
     metrics_server->stop();
+    admin_server->stop();
     pools.stop();
     asio::co_spawn(
         *control,
@@ -388,6 +428,7 @@ int main(int argc, char** argv) {
       .kv("tls", !cfg.tls_cert_path.empty())
       .kv("max_connections", max_connections)
       .kv("metrics", cfg.prometheus_host + ":" + std::to_string(metrics_server->port()))
+      .kv("admin", cfg.admin_host + ":" + std::to_string(admin_server->port()))
       .kv("rules", pools.table()->pools.size())
       .kv("workers", pools.table()->total_workers())
       .kv("threads", n);
@@ -414,6 +455,7 @@ int main(int argc, char** argv) {
   // loop (destroying the health loops suspended on it).
   server.reset();
   metrics_server.reset();
+  admin_server.reset();
   for (auto& ts : thread_states) ts->close();
   contexts.clear();
   thread_states.clear();

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "http/client.h"
 #include "policy/registry.h"
@@ -27,6 +28,7 @@ constexpr std::string_view kAdmission = "Admission (concurrency limit and queue)
 constexpr std::string_view kRetry = "Retries";
 constexpr std::string_view kBreaker = "Circuit breaker";
 constexpr std::string_view kHealth = "Health checks and load";
+constexpr std::string_view kAdmin = "Admin API and configuration file";
 constexpr std::string_view kMetrics = "Prometheus metrics";
 constexpr std::string_view kLogging = "Logging";
 constexpr std::string_view kUnsupported = "Unsupported";
@@ -526,6 +528,44 @@ const std::vector<K>& table() {
          .field = &C::load_check_interval_ms,
          .min = 50},
 
+        {.name = "config",
+         .group = kAdmin,
+         .value_name = "FILE",
+         .help = "Read knobs and rules from this YAML (or JSON) file; flags given on the command "
+                 "line win. SIGHUP (or POST /v1/config/reload) reads it again and applies the "
+                 "difference live",
+         .field = &C::config},
+        {.name = "admin-host",
+         .group = kAdmin,
+         .value_name = "ADDR",
+         .help = "Address of the admin API listener (rules, workers, config); without an admin "
+                 "key it may only be a loopback address",
+         .field = &C::admin_host},
+        {.name = "admin-port",
+         .group = kAdmin,
+         .value_name = "PORT",
+         .help = "Port of the admin API listener (0 = any free port)",
+         .field = &C::admin_port,
+         .min = 0,
+         .max = 65535},
+        {.name = "admin-api-key",
+         .group = kAdmin,
+         .value_name = "KEY",
+         .help = "Admin API clients must send 'Authorization: Bearer KEY'; prefer "
+                 "--admin-api-key-file: ps shows the command line",
+         .field = &C::admin_api_key},
+        {.name = "admin-api-key-file",
+         .group = kAdmin,
+         .value_name = "PATH",
+         .help = "Read the admin API key from this file (its first line)",
+         .field = &C::admin_api_key_file},
+        {.name = "expose-server-info",
+         .group = kAdmin,
+         .help = "Also answer GET /get_server_info and /get_model_info on the inference listener "
+                 "(sgl-model-gateway does; they reveal the engines' configuration, so by default "
+                 "only the admin listener answers them)",
+         .field = &C::expose_server_info},
+
         {.name = "prometheus-host",
          .group = kMetrics,
          .value_name = "ADDR",
@@ -636,38 +676,86 @@ std::string validate(const GatewayConfig& c) {
   if (c.port != 0 && c.port == c.prometheus_port && c.host == c.prometheus_host) {
     return "--port and --prometheus-port are both " + std::to_string(c.port) + "; pick two ports";
   }
+  if (c.admin_port != 0 && (c.admin_port == c.port || c.admin_port == c.prometheus_port)) {
+    return "--admin-port " + std::to_string(c.admin_port) +
+           " is also the inference or metrics port; pick another (default 29001)";
+  }
   return "";
 }
 
-std::string load_api_key(GatewayConfig& c, bool api_key_given) {
-  if (c.api_key_file.empty()) {
-    if (api_key_given && c.api_key.empty()) {
-      return "--api-key is empty: give a key, or leave the flag out to accept every client";
+namespace {
+
+// A key from --NAME or --NAME-file (its first line); see load_api_key in config.h.
+std::string load_key(std::string& key, const std::string& file, bool key_given,
+                     std::string_view name) {
+  std::string flag = "--" + std::string(name);
+  if (file.empty()) {
+    if (key_given && key.empty()) {
+      return flag + " is empty: give a key, or leave the flag out to accept every client";
     }
     return "";
   }
-  if (api_key_given || !c.api_key.empty()) return "give --api-key or --api-key-file, not both";
-  std::FILE* f = std::fopen(c.api_key_file.c_str(), "rb");
+  if (key_given || !key.empty()) return "give " + flag + " or " + flag + "-file, not both";
+  std::FILE* f = std::fopen(file.c_str(), "rb");
   if (!f) {
-    return "--api-key-file " + c.api_key_file + ": cannot read it (" + std::strerror(errno) +
+    return flag + "-file " + file + ": cannot read it (" + std::strerror(errno) +
            "); give a file kvgate can read, with the key on its first line";
   }
-  std::string key;
+  std::string text;
   char buf[4096];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && key.size() < 65536) key.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < 65536) text.append(buf, n);
   std::fclose(f);
-  key = key.substr(0, key.find('\n'));
+  text = text.substr(0, text.find('\n'));
   // Trailing whitespace (a CR, a stray space or tab) is never part of a key a client can send.
-  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) {
-    key.pop_back();
+  while (!text.empty() && (text.back() == '\r' || text.back() == ' ' || text.back() == '\t')) {
+    text.pop_back();
   }
-  if (key.empty()) {
-    return "--api-key-file " + c.api_key_file +
+  if (text.empty()) {
+    return flag + "-file " + file +
            " is empty: write the key on its first line (an empty key would let no client in)";
   }
-  c.api_key = std::move(key);
+  key = std::move(text);
   return "";
+}
+
+}  // namespace
+
+std::string load_api_key(GatewayConfig& c, bool api_key_given) {
+  return load_key(c.api_key, c.api_key_file, api_key_given, "api-key");
+}
+
+std::string load_admin_api_key(GatewayConfig& c, bool api_key_given) {
+  return load_key(c.admin_api_key, c.admin_api_key_file, api_key_given, "admin-api-key");
+}
+
+std::string knobs_json(const GatewayConfig& c) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& k : table()) {
+    if (!k.unsupported_reason.empty()) continue;
+    std::string name(k.name);
+    if (name == "api-key" || name == "admin-api-key") {
+      const std::string& key = name == "api-key" ? c.api_key : c.admin_api_key;
+      j[name] =
+          key.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json("<redacted>");
+      continue;
+    }
+    std::visit(
+        [&](auto member) {
+          if constexpr (!std::is_same_v<decltype(member), std::monostate>) j[name] = c.*member;
+        },
+        k.field);
+  }
+  j["prometheus-duration-buckets"] = c.prometheus_duration_buckets;
+  nlohmann::ordered_json prefill = nlohmann::ordered_json::array();
+  for (const auto& p : c.prefill) {
+    prefill.push_back(
+        {{"url", p.url},
+         {"bootstrap_port", p.bootstrap_port ? nlohmann::ordered_json(*p.bootstrap_port)
+                                             : nlohmann::ordered_json(nullptr)}});
+  }
+  j["prefill"] = prefill;
+  return j.dump();
 }
 
 std::vector<std::string> request_id_header_names(const GatewayConfig& c) {

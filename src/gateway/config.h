@@ -51,6 +51,13 @@ struct GatewayConfig {
   // Logging
   std::string log_dir;
   std::string log_level = "info";
+  // Admin API and configuration file
+  std::string config;  // --config FILE
+  std::string admin_host = "127.0.0.1";
+  int64_t admin_port = 29001;
+  std::string admin_api_key;
+  std::string admin_api_key_file;
+  bool expose_server_info = false;
   // Prometheus metrics
   int64_t prometheus_port = 29000;
   std::string prometheus_host = "0.0.0.0";
@@ -125,6 +132,11 @@ std::string validate(const GatewayConfig& config);
 // file) is an error: it would lock every client out, or look like protection that is not there.
 // Returns "" or an error naming the fix.
 std::string load_api_key(GatewayConfig& config, bool api_key_given);
+// The same for --admin-api-key / --admin-api-key-file.
+std::string load_admin_api_key(GatewayConfig& config, bool api_key_given);
+
+// Every knob's value as a JSON object keyed by flag name; secrets (the API keys) redacted.
+std::string knobs_json(const GatewayConfig& config);
 
 // Request id headers to look at, lower-case, in order (the configured ones or the defaults).
 std::vector<std::string> request_id_header_names(const GatewayConfig& config);

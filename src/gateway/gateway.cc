@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "gateway/admin.h"
 #include "gateway/errors.h"
 #include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
@@ -456,6 +457,10 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
       {"/health", std::nullopt},
       {"/liveness", std::nullopt},
       {"/readiness", std::nullopt},
+      {"/get_server_info", std::nullopt},
+      {"/server_info", std::nullopt},
+      {"/get_model_info", std::nullopt},
+      {"/model_info", std::nullopt},
   };
   std::string_view path = ex.path();
   std::string_view method = ex.method();
@@ -494,6 +499,23 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   }
   if (path == "/readiness") {
     co_await readiness(ex, rid, start);
+    co_return;
+  }
+  if (path.ends_with("_info")) {
+    // They reveal the engines' configuration: the admin listener answers them, this one only
+    // with --expose-server-info (sgl-model-gateway's behaviour).
+    if (!config_.expose_server_info) {
+      co_await fail(ex,
+                    {404, "invalid_request_error", "not_found",
+                     std::string(path) + " is answered on the admin listener (--admin-port); "
+                                         "--expose-server-info answers it here too"},
+                    rid);
+      record(route->path, 404, "", false, start);
+      co_return;
+    }
+    co_await answer_worker_info(ex, *pools_.table(), "",
+                                std::chrono::seconds(config_.health_check_timeout_secs));
+    record(route->path, 200, "", false, start);
     co_return;
   }
   co_await answer(ex, 200, R"({"status":"ok"})", rid);

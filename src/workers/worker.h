@@ -55,6 +55,7 @@ class Worker {
   int64_t load() const { return inflight() + reported_load(); }
 
   CircuitBreaker& breaker() { return breaker_; }
+  BreakerState breaker_state() const { return breaker_.state(); }
   // The outcome of a request the breaker let through with `pass` (exactly one per admit()).
   void record_success(CircuitBreaker::Pass pass);
   void record_failure(CircuitBreaker::Pass pass, Clock::time_point now);

@@ -1,0 +1,594 @@
+// gateway/admin: see admin.h.
+#include "gateway/admin.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <cctype>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "util/log.h"
+#include "workers/health.h"
+
+namespace kvgate {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr size_t kMaxTrackedAddresses = 4096;
+constexpr auto kFailureWindow = std::chrono::seconds(60);
+
+std::array<unsigned char, 32> digest_of(std::string_view s) {
+  std::array<unsigned char, 32> d{};
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
+  return d;
+}
+
+awaitable<void> reply(http::Exchange& ex, int status, const Json& body) {
+  const http::Header h[] = {{"content-type", "application/json"}};
+  co_await ex.respond(status, h, status == 204 ? std::string() : body.dump() + "\n");
+}
+
+Json error_json(std::string_view type, std::string_view code, const std::string& message) {
+  return Json{{"error", {{"type", type}, {"code", code}, {"message", message}}}};
+}
+
+awaitable<void> fail(http::Exchange& ex, int status, std::string_view code,
+                     const std::string& message) {
+  co_await reply(
+      ex, status,
+      error_json(status >= 500 ? "server_error" : "invalid_request_error", code, message));
+}
+
+// 400 with every error of a rule, each naming its field, value and message.
+awaitable<void> rule_errors(http::Exchange& ex, const std::vector<rules::FieldError>& errors) {
+  Json details = Json::array();
+  for (const auto& e : errors) {
+    details.push_back({{"field", e.field}, {"value", e.value}, {"message", e.message}});
+  }
+  std::string message = std::to_string(errors.size()) +
+                        (errors.size() == 1 ? " error" : " errors") +
+                        " in the rule: " + rules::format_errors(errors);
+  while (!message.empty() && message.back() == '\n') message.pop_back();
+  Json body = error_json("invalid_request_error", "invalid_rule", message);
+  body["error"]["details"] = std::move(details);
+  co_await reply(ex, 400, body);
+}
+
+Json rule_json(const rules::Rule& r) {
+  return Json::parse(rules::to_json(r));
+}
+
+std::string_view role_name(rules::Role r) {
+  switch (r) {
+    case rules::Role::kPrefill:
+      return "prefill";
+    case rules::Role::kDecode:
+      return "decode";
+    case rules::Role::kNone:
+      break;
+  }
+  return "regular";
+}
+
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::string_view query_param(std::string_view target, std::string_view name) {
+  size_t q = target.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view kv = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+    size_t eq = kv.find('=');
+    if (kv.substr(0, eq) == name) {
+      return eq == std::string_view::npos ? std::string_view{} : kv.substr(eq + 1);
+    }
+  }
+  return {};
+}
+
+// Parses a rule body; `name` (from the path) is filled in when the body has none, and must agree
+// when it has one.
+std::optional<rules::Rule> parse_rule(std::string_view body, std::string_view name,
+                                      const GatewayConfig& base,
+                                      std::vector<rules::FieldError>& errors) {
+  Json j = Json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    errors.push_back({.field = "",
+                      .value = "",
+                      .message = "the body must be a JSON object (a rule: {\"name\": ..., "
+                                 "\"endpoints\": [...], ...})"});
+    return std::nullopt;
+  }
+  if (!name.empty()) {
+    if (!j.contains("name")) {
+      j["name"] = name;
+    } else if (!j["name"].is_string() || j["name"].get<std::string>() != name) {
+      errors.push_back({.field = "name",
+                        .value = j["name"].dump(),
+                        .message = "differs from the name in the path ('" + std::string(name) +
+                                   "'); rename a rule by creating the new one and deleting the "
+                                   "old"});
+      return std::nullopt;
+    }
+  }
+  return rules::rule_from_json(j.dump(), base, errors);
+}
+
+Json worker_json(const Pool& pool, const Worker& w, const rules::Endpoint* ep) {
+  Json j{{"id", std::to_string(w.id())},
+         {"url", w.url()},
+         {"rule", pool.name()},
+         {"model_id", pool.rule().models.empty() ? Json(nullptr) : Json(pool.rule().models[0])},
+         {"worker_type", role_name(ep ? ep->role : rules::Role::kNone)},
+         {"bootstrap_port", ep && ep->bootstrap_port ? Json(*ep->bootstrap_port) : Json(nullptr)},
+         {"is_healthy", w.healthy()},
+         {"load", w.load()},
+         {"circuit_breaker", to_string(w.breaker_state())}};
+  return j;
+}
+
+const rules::Endpoint* endpoint_of(const Pool& pool, const Worker& w) {
+  for (const auto& ep : pool.rule().endpoints) {
+    http::Target t;
+    if (http::parse_url(ep.url, t).empty() && t.url == w.url()) return &ep;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+AdminApi::AdminApi(const GatewayConfig& config, PoolManager& pools, Hooks hooks)
+    : config_(config),
+      pools_(pools),
+      hooks_(std::move(hooks)),
+      has_key_(!config.admin_api_key.empty()),
+      key_digest_(digest_of(config.admin_api_key)) {}
+
+bool AdminApi::authorized(const http::Exchange& ex) {
+  if (!has_key_) return true;
+  std::string_view auth = ex.header("authorization");
+  size_t sp = auth.find(' ');
+  if (sp == std::string_view::npos || !http::iequals(auth.substr(0, sp), "bearer")) return false;
+  std::string_view token = auth.substr(sp + 1);
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  auto d = digest_of(token);
+  return CRYPTO_memcmp(d.data(), key_digest_.data(), d.size()) == 0;
+}
+
+awaitable<void> AdminApi::handle(http::Exchange& ex) {
+  auto now = Clock::now();
+  const std::string& addr = ex.remote_address();
+  if (auto it = failures_.find(addr); it != failures_.end() && it->second.blocked_until > now) {
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(it->second.blocked_until - now);
+    // (Strings built first: GCC 12 miscompiles temporaries in an array initializer here.)
+    std::string retry_after = std::to_string(secs.count() + 1);
+    std::string body = error_json("rate_limit_error", "too_many_auth_failures",
+                                  "too many failed authentications from this address; wait and "
+                                  "retry with the right admin key")
+                           .dump();
+    const http::Header refused[] = {{"content-type", "application/json"},
+                                    {"retry-after", retry_after}};
+    co_await ex.respond(429, refused, body);
+    co_return;
+  }
+  if (!authorized(ex)) {
+    if (failures_.size() >= kMaxTrackedAddresses && !failures_.contains(addr)) {
+      std::erase_if(failures_, [&](const auto& kv) { return kv.second.blocked_until <= now; });
+      if (failures_.size() >= kMaxTrackedAddresses) failures_.erase(failures_.begin());
+    }
+    auto& f = failures_[addr];
+    if (now - f.window > kFailureWindow) {
+      f.window = now;
+      f.count = 0;
+    }
+    if (++f.count >= kMaxAuthFailures) {
+      f.blocked_until = now + kFailureWindow;
+      log::warn("admin API: too many failed authentications; refusing the address for a minute")
+          .kv("client", addr);
+    }
+    std::string denied_body =
+        error_json("authentication_error", "invalid_admin_key",
+                   "missing or wrong admin key: send 'Authorization: Bearer KEY' "
+                   "with the key of --admin-api-key-file")
+            .dump();
+    const http::Header denied[] = {{"content-type", "application/json"},
+                                   {"www-authenticate", "Bearer"}};
+    co_await ex.respond(401, denied, denied_body);
+    co_return;
+  }
+  failures_.erase(std::string(addr));
+
+  std::string_view path = ex.path();
+  std::string_view method = ex.method();
+  if (path == "/v1/rules" || path.starts_with("/v1/rules/")) {
+    co_await rules_route(ex, path.substr(std::string_view("/v1/rules").size()));
+    co_return;
+  }
+  if (path == "/workers" || path.starts_with("/workers/")) {
+    co_await workers_route(ex, path.substr(std::string_view("/workers").size()));
+    co_return;
+  }
+  if (path == "/flush_cache") {
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed", "use POST /flush_cache");
+      co_return;
+    }
+    co_await fan_out(ex, "POST", "/flush_cache");
+    co_return;
+  }
+  if (path == "/get_loads") {
+    co_await fan_out(ex, "GET", "/get_load");
+    co_return;
+  }
+  if (path == "/get_server_info" || path == "/server_info" || path == "/get_model_info" ||
+      path == "/model_info") {
+    co_await answer_worker_info(ex, *pools_.table(), query_param(ex.target(), "rule"),
+                                std::chrono::seconds(config_.health_check_timeout_secs));
+    co_return;
+  }
+  if (path == "/v1/config" && method == "GET") {
+    std::string config_body =
+        (hooks_.effective_config ? hooks_.effective_config() : std::string("{}")) + "\n";
+    const http::Header json_type[] = {{"content-type", "application/json"}};
+    co_await ex.respond(200, json_type, config_body);
+    co_return;
+  }
+  if (path == "/v1/config/reload" && method == "POST") {
+    if (!hooks_.reload) {
+      co_await fail(ex, 409, "no_config_file",
+                    "kvgate runs without --config: there is no file to reload; change rules "
+                    "with /v1/rules");
+      co_return;
+    }
+    std::string err = hooks_.reload();
+    if (!err.empty()) {
+      co_await fail(ex, 400, "invalid_config", err);
+      co_return;
+    }
+    Json out{{"status", "reloaded"}, {"rules", pools_.rules().size()}};
+    co_await reply(ex, 200, out);
+    co_return;
+  }
+  co_await fail(ex, 404, "not_found",
+                "no admin route " + std::string(method) + " " + std::string(path) +
+                    " (routes: /v1/rules, /v1/rules/{name}, /v1/rules/validate, "
+                    "/v1/rules/{name}/inventory, /workers, /workers/{id}, /flush_cache, "
+                    "/get_loads, /get_server_info, /get_model_info, /v1/config, "
+                    "/v1/config/reload)");
+}
+
+awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest) {
+  std::string_view method = ex.method();
+  if (rest.empty() || rest == "/") {
+    if (method == "GET") {
+      Json list = Json::array();
+      for (const auto& r : pools_.rules()) list.push_back(rule_json(r));
+      Json out{{"rules", std::move(list)}};
+      co_await reply(ex, 200, out);
+    } else if (method == "POST") {
+      std::vector<rules::FieldError> errors;
+      auto rule = parse_rule(ex.body(), "", config_, errors);
+      if (!rule) {
+        co_await rule_errors(ex, errors);
+        co_return;
+      }
+      if (pools_.rule(rule->name)) {
+        co_await fail(
+            ex, 409, "rule_exists",
+            "a rule named '" + rule->name + "' exists; change it with PUT /v1/rules/" + rule->name);
+        co_return;
+      }
+      std::string name = rule->name;
+      errors = pools_.upsert(std::move(*rule));
+      if (!errors.empty()) {
+        co_await rule_errors(ex, errors);
+        co_return;
+      }
+      log::info("admin API: rule created").kv("rule", name).kv("client", ex.remote_address());
+      co_await reply(ex, 201, rule_json(*pools_.rule(name)));
+    } else {
+      co_await fail(ex, 405, "method_not_allowed", "use GET or POST /v1/rules");
+    }
+    co_return;
+  }
+  rest.remove_prefix(1);  // '/'
+  if (rest == "validate") {
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed", "use POST /v1/rules/validate");
+      co_return;
+    }
+    std::vector<rules::FieldError> errors;
+    auto rule = parse_rule(ex.body(), "", config_, errors);
+    if (rule) {
+      // As a create or an update would be checked: on its own, against the others, against the
+      // rule it would replace.
+      rules::validate(*rule, errors);
+      auto all = pools_.rules();
+      bool replaced = false;
+      for (auto& r : all) {
+        if (r.name == rule->name) {
+          rules::validate_update(r, *rule, errors);
+          r = *rule;
+          replaced = true;
+        }
+      }
+      if (!replaced) all.push_back(*rule);
+      rules::validate_table(all, errors);
+    }
+    if (!errors.empty()) {
+      co_await rule_errors(ex, errors);
+      co_return;
+    }
+    Json out{{"valid", true}, {"rule", rule_json(*rule)}};
+    co_await reply(ex, 200, out);
+    co_return;
+  }
+  size_t slash = rest.find('/');
+  std::string name(rest.substr(0, slash));
+  std::string_view sub = slash == std::string_view::npos ? "" : rest.substr(slash);
+  if (sub == "/inventory") {
+    auto rule = pools_.rule(name);
+    if (!rule) {
+      co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
+      co_return;
+    }
+    Json out{{"rule", name},
+             {"kvExactMode", rule->kv_exact_mode},
+             {"inventory", nullptr},
+             {"message",
+              "kv_exact routing is off for this rule (kvExactMode 0): no "
+              "block inventory is kept"}};
+    co_await reply(ex, 200, out);
+    co_return;
+  }
+  if (!sub.empty()) {
+    co_await fail(ex, 404, "not_found",
+                  "no admin route under /v1/rules/" + name + std::string(sub));
+    co_return;
+  }
+  if (method == "GET") {
+    auto rule = pools_.rule(name);
+    if (!rule) {
+      co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
+      co_return;
+    }
+    co_await reply(ex, 200, rule_json(*rule));
+  } else if (method == "PUT") {
+    std::vector<rules::FieldError> errors;
+    auto rule = parse_rule(ex.body(), name, config_, errors);
+    if (!rule) {
+      co_await rule_errors(ex, errors);
+      co_return;
+    }
+    bool created = false;
+    errors = pools_.upsert(std::move(*rule), &created);
+    if (!errors.empty()) {
+      co_await rule_errors(ex, errors);
+      co_return;
+    }
+    log::info(created ? "admin API: rule created" : "admin API: rule updated")
+        .kv("rule", name)
+        .kv("client", ex.remote_address());
+    co_await reply(ex, created ? 201 : 200, rule_json(*pools_.rule(name)));
+  } else if (method == "DELETE") {
+    if (!pools_.remove(name)) {
+      co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
+      co_return;
+    }
+    log::info("admin API: rule deleted").kv("rule", name).kv("client", ex.remote_address());
+    co_await reply(ex, 204, Json());
+  } else {
+    co_await fail(ex, 405, "method_not_allowed", "use GET, PUT or DELETE /v1/rules/" + name);
+  }
+}
+
+awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view rest) {
+  std::string_view method = ex.method();
+  auto table = pools_.table();
+  if (rest.empty() || rest == "/") {
+    if (method == "GET") {
+      Json list = Json::array();
+      for (const auto& p : table->pools) {
+        for (const auto& w : p->workers()->workers) {
+          list.push_back(worker_json(*p, *w, endpoint_of(*p, *w)));
+        }
+      }
+      size_t total = list.size();
+      Json out{{"workers", std::move(list)}, {"total", total}};
+      co_await reply(ex, 200, out);
+      co_return;
+    }
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed", "use GET or POST /workers");
+      co_return;
+    }
+    // {"url", "model_id"?, "worker_type"?: regular|prefill|decode, "bootstrap_port"?, "rule"?}:
+    // added to the rule named, else to the rule serving model_id, else to the rule "default".
+    Json j = Json::parse(ex.body(), nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("url") || !j["url"].is_string()) {
+      co_await fail(ex, 400, "invalid_worker",
+                    "the body must be a JSON object with \"url\" (and optionally \"model_id\", "
+                    "\"worker_type\", \"bootstrap_port\", \"rule\")");
+      co_return;
+    }
+    std::string rule_name = j.value("rule", std::string());
+    std::string model = j.value("model_id", std::string());
+    if (rule_name.empty() && !model.empty()) {
+      if (auto p = table->resolve(0, "/", model)) rule_name = p->name();
+    }
+    if (rule_name.empty()) rule_name = "default";
+    auto rule = pools_.rule(rule_name);
+    if (!rule) {
+      co_await fail(ex, 404, "rule_not_found",
+                    "no rule '" + rule_name +
+                        "' to add the worker to; name one with \"rule\" or create it first");
+      co_return;
+    }
+    rules::Endpoint ep;
+    ep.url = j["url"].get<std::string>();
+    std::string type = j.value("worker_type", std::string("regular"));
+    if (type == "prefill") {
+      ep.role = rules::Role::kPrefill;
+    } else if (type == "decode") {
+      ep.role = rules::Role::kDecode;
+    } else if (type != "regular") {
+      co_await fail(ex, 400, "invalid_worker",
+                    "worker_type '" + type + "' is not one of regular, prefill, decode");
+      co_return;
+    }
+    if (j.contains("bootstrap_port") && j["bootstrap_port"].is_number_integer()) {
+      ep.bootstrap_port = j["bootstrap_port"].get<int64_t>();
+    }
+    http::Target t;
+    if (std::string e = http::parse_url(ep.url, t); !e.empty()) {
+      co_await fail(ex, 400, "invalid_worker", "url: " + e);
+      co_return;
+    }
+    for (const auto& other : rule->endpoints) {
+      http::Target o;
+      if (http::parse_url(other.url, o).empty() && o.url == t.url) {
+        co_await fail(ex, 409, "worker_exists",
+                      "rule '" + rule_name + "' already has worker " + t.url);
+        co_return;
+      }
+    }
+    rule->endpoints.push_back(std::move(ep));
+    auto errors = pools_.upsert(*rule);
+    if (!errors.empty()) {
+      co_await rule_errors(ex, errors);
+      co_return;
+    }
+    log::info("admin API: worker added")
+        .kv("rule", rule_name)
+        .kv("worker", t.url)
+        .kv("client", ex.remote_address());
+    table = pools_.table();
+    const Pool* p = table->find(rule_name);
+    for (const auto& w : p->workers()->workers) {
+      if (w->url() == t.url) {
+        co_await reply(ex, 201, worker_json(*p, *w, endpoint_of(*p, *w)));
+        co_return;
+      }
+    }
+    Json out{{"url", t.url}, {"rule", rule_name}};
+    co_await reply(ex, 201, out);
+    co_return;
+  }
+  // /workers/{id}: the worker's id, or its URL percent-encoded.
+  std::string id = percent_decode(rest.substr(1));
+  std::vector<std::pair<std::shared_ptr<Pool>, WorkerPtr>> found;
+  for (const auto& p : table->pools) {
+    for (const auto& w : p->workers()->workers) {
+      if (std::to_string(w->id()) == id || w->url() == id) found.emplace_back(p, w);
+    }
+  }
+  if (found.empty()) {
+    co_await fail(ex, 404, "worker_not_found",
+                  "no worker '" + id + "' (give its id from GET /workers, or its URL)");
+    co_return;
+  }
+  if (method == "GET") {
+    co_await reply(ex, 200,
+                   worker_json(*found[0].first, *found[0].second,
+                               endpoint_of(*found[0].first, *found[0].second)));
+    co_return;
+  }
+  if (method != "DELETE") {
+    co_await fail(ex, 405, "method_not_allowed", "use GET or DELETE /workers/{id}");
+    co_return;
+  }
+  // Out of every rule that lists it, in one change.
+  auto all = pools_.rules();
+  std::string url = found[0].second->url();
+  for (auto& r : all) {
+    std::erase_if(r.endpoints, [&](const rules::Endpoint& ep) {
+      http::Target t;
+      return http::parse_url(ep.url, t).empty() && t.url == url;
+    });
+  }
+  auto errors = pools_.apply(std::move(all));
+  if (!errors.empty()) {
+    co_await rule_errors(ex, errors);
+    co_return;
+  }
+  log::info("admin API: worker removed").kv("worker", url).kv("client", ex.remote_address());
+  co_await reply(ex, 204, Json());
+}
+
+awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
+                                  std::string_view path) {
+  auto table = pools_.table();
+  auto timeout = std::chrono::seconds(config_.health_check_timeout_secs);
+  Json results = Json::array();
+  bool all_ok = true;
+  std::set<std::string> seen;
+  for (const auto& p : table->pools) {
+    for (const auto& w : p->workers()->workers) {
+      if (!seen.insert(w->url()).second) continue;
+      auto r = co_await http::fetch(ex.executor(), w->target(), method, path, timeout);
+      Json entry{{"worker", w->url()}, {"rule", p->name()}};
+      bool ok = r.error == http::CallError::kNone && r.status >= 200 && r.status < 300;
+      all_ok = all_ok && ok;
+      if (r.error != http::CallError::kNone) {
+        entry["error"] = std::string(http::to_string(r.error)) + ": " + r.detail;
+      } else {
+        entry["status"] = r.status;
+      }
+      if (path == "/get_load") {
+        auto load = ok ? parse_load_report(r.body) : std::nullopt;
+        entry["load"] = load ? Json(*load) : Json(nullptr);
+      }
+      results.push_back(std::move(entry));
+    }
+  }
+  Json out{{"status", all_ok ? "ok" : "partial"}, {"workers", std::move(results)}};
+  co_await reply(ex, all_ok ? 200 : 206, out);
+}
+
+awaitable<void> answer_worker_info(http::Exchange& ex, const RuleTable& table,
+                                   std::string_view rule, std::chrono::milliseconds timeout) {
+  const Pool* pool =
+      rule.empty() ? (table.pools.empty() ? nullptr : table.pools[0].get()) : table.find(rule);
+  const Worker* chosen = nullptr;
+  if (pool) {
+    for (const auto& w : pool->workers()->workers) {
+      if (w->healthy()) {
+        chosen = w.get();
+        break;
+      }
+    }
+  }
+  if (!chosen) {
+    co_await fail(ex, 503, "no_available_workers",
+                  pool ? "no healthy worker in rule '" + pool->name() + "'"
+                       : "no rule '" + std::string(rule) + "' (add ?rule=NAME)");
+    co_return;
+  }
+  auto r = co_await http::fetch(ex.executor(), chosen->target(), "GET", ex.path(), timeout);
+  if (r.error != http::CallError::kNone) {
+    co_await fail(
+        ex, 502, "upstream_failed",
+        "worker " + std::to_string(chosen->id()) + " did not answer " + std::string(ex.path()));
+    co_return;
+  }
+  const http::Header h[] = {{"content-type", "application/json"}};
+  co_await ex.respond(r.status, h, r.body);
+}
+
+}  // namespace kvgate

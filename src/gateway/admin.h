@@ -1,0 +1,77 @@
+// gateway/admin: the admin API, on its own listener (--admin-host 127.0.0.1, --admin-port 29001)
+// and run on the control loop, where rules change. Every route needs 'Authorization: Bearer KEY'
+// when an admin key is set (--admin-api-key-file); without one the listener may only bind to a
+// loopback address (kvgate_main checks). Clients that fail authentication repeatedly are refused
+// for a while (429), per address.
+//
+// Routes (JSON in and out; errors as {"error": {"type", "code", "message", "details"?}}):
+//   GET    /v1/rules                  every rule, effective (defaults filled in)
+//   POST   /v1/rules                  create (201; 409 if the name exists; 400 with details)
+//   POST   /v1/rules/validate         dry run of a create or update: 200 or 400 with details
+//   GET    /v1/rules/{name}           one rule
+//   PUT    /v1/rules/{name}           create or replace, live (200, or 201 when created)
+//   DELETE /v1/rules/{name}           204
+//   GET    /v1/rules/{name}/inventory what kv_exact knows the rule's workers cache
+//   GET    /workers, POST /workers, GET/DELETE /workers/{id}   sgl-model-gateway's worker API
+//   POST   /flush_cache               every worker's cache flushed (200, or 206 with each result)
+//   GET    /get_loads                 every worker's /get_load
+//   GET    /get_server_info, /get_model_info (and /server_info, /model_info): a worker's own
+//   GET    /v1/config                 the effective configuration (secrets redacted)
+//   POST   /v1/config/reload          read --config again and apply it (as SIGHUP does)
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gateway/config.h"
+#include "gateway/pools.h"
+#include "http/server.h"
+
+namespace kvgate {
+
+class AdminApi {
+ public:
+  struct Hooks {
+    // The effective configuration as JSON (GET /v1/config).
+    std::function<std::string()> effective_config;
+    // Re-reads the config file and applies it; "" or what was wrong (nothing applied then).
+    // Empty: kvgate runs without --config.
+    std::function<std::string()> reload;
+  };
+  AdminApi(const GatewayConfig& config, PoolManager& pools, Hooks hooks);
+
+  // The listener's handler (runs on the control loop).
+  awaitable<void> handle(http::Exchange& ex);
+
+  // Failed authentications an address may make per minute before it is refused for a minute.
+  static constexpr int kMaxAuthFailures = 10;
+
+ private:
+  bool authorized(const http::Exchange& ex);
+  awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
+  awaitable<void> workers_route(http::Exchange& ex, std::string_view rest);
+  awaitable<void> fan_out(http::Exchange& ex, std::string_view method, std::string_view path);
+
+  const GatewayConfig& config_;
+  PoolManager& pools_;
+  Hooks hooks_;
+  bool has_key_;
+  std::array<unsigned char, 32> key_digest_{};
+  struct Failures {
+    int count = 0;
+    Clock::time_point window{};
+    Clock::time_point blocked_until{};
+  };
+  std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
+};
+
+// Answers GET /get_server_info, /get_model_info (/server_info, /model_info) with a healthy
+// worker's own answer: of rule `rule` when given, else the first rule's.
+awaitable<void> answer_worker_info(http::Exchange& ex, const RuleTable& table,
+                                   std::string_view rule, std::chrono::milliseconds timeout);
+
+}  // namespace kvgate

@@ -19,6 +19,7 @@
 #include "gateway/gateway.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "rules/cli.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/cli.h"
 #include "tokenizer/tokenizer.h"
@@ -128,6 +129,12 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (argc > 1 && std::string_view(argv[1]) == "tokenize") {
     return kvgate::tokenizer::run_tokenize_command(argc - 2, argv + 2);
+  }
+  if (argc > 1 && std::string_view(argv[1]) == "check-config") {
+    return kvgate::rules::run_check_config_command(argc - 2, argv + 2);
+  }
+  if (argc > 1 && std::string_view(argv[1]) == "print-config") {
+    return kvgate::rules::run_print_config_command(argc - 2, argv + 2);
   }
   std::vector<std::string> args(argv + 1, argv + argc);
   GatewayConfig cfg;

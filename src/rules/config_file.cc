@@ -155,9 +155,14 @@ bool load_doc(const RuleDoc& root, const GatewayConfig& cli,
                           m.value.line});
         continue;
       }
+      // An empty key is no key (print-config writes api-key: "" when none is set).
+      if (k->name == "api-key" && m.value.kind == Kind::kString && m.value.text.empty()) continue;
+      size_t before = errors.size();
       if (set_knob(*k, cfg, m.value, field, errors)) {
         check_knob(*k, cfg, field, errors, m.value.line);
       }
+      // A knob in error keeps its default, so rules do not inherit (and report) the bad value.
+      if (errors.size() > before) copy_knob(*k, GatewayConfig{}, cfg);
       knob_lines[std::string(k->name)] = m.line;
       note_set(k->name);
     }
@@ -293,7 +298,8 @@ bool load_command_line(std::span<const std::string> args, ConfigFile& out, std::
     std::optional<std::string> value;
     if (a == "--config") {
       if (i + 1 >= args.size()) {
-        errors.push_back({"", "", "--config needs a value: --config FILE (YAML or JSON)", 0});
+        errors.push_back(
+            {"command line", "", "--config needs a value: --config FILE (YAML or JSON)", 0});
         return false;
       }
       value = args[++i];
@@ -304,24 +310,24 @@ bool load_command_line(std::span<const std::string> args, ConfigFile& out, std::
       continue;
     }
     if (!config_path.empty()) {
-      errors.push_back({"", "", "--config is given twice; give one file", 0});
+      errors.push_back({"command line", "", "--config is given twice; give one file", 0});
       return false;
     }
     config_path = *value;
     if (config_path.empty()) {
-      errors.push_back({"", "", "--config needs a file name", 0});
+      errors.push_back({"command line", "", "--config needs a file name", 0});
       return false;
     }
   }
   GatewayConfig cli;
   auto parsed = flags::parse(gateway_knobs(), rest, cli);
   if (!parsed.ok) {
-    errors.push_back({"", "", parsed.error, 0});
+    errors.push_back({"command line", "", parsed.error, 0});
     return false;
   }
   if (!parsed.positional.empty()) {
     errors.push_back(
-        {"", "", "unexpected argument '" + parsed.positional[0] + "' (see --help)", 0});
+        {"command line", "", "unexpected argument '" + parsed.positional[0] + "' (see --help)", 0});
     return false;
   }
   if (!config_path.empty()) return load_config_file(config_path, cli, parsed.set, out, errors);

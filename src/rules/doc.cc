@@ -657,6 +657,7 @@ bool set_knob(const flags::Knob<GatewayConfig>& k, GatewayConfig& c, const RuleD
       }
       return true;
     };
+    if (v.kind == Kind::kList && v.items.empty()) return true;  // []: the default (none)
     if (k.name == "prefill") {
       // One item per server: "URL" or [URL, PORT|none].
       if (v.kind != Kind::kList) {

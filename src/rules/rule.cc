@@ -530,7 +530,7 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
     }
     http::Target t;
     if (std::string why = http::parse_url(e.url, t); !why.empty()) {
-      err(f + ".url", json_quote(e.url.substr(0, 200)), why + "; write http://host:port");
+      err(f + ".url", json_quote(e.url.substr(0, 200)), why);
     } else {
       std::string key = lower(t.url);
       auto dup = std::find(seen.begin(), seen.end(), key);

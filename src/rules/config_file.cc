@@ -231,12 +231,16 @@ bool load_doc(const RuleDoc& root, const GatewayConfig& cli,
     auto named_default = std::find_if(out.rules.begin(), out.rules.end(),
                                       [](const Rule& r) { return r.name == "default"; });
     if (named_default != out.rules.end()) {
-      size_t i = file_index[static_cast<size_t>(named_default - out.rules.begin())];
-      std::string field = "rules[" + std::to_string(i) + "].name";
-      errors.push_back({field, "\"default\"",
-                        "the worker URLs (worker-urls) make the rule named \"default\": rename "
-                        "this rule, or move the worker URLs into its endpoints",
-                        rules_doc ? line_of(root, field) : 0});
+      // Spelled out in the file (print-config writes it so): it must be what the URLs make.
+      if (!equivalent(*named_default, rule_from_flags(cfg))) {
+        size_t i = file_index[static_cast<size_t>(named_default - out.rules.begin())];
+        std::string field = "rules[" + std::to_string(i) + "].name";
+        errors.push_back({field, "\"default\"",
+                          "the worker URLs (worker-urls) make the rule named \"default\", and "
+                          "this one differs from it: rename this rule, or remove worker-urls "
+                          "(this rule then stands alone), or remove this rule",
+                          rules_doc ? line_of(root, field) : 0});
+      }
     } else {
       default_at = out.rules.size();
       out.rules.push_back(rule_from_flags(cfg));

@@ -3,7 +3,8 @@
 // `max-concurrent-requests`; snake_case and the router- prefix also work) plus `rules:`, a list of
 // rule mappings (rules/rule.h). Flags given on the command line win over the file. When worker
 // URLs are given (flag or file key) they become the rule "default" (rule_from_flags) next to the
-// file's rules; a file rule may then not be named "default".
+// file's rules; a file rule named "default" must then be exactly that rule (print-config writes
+// it out), else it is an error.
 //
 // Every error names the key (a path: "rules[1].endpoints[0].url"), the value, the fix and the
 // line of the file.

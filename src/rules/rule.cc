@@ -159,11 +159,12 @@ const std::vector<FieldDef>& fields() {
                  "engine whose events kvgate reads (sglang, vllm)",
                  "0 is off, 3 is KV-exact on a single role-less pool, 1 is KV-exact with "
                  "prefill/decode");
+    // Up to 4096: vLLM's attention pages stop at 256 and hybrid (Mamba) models round theirs up
+    // to a few thousand tokens; a larger page would outgrow most prompts, so nothing would ever
+    // match, and such a value is more likely a context length typed in the wrong field.
     int_field("kvBlockSize", &Rule::kv_block_size, 1, 4096,
               "Tokens per KV page: must equal the engine's page size (SGLang: page_size in GET "
-              "/get_server_info; vLLM: --block-size). Up to 4096: vLLM's attention pages stop at "
-              "256 and hybrid models round theirs up to a few thousand; a larger page would "
-              "outgrow most prompts, so nothing would ever match",
+              "/get_server_info; vLLM: --block-size)",
               "set it to the engine's page size (SGLang: GET /get_server_info, page_size)");
     t.push_back({.name = "kvHashAlgo",
                  .kind = FieldKind::kHashAlgo,

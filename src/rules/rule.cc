@@ -103,6 +103,7 @@ const std::vector<FieldDef>& fields() {
                             std::string help, std::string hint) {
       int_field(std::move(name), m, 0, 0, std::move(help), std::move(hint));
       std::vector<std::string> texts;
+      texts.reserve(choices.size());
       for (auto c : choices) texts.push_back(std::to_string(c));
       t.back().range = join(texts);
       t.back().choices = std::move(choices);

@@ -46,7 +46,9 @@ bool load_config_text(std::string_view text, const GatewayConfig& cli,
 // The whole startup configuration from the command line (argv without the program name): flags,
 // and the file of `--config FILE` (or `--config=FILE`) when there is one. Without a file, the
 // worker URLs become the rule "default". Sets `config_path` to FILE ("" without one). Returns
-// false with every error in `errors` (a flag error has no field and no line).
+// false with every error in `errors` (a flag error has the field "command line" and no line).
+// --help and --help-markdown are not handled here: look for them first. What startup does after
+// this: load_api_key(out.config, "api-key" in out.set_knobs).
 bool load_command_line(std::span<const std::string> args, ConfigFile& out, std::string& config_path,
                        std::vector<FieldError>& errors);
 

@@ -22,6 +22,8 @@
 #include "gateway/pools.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "rules/cli.h"
+#include "rules/config_file.h"
 #include "rules/rule.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/cli.h"
@@ -138,6 +140,12 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "tokenize") {
     return kvgate::tokenizer::run_tokenize_command(argc - 2, argv + 2);
   }
+  if (argc > 1 && std::string_view(argv[1]) == "check-config") {
+    return kvgate::rules::run_check_config_command(argc - 2, argv + 2);
+  }
+  if (argc > 1 && std::string_view(argv[1]) == "print-config") {
+    return kvgate::rules::run_print_config_command(argc - 2, argv + 2);
+  }
   std::vector<std::string> args(argv + 1, argv + argc);
   GatewayConfig cfg;
   auto knobs = gateway_knobs();
@@ -154,12 +162,26 @@ int main(int argc, char** argv) {
   if (!parsed.positional.empty()) {
     return fail("unexpected argument '" + parsed.positional[0] + "' (see --help)");
   }
-  if (std::string e = validate(cfg); !e.empty()) return fail(e);
-  bool api_key_given =
-      std::find(parsed.set.begin(), parsed.set.end(), "api-key") != parsed.set.end();
+  // The whole configuration: flags, and the --config file (flags win), validated together.
+  rules::ConfigFile loaded;
+  std::string config_path;
+  {
+    std::vector<rules::FieldError> errors;
+    if (!rules::load_command_line(args, loaded, config_path, errors)) {
+      if (errors.size() == 1 && errors[0].field == "command line") return fail(errors[0].message);
+      std::string text = rules::format_errors(errors, config_path);
+      while (!text.empty() && text.back() == '\n') text.pop_back();
+      return fail(text);
+    }
+  }
+  cfg = loaded.config;
+  auto given = [&](std::string_view knob) {
+    return std::find(loaded.set_knobs.begin(), loaded.set_knobs.end(), knob) !=
+           loaded.set_knobs.end();
+  };
+  bool api_key_given = given("api-key");
   if (std::string e = load_api_key(cfg, api_key_given); !e.empty()) return fail(e);
-  bool admin_key_given =
-      std::find(parsed.set.begin(), parsed.set.end(), "admin-api-key") != parsed.set.end();
+  bool admin_key_given = given("admin-api-key");
   if (std::string e = load_admin_api_key(cfg, admin_key_given); !e.empty()) return fail(e);
   if (cfg.admin_api_key.empty() && !is_loopback(cfg.admin_host)) {
     return fail("--admin-host " + cfg.admin_host +
@@ -231,25 +253,90 @@ int main(int argc, char** argv) {
     tokenizers[dir] = files;
     return files;
   };
-  // What the flags' rule needs is checked first, so its errors name the flags.
-  rules::Rule flag_rule = rules::rule_from_flags(cfg);
-  if (std::any_of(cfg.worker_urls.begin(), cfg.worker_urls.end(),
-                  [](const std::string& u) { return u.starts_with("https://"); })) {
-    std::shared_ptr<const http::TlsClientContext> tls;
-    if (std::string e = env.worker_tls(tls); !e.empty()) return fail(e);
-  }
-  std::shared_ptr<const TokenizerFiles> flag_tokenizer;
-  if (!flag_rule.tokenizer_path.empty()) {
-    std::string err;
-    flag_tokenizer = env.tokenizer(flag_rule.tokenizer_path, err);
-    if (!flag_tokenizer) {
-      return fail("--tokenizer-path " + flag_rule.tokenizer_path + ": " + err +
-                  " (point it at a directory holding the model's tokenizer.json)");
+  // What the rules need from the machine is checked first, so errors name the flag or field.
+  auto where = [&](const rules::Rule& r, std::string_view field, std::string_view flag) {
+    return config_path.empty() && r.name == "default" ? std::string(flag)
+                                                      : "rules[" + r.name + "]." + std::string(field);
+  };
+  std::vector<std::shared_ptr<const TokenizerFiles>> held_tokenizers;
+  for (const auto& r : loaded.rules) {
+    bool https = std::any_of(r.endpoints.begin(), r.endpoints.end(),
+                             [](const rules::Endpoint& e) { return e.url.starts_with("https://"); });
+    if (https) {
+      std::shared_ptr<const http::TlsClientContext> tls;
+      if (std::string e = env.worker_tls(tls); !e.empty()) return fail(e);
+    }
+    if (!r.tokenizer_path.empty()) {
+      std::string err;
+      auto files = env.tokenizer(r.tokenizer_path, err);
+      if (!files) {
+        return fail(where(r, "tokenizerPath", "--tokenizer-path") + " " + r.tokenizer_path + ": " +
+                    err + " (point it at a directory holding the model's tokenizer.json)");
+      }
+      held_tokenizers.push_back(std::move(files));
     }
   }
   PoolManager pools(env);
-  if (auto errors = pools.apply({flag_rule}); !errors.empty()) {
-    return fail(rules::format_errors(errors));
+  if (auto errors = pools.apply(loaded.rules); !errors.empty()) {
+    std::string text = rules::format_errors(errors, config_path);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    return fail(text);
+  }
+  held_tokenizers.clear();  // the pools hold what they use
+
+  // Reload (SIGHUP, POST /v1/config/reload): the file read again with the same command line;
+  // rules apply live, a knob that cannot change live refuses the whole reload.
+  GatewayConfig cli_config;
+  std::vector<std::string> cli_set;
+  {
+    std::vector<std::string> without_config;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--config") {
+        ++i;
+      } else if (!args[i].starts_with("--config=")) {
+        without_config.push_back(args[i]);
+      }
+    }
+    cli_set = flags::parse(knobs, without_config, cli_config).set;
+  }
+  GatewayConfig in_force = cfg;
+  std::function<std::string()> reload;
+  if (!config_path.empty()) {
+    reload = [&]() -> std::string {
+      rules::ConfigFile next;
+      std::vector<rules::FieldError> errors;
+      if (!rules::load_config_file(config_path, cli_config, cli_set, next, errors)) {
+        return rules::format_errors(errors, config_path);
+      }
+      auto has = [&](std::string_view k) {
+        return std::find(next.set_knobs.begin(), next.set_knobs.end(), k) != next.set_knobs.end();
+      };
+      if (std::string e = load_api_key(next.config, has("api-key")); !e.empty()) return e;
+      if (std::string e = load_admin_api_key(next.config, has("admin-api-key")); !e.empty()) {
+        return e;
+      }
+      std::string restart;
+      for (const auto& c : rules::diff_knobs(in_force, next.config)) {
+        if (!c.live) restart += (restart.empty() ? "" : ", ") + c.name;
+      }
+      if (!restart.empty()) {
+        return config_path + ": " + restart +
+               " changed, which a running kvgate cannot apply: restart it (nothing was applied)";
+      }
+      if (auto e = pools.apply(next.rules); !e.empty()) {
+        return rules::format_errors(e, config_path) + "(nothing was applied)";
+      }
+      if (next.config.log_level != in_force.log_level) {
+        log::Level lv = log::Level::kInfo;
+        log::parse_level(next.config.log_level, lv);
+        log::set_level(lv);
+      }
+      in_force = next.config;
+      log::info("configuration reloaded")
+          .kv("file", config_path)
+          .kv("rules", pools.table()->pools.size());
+      return "";
+    };
   }
   for (const auto& p : pools.table()->pools) {
     for (const auto& w : p->workers()->workers) {
@@ -296,6 +383,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<http::Server> metrics_server;
   std::unique_ptr<http::Server> admin_server;
   AdminApi::Hooks admin_hooks;
+  admin_hooks.reload = reload;
   admin_hooks.effective_config = [&] {
     std::string rules_json = "[";
     for (const auto& r : pools.rules()) {
@@ -422,6 +510,18 @@ int main(int argc, char** argv) {
         asio::detached);
   };
   signals->async_wait(on_signal);
+  auto hangups = std::make_unique<asio::signal_set>(*control, SIGHUP);
+  std::function<void(const boost::system::error_code&, int)> on_hangup =
+      [&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        if (!reload) {
+          log::warn("SIGHUP: kvgate runs without --config; nothing to reload");
+        } else if (std::string e = reload(); !e.empty()) {
+          log::warn("SIGHUP: the configuration was not reloaded").kv("why", e);
+        }
+        hangups->async_wait(on_hangup);
+      };
+  hangups->async_wait(on_hangup);
   // Only now: a supervisor that signals as soon as it reads this line gets a graceful shutdown.
   log::info("kvgate listening")
       .kv("address", cfg.host + ":" + std::to_string(server->port()))
@@ -460,6 +560,7 @@ int main(int argc, char** argv) {
   contexts.clear();
   thread_states.clear();
   signals.reset();
+  hangups.reset();
   drain.reset();
   pools.shutdown();
   control.reset();

@@ -43,7 +43,7 @@ struct Rule {
   int64_t port = 0;         // listener port the request came in on; 0: any
   std::string path_prefix;  // "" : any path
   // How it routes.
-  int64_t mode = 0;              // 0: plain proxy (bodies not read); 4: fullproxy, AI-aware
+  int64_t mode = 0;                 // 0: plain proxy (bodies not read); 4: fullproxy, AI-aware
   std::string sel = "round_robin";  // a policy name (registry); numbers 0 and 8 accepted on input
   EngineType kv_engine_type = EngineType::kVllm;
   int64_t kv_exact_mode = 0;  // 0 off, 3 single role-less pool, 1 P/D
@@ -71,11 +71,15 @@ struct FieldError {
   int line = 0;
 };
 
-// A parsed JSON or YAML value that remembers where it was written.
+// A parsed JSON or YAML value that remembers where it was written (rules/doc.h).
 struct RuleDoc;
 
-// Builds a rule from a JSON object / a YAML node. `base` gives the policy knobs' defaults (the
-// command line). Returns nullopt with every error in `errors`.
+// Builds a rule from a JSON object (the admin API's body). `base` gives the policy knobs'
+// defaults (the command line). Type errors, unknown fields (with a did-you-mean) and everything
+// validate() finds are reported together; returns nullopt with every error in `errors`, else a
+// rule that passes validate(). Its kvHashAlgo is filled (engine-derived when not given), and
+// policy_knobs.policy / policy_knobs.tokenizer_path mirror sel / tokenizerPath, so policy_knobs
+// alone describes the pool's policy.
 std::optional<Rule> rule_from_json(std::string_view json, const GatewayConfig& base,
                                    std::vector<FieldError>& errors);
 
@@ -87,23 +91,45 @@ void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors
 // Whether `next` may replace `current` live (kvEngineType may not change: delete and recreate).
 void validate_update(const Rule& current, const Rule& next, std::vector<FieldError>& errors);
 
-// The effective rule as JSON, every field with its value (defaults included).
+// The effective rule as JSON, every field with its value (defaults included), in the table's
+// order (compact, one line). rule_from_json(to_json(r)) gives r back.
 std::string to_json(const Rule& rule);
 
-// The default rule made from --worker-urls and --policy (named "default", mode 4, any model).
+// Whether two rules are the same in every field of the table (the policy knobs: those a rule
+// sets; the rest of policy_knobs is not compared).
+bool equivalent(const Rule& a, const Rule& b);
+
+// The default rule made from --worker-urls and --policy (named "default", mode 4, any model, any
+// port and path), with --backend as its engine, the routing knobs of `config`, and its tokenizer
+// from --tokenizer-path (or --model-path when that is a directory holding tokenizer.json).
+// --prefill / --decode servers become prefill / decode endpoints.
 Rule rule_from_flags(const GatewayConfig& config);
 
-// The rule fields' table (name, default, range, help), for docs and print-config.
+// The hash kvHashAlgo takes when a rule does not give one: sglang -> "sha256_sglang", vllm ->
+// "sha256" (vLLM's own default --prefix-caching-hash-algo); trtllm, llamacpp -> "" (kvgate reads
+// no KV events of theirs).
+std::string_view default_hash_algo(EngineType e);
+
+// Whether a policy reads the request (its body or routing headers) and so needs mode 4: every
+// policy but round_robin, random and power_of_two.
+bool policy_reads_request(std::string_view policy);
+
+// The rule fields' table (name, default, range, help), for docs and print-config. Defaults of
+// the policy knobs are `base`'s.
 struct FieldInfo {
-  std::string_view name;
-  std::string_view type;  // "int", "string", "list", ...
+  std::string name;
+  std::string type;  // "integer", "string", "list of strings", ...
   std::string default_text;
   std::string range_text;
-  std::string_view help;
+  std::string help;
 };
 std::vector<FieldInfo> rule_fields(const GatewayConfig& base);
+// Every rule field and endpoint field as Markdown tables (docs/configuration.md; `kvgate
+// print-config --rule-fields-markdown`).
+std::string rule_fields_markdown();
 
-// "field: value: message" lines, one per error (for logs and check-config).
-std::string format_errors(std::span<const FieldError> errors);
+// "field: value: message" lines, one per error (for logs and check-config). With `file`, each
+// line starts with "file:line: " ("file: " when the line is not known).
+std::string format_errors(std::span<const FieldError> errors, std::string_view file = {});
 
 }  // namespace kvgate::rules

@@ -44,6 +44,19 @@ TEST(Cli, MissingTokenizerIsAStartupError) {
       << r.output;
 }
 
+TEST(Cli, CheckConfigAndPrintConfig) {
+  std::string example = std::string(KVGATE_SOURCE_DIR) + "/examples/cache-aware.yaml";
+  auto ok = run("kvgate", {"check-config", example});
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_NE(ok.output.find("cache-aware.yaml: ok, 1 rule"), std::string::npos) << ok.output;
+  auto bad = run("kvgate", {"check-config", example, "--port", "99999"});
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--port: 99999 is out of range"), std::string::npos) << bad.output;
+  auto print = run("kvgate", {"print-config", "--config", example, "--format", "json"});
+  EXPECT_EQ(print.status, 0) << print.output;
+  EXPECT_NE(print.output.find("\"cacheThreshold\": 0.5"), std::string::npos) << print.output;
+}
+
 TEST(Cli, UnbindableAddressIsAClearError) {
   // 203.0.113.0/24 is TEST-NET-3: never a local address, so bind() fails.
   auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--policy", "round_robin",
@@ -75,6 +88,10 @@ TEST(Docs, ConfigurationMatchesBinaries) {
     EXPECT_NE(doc.str().find(trimmed(r.output)), std::string::npos)
         << "docs/configuration.md is out of date for " << bin << ": run scripts/gen-docs";
   }
+  auto rules = run("kvgate", {"print-config", "--rule-fields-markdown"});
+  ASSERT_EQ(rules.status, 0) << rules.output;
+  EXPECT_NE(doc.str().find(trimmed(rules.output)), std::string::npos)
+      << "docs/configuration.md is out of date for the rule fields: run scripts/gen-docs";
 }
 
 }  // namespace

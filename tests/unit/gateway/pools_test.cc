@@ -79,7 +79,7 @@ TEST_F(PoolsTest, WithoutModelsNoBodyIsNeeded) {
 
 TEST_F(PoolsTest, UnchangedRuleKeepsItsPoolChangedRuleTakesOverItsWorkers) {
   ASSERT_TRUE(pools_
-                  ->apply({make_rule("a", {"http://127.0.0.1:1", "http://127.0.0.1:2"}),
+                  ->apply({make_rule("a", {"http://127.0.0.1:1", "http://127.0.0.1:2"}, {"m"}),
                            make_rule("b", {"http://127.0.0.1:3"})})
                   .empty());
   auto before = pools_->table();
@@ -89,7 +89,7 @@ TEST_F(PoolsTest, UnchangedRuleKeepsItsPoolChangedRuleTakesOverItsWorkers) {
   kept->set_healthy(true);
 
   ASSERT_TRUE(pools_
-                  ->apply({make_rule("a", {"http://127.0.0.1:2", "http://127.0.0.1:4"}),
+                  ->apply({make_rule("a", {"http://127.0.0.1:2", "http://127.0.0.1:4"}, {"m"}),
                            make_rule("b", {"http://127.0.0.1:3"})})
                   .empty());
   auto after = pools_->table();

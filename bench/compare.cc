@@ -213,6 +213,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                      "127.0.0.1",
                                      "--prometheus-port",
                                      std::to_string(metrics_port),
+                                     "--admin-port",
+                                     "0",
                                      "--policy",
                                      policy,
                                      "--debug-headers",

@@ -25,24 +25,25 @@ std::array<unsigned char, 32> digest_of(std::string_view s) {
   return d;
 }
 
-awaitable<void> reply(http::Exchange& ex, int status, const Json& body) {
+// Coroutine parameters are taken by value: GCC 12 miscompiles a reference parameter bound to a
+// caller's temporary in a co_await expression (the coroutine reads it after it is gone).
+awaitable<void> reply(http::Exchange& ex, int status, Json body) {
+  std::string text = status == 204 ? std::string() : body.dump() + "\n";
   const http::Header h[] = {{"content-type", "application/json"}};
-  co_await ex.respond(status, h, status == 204 ? std::string() : body.dump() + "\n");
+  co_await ex.respond(status, h, text);
 }
 
 Json error_json(std::string_view type, std::string_view code, const std::string& message) {
   return Json{{"error", {{"type", type}, {"code", code}, {"message", message}}}};
 }
 
-awaitable<void> fail(http::Exchange& ex, int status, std::string_view code,
-                     const std::string& message) {
-  co_await reply(
-      ex, status,
-      error_json(status >= 500 ? "server_error" : "invalid_request_error", code, message));
+awaitable<void> fail(http::Exchange& ex, int status, std::string code, std::string message) {
+  Json body = error_json(status >= 500 ? "server_error" : "invalid_request_error", code, message);
+  co_await reply(ex, status, std::move(body));
 }
 
 // 400 with every error of a rule, each naming its field, value and message.
-awaitable<void> rule_errors(http::Exchange& ex, const std::vector<rules::FieldError>& errors) {
+awaitable<void> rule_errors(http::Exchange& ex, std::vector<rules::FieldError> errors) {
   Json details = Json::array();
   for (const auto& e : errors) {
     details.push_back({{"field", e.field}, {"value", e.value}, {"message", e.message}});
@@ -53,7 +54,7 @@ awaitable<void> rule_errors(http::Exchange& ex, const std::vector<rules::FieldEr
   while (!message.empty() && message.back() == '\n') message.pop_back();
   Json body = error_json("invalid_request_error", "invalid_rule", message);
   body["error"]["details"] = std::move(details);
-  co_await reply(ex, 400, body);
+  co_await reply(ex, 400, std::move(body));
 }
 
 Json rule_json(const rules::Rule& r) {
@@ -238,7 +239,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   }
   if (path == "/get_server_info" || path == "/server_info" || path == "/get_model_info" ||
       path == "/model_info") {
-    co_await answer_worker_info(ex, *pools_.table(), query_param(ex.target(), "rule"),
+    co_await answer_worker_info(ex, pools_.table(), query_param(ex.target(), "rule"),
                                 std::chrono::seconds(config_.health_check_timeout_secs));
     co_return;
   }
@@ -561,10 +562,10 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
   co_await reply(ex, all_ok ? 200 : 206, out);
 }
 
-awaitable<void> answer_worker_info(http::Exchange& ex, const RuleTable& table,
+awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const RuleTable> table,
                                    std::string_view rule, std::chrono::milliseconds timeout) {
   const Pool* pool =
-      rule.empty() ? (table.pools.empty() ? nullptr : table.pools[0].get()) : table.find(rule);
+      rule.empty() ? (table->pools.empty() ? nullptr : table->pools[0].get()) : table->find(rule);
   const Worker* chosen = nullptr;
   if (pool) {
     for (const auto& w : pool->workers()->workers) {

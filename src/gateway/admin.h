@@ -71,7 +71,7 @@ class AdminApi {
 
 // Answers GET /get_server_info, /get_model_info (/server_info, /model_info) with a healthy
 // worker's own answer: of rule `rule` when given, else the first rule's.
-awaitable<void> answer_worker_info(http::Exchange& ex, const RuleTable& table,
+awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const RuleTable> table,
                                    std::string_view rule, std::chrono::milliseconds timeout);
 
 }  // namespace kvgate

@@ -513,7 +513,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
       record(route->path, 404, "", false, start);
       co_return;
     }
-    co_await answer_worker_info(ex, *pools_.table(), "",
+    co_await answer_worker_info(ex, pools_.table(), "",
                                 std::chrono::seconds(config_.health_check_timeout_secs));
     record(route->path, 200, "", false, start);
     co_return;

@@ -96,6 +96,8 @@ std::vector<std::string> bounded_kvgate(const std::vector<std::string>& args) {
                                 "--prometheus-host",
                                 "127.0.0.1",
                                 "--prometheus-port",
+                                "0",
+                                "--admin-port",
                                 "0"};
   a.insert(a.end(), args.begin(), args.end());
   return a;
@@ -212,6 +214,8 @@ class Gate {
                                   "127.0.0.1",
                                   "--prometheus-port",
                                   std::to_string(metrics_port),
+                                  "--admin-port",
+                                  "0",
                                   "--shutdown-grace-period-secs",
                                   "2"};
     a.insert(a.end(), args.begin(), args.end());

@@ -57,6 +57,8 @@ Cluster::Cluster(int n, std::vector<std::string> sim_args, std::vector<std::stri
                                 "127.0.0.1",
                                 "--prometheus-port",
                                 std::to_string(metrics_port_),
+                                "--admin-port",
+                                "0",
                                 "--shutdown-grace-period-secs",
                                 "2",
                                 "--worker-urls"};

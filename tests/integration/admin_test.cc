@@ -1,0 +1,379 @@
+// Integration tests of rules changed live: the admin API (auth, rule round trips, workers,
+// fan-out routes, server info), two models in two pools, a live update and a delete-and-recreate
+// under load with no failed request, and a config file reload that fails and leaves the old
+// configuration serving.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "support/cluster.h"
+#include "support/http_client.h"
+#include "support/process.h"
+
+namespace kvgate::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/kvgate-admin-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string write(const std::string& name, const std::string& text) const {
+    std::string p = path_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+const char kKey[] = "s3cret-admin-key";
+
+struct Admin {
+  int port;
+  std::string key = kKey;
+  Response call(const std::string& method, const std::string& path, const std::string& body = "") {
+    HttpClient c(port);
+    c.set_timeout(10s);
+    Headers h;
+    if (!key.empty()) h.push_back({"authorization", "Bearer " + key});
+    h.push_back({"content-type", "application/json"});
+    return c.request(method, path, body, h);
+  }
+};
+
+// A cluster whose kvgate has an admin listener with a key, and debug headers.
+struct AdminCluster {
+  explicit AdminCluster(int sims, std::vector<std::string> extra = {})
+      : key_file(dir.write("admin.key", std::string(kKey) + "\n")),
+        admin_port(free_port()),
+        cluster(sims, {}, with(extra)) {}
+  std::vector<std::string> with(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--admin-port",         std::to_string(admin_port),
+                                  "--admin-api-key-file", key_file,
+                                  "--debug-headers",      "--policy",
+                                  "round_robin"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  Admin admin() const { return Admin{admin_port}; }
+  TempDir dir;
+  std::string key_file;
+  int admin_port;
+  Cluster cluster;
+};
+
+std::string rule_json(const std::string& name, const std::string& model,
+                      const std::vector<std::string>& urls,
+                      const std::string& sel = "round_robin") {
+  std::string eps;
+  for (const auto& u : urls)
+    eps += (eps.empty() ? "" : ",") + std::string(R"({"url":")") + u + "\"}";
+  return R"({"name":")" + name + R"(","mode":4,"sel":")" + sel + R"(","models":[")" + model +
+         R"("],"endpoints":[)" + eps + "]}";
+}
+
+std::string gen_body(const std::string& model) {
+  return R"({"model":")" + model +
+         R"(","text":"hello there","sampling_params":{"max_new_tokens":2}})";
+}
+
+TEST(Admin, KeyMissingWrongAndRight) {
+  AdminCluster a(1);
+  Admin admin = a.admin();
+  admin.key = "";
+  EXPECT_EQ(admin.call("GET", "/v1/rules").status, 401);
+  admin.key = "wrong";
+  auto r = admin.call("GET", "/v1/rules");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.body.find("invalid_admin_key"), std::string::npos) << r.body;
+  admin.key = kKey;
+  r = admin.call("GET", "/v1/rules");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find(R"("name":"default")"), std::string::npos) << r.body;
+  // The inference listener does not answer admin routes.
+  HttpClient c(a.cluster.port());
+  EXPECT_EQ(c.get("/v1/rules").status, 404);
+}
+
+TEST(Admin, RepeatedAuthFailuresAreRefusedForAWhile) {
+  AdminCluster a(1);
+  Admin admin = a.admin();
+  admin.key = "wrong";
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    int s = admin.call("GET", "/v1/rules").status;
+    if (s == 429) ++refused;
+  }
+  EXPECT_GE(refused, 2);
+  admin.key = kKey;  // the right key from a refused address waits too
+  auto r = admin.call("GET", "/v1/rules");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_FALSE(r.header("retry-after").empty());
+}
+
+TEST(Admin, WithoutAKeyTheAdminListenerStaysOnLoopback) {
+  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--admin-host", "0.0.0.0",
+                          "--port", "0", "--prometheus-port", "0", "--admin-port", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--admin-host 0.0.0.0 is not a loopback address"), std::string::npos)
+      << r.output;
+}
+
+TEST(Admin, RuleCreateGetUpdateDeleteAndValidation) {
+  AdminCluster a(2);
+  Admin admin = a.admin();
+  std::string url1 = a.cluster.sim(1).url();
+  auto r = admin.call("POST", "/v1/rules", rule_json("qwen", "qwen3", {url1}));
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_NE(r.body.find(R"("kvBlockSize":16)"), std::string::npos) << r.body;  // defaults filled
+  EXPECT_EQ(admin.call("POST", "/v1/rules", rule_json("qwen", "qwen3", {url1})).status, 409);
+  r = admin.call("GET", "/v1/rules/qwen");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find(R"("models":["qwen3"])"), std::string::npos) << r.body;
+
+  // Invalid: every error, each with field, value and message.
+  r = admin.call("POST", "/v1/rules",
+                 R"({"name":"bad","mode":4,"kvDpRankCount":9,"kvZmqPort":70000,"sel":"nope",)"
+                 R"("endpoints":[{"url":"http://127.0.0.1:1"},{"url":"http://127.0.0.1:1"}]})");
+  ASSERT_EQ(r.status, 400) << r.body;
+  for (const char* field : {"kvDpRankCount", "kvZmqPort", "sel", "endpoints"}) {
+    EXPECT_NE(r.body.find(std::string(R"("field":")") + field), std::string::npos)
+        << field << ": " << r.body;
+  }
+  EXPECT_EQ(admin.call("GET", "/v1/rules/bad").status, 404);  // nothing was created
+  r = admin.call("POST", "/v1/rules/validate", rule_json("v", "m", {url1}));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(admin.call("GET", "/v1/rules/v").status, 404);  // a dry run creates nothing
+
+  // Update live; the engine cannot change.
+  r = admin.call("PUT", "/v1/rules/qwen", rule_json("qwen", "qwen3", {url1}, "random"));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find(R"("sel":"random")"), std::string::npos) << r.body;
+  std::string sglang = rule_json("qwen", "qwen3", {url1});
+  sglang.insert(1, R"("kvEngineType":"sglang",)");
+  r = admin.call("PUT", "/v1/rules/qwen", sglang);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("kvEngineType"), std::string::npos) << r.body;
+
+  r = admin.call("GET", "/v1/rules/qwen/inventory");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(admin.call("DELETE", "/v1/rules/qwen").status, 204);
+  EXPECT_EQ(admin.call("GET", "/v1/rules/qwen").status, 404);
+  EXPECT_EQ(admin.call("DELETE", "/v1/rules/qwen").status, 404);
+}
+
+TEST(Admin, TwoModelsInTwoPools) {
+  AdminCluster a(3);
+  Admin admin = a.admin();
+  std::string url2 = a.cluster.sim(2).url();
+  // "default" has all three sims; "other" only the third.
+  ASSERT_EQ(admin.call("POST", "/v1/rules", rule_json("other", "other-model", {url2})).status, 201);
+  HttpClient c(a.cluster.port());
+  std::set<std::string> default_workers;
+  for (int i = 0; i < 6; ++i) {
+    auto r = c.post("/generate", gen_body("other-model"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("x-kvgate-worker"), url2);
+    r = c.post("/generate", gen_body("base"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    default_workers.insert(r.header("x-kvgate-worker"));
+  }
+  EXPECT_EQ(default_workers.size(), 3u);
+  auto models = c.get("/v1/models");
+  EXPECT_NE(models.body.find("other-model"), std::string::npos) << models.body;
+  auto ready = c.get("/readiness");
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  EXPECT_NE(ready.body.find(R"("rule":"other")"), std::string::npos) << ready.body;
+}
+
+TEST(Admin, LiveUpdateAndDeleteRecreateUnderLoadFailNoRequest) {
+  AdminCluster a(3, {"--policy", "cache_aware"});
+  Admin admin = a.admin();
+  std::string u0 = a.cluster.sim(0).url(), u1 = a.cluster.sim(1).url(), u2 = a.cluster.sim(2).url();
+  ASSERT_EQ(admin.call("POST", "/v1/rules", rule_json("other", "other-model", {u1, u2})).status,
+            201);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::string first_failure;
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      HttpClient c(a.cluster.port());
+      c.set_timeout(10s);
+      for (int i = 0; !stop.load(); ++i) {
+        std::string model = (i + t) % 2 ? "other-model" : "base";
+        auto r = c.post("/generate", gen_body(model));
+        if (r.status == 200) {
+          ++ok;
+        } else {
+          ++failed;
+          std::lock_guard lock(mu);
+          if (first_failure.empty()) first_failure = std::to_string(r.status) + " " + r.body;
+        }
+      }
+    });
+  }
+  auto wait_ok = [&](int n) { return wait_until([&] { return ok.load() >= n; }, 20s); };
+  ASSERT_TRUE(wait_ok(50));
+  // Live updates: the policy, then the endpoints, of both rules.
+  EXPECT_EQ(admin
+                .call("PUT", "/v1/rules/other",
+                      rule_json("other", "other-model", {u1, u2}, "power_of_two"))
+                .status,
+            200);
+  ASSERT_TRUE(wait_ok(ok.load() + 50));
+  EXPECT_EQ(
+      admin.call("PUT", "/v1/rules/other", rule_json("other", "other-model", {u0, u2})).status,
+      200);
+  std::string def = R"({"name":"default","mode":4,"sel":"random","kvEngineType":"sglang",)"
+                    R"("endpoints":[{"url":")" +
+                    u0 + R"("},{"url":")" + u1 + R"("}]})";
+  auto put = admin.call("PUT", "/v1/rules/default", def);
+  EXPECT_EQ(put.status, 200) << put.body;
+  ASSERT_TRUE(wait_ok(ok.load() + 50));
+  // Delete and recreate (requests for its model fall to the catch-all meanwhile).
+  EXPECT_EQ(admin.call("DELETE", "/v1/rules/other").status, 204);
+  ASSERT_TRUE(wait_ok(ok.load() + 30));
+  EXPECT_EQ(admin.call("POST", "/v1/rules", rule_json("other", "other-model", {u2})).status, 201);
+  ASSERT_TRUE(wait_ok(ok.load() + 50));
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failed.load(), 0) << first_failure;
+  EXPECT_GT(ok.load(), 200);
+  // The retired pools are gone and took no series of live workers with them.
+  EXPECT_TRUE(wait_until(
+      [&] { return a.cluster.metric("kvgate_worker_health{worker=\"" + u2 + "\"}") == 1; }));
+}
+
+TEST(Admin, WorkersApiAndFanOutRoutes) {
+  AdminCluster a(2);
+  Admin admin = a.admin();
+  auto r = admin.call("GET", "/workers");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json_number_field(r.body, "total"), 2) << r.body;
+
+  // Take sim 1 out, then back in.
+  std::string u1 = a.cluster.sim(1).url();
+  r = admin.call("DELETE", "/workers/" + std::string("http%3A%2F%2F127.0.0.1%3A") +
+                               std::to_string(a.cluster.sim(1).port));
+  EXPECT_EQ(r.status, 204) << r.body;
+  EXPECT_EQ(json_number_field(admin.call("GET", "/workers").body, "total"), 1);
+  r = admin.call("POST", "/workers", R"({"url":")" + u1 + R"("})");
+  EXPECT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(admin.call("POST", "/workers", R"({"url":")" + u1 + R"("})").status, 409);
+  EXPECT_TRUE(a.cluster.wait_healthy(2));
+
+  r = admin.call("POST", "/flush_cache");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = admin.call("GET", "/get_loads");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find(R"("load":)"), std::string::npos) << r.body;
+
+  // Engine configuration: the admin listener answers, the public one does not.
+  r = admin.call("GET", "/get_server_info");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("page_size"), std::string::npos) << r.body;
+  HttpClient c(a.cluster.port());
+  EXPECT_EQ(c.get("/get_server_info").status, 404);
+  r = admin.call("GET", "/v1/config");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.find(kKey), std::string::npos) << "the admin key leaked: " << r.body;
+  EXPECT_NE(r.body.find(R"("admin-api-key":"<redacted>")"), std::string::npos) << r.body;
+}
+
+TEST(Admin, ExposeServerInfoAnswersOnThePublicListener) {
+  AdminCluster a(1, {"--expose-server-info"});
+  HttpClient c(a.cluster.port());
+  auto r = c.get("/get_server_info");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("page_size"), std::string::npos) << r.body;
+}
+
+TEST(ConfigReload, AFailedReloadLeavesTheOldConfigurationServing) {
+  Cluster sims(2, {}, {}, false);  // its kvgate is not used
+  TempDir dir;
+  std::string u0 = sims.sim(0).url(), u1 = sims.sim(1).url();
+  auto yaml = [&](const std::string& sel, const std::string& extra) {
+    return "policy: round_robin\nrules:\n  - name: main\n    mode: 4\n    sel: " + sel +
+           "\n    endpoints:\n      - url: " + u0 + "\n      - url: " + u1 + "\n" + extra;
+  };
+  std::string file = dir.write("kvgate.yaml", yaml("round_robin", ""));
+  int port = free_port(), admin_port = free_port();
+  Process gw("kvgate", {"--config", file, "--host", "127.0.0.1", "--port", std::to_string(port),
+                        "--prometheus-port", std::to_string(free_port()), "--admin-port",
+                        std::to_string(admin_port), "--shutdown-grace-period-secs", "2"});
+  ASSERT_TRUE(wait_until(
+      [&] {
+        HttpClient c(port);
+        return c.get("/readiness").status == 200;
+      },
+      20s))
+      << gw.log();
+  Admin admin{admin_port, ""};
+  HttpClient c(port);
+  ASSERT_EQ(c.post("/generate", gen_body("m")).status, 200);
+
+  // An invalid file: the reload is refused with its line, the old rules keep serving.
+  dir.write("kvgate.yaml", yaml("round_robin", "    kvDpRankCount: 12\n"));
+  auto r = admin.call("POST", "/v1/config/reload");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("kvgate.yaml:"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("kvDpRankCount"), std::string::npos) << r.body;
+  ::kill(gw.pid(), SIGHUP);
+  EXPECT_TRUE(wait_until([&] { return gw.log().find("was not reloaded") != std::string::npos; }));
+  EXPECT_EQ(c.post("/generate", gen_body("m")).status, 200);
+  EXPECT_NE(admin.call("GET", "/v1/rules/main").body.find(R"("sel":"round_robin")"),
+            std::string::npos);
+
+  // A knob that cannot change live refuses the whole reload.
+  dir.write("kvgate.yaml", "queue-size: 7\n" + yaml("random", ""));
+  r = admin.call("POST", "/v1/config/reload");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("queue-size"), std::string::npos) << r.body;
+  EXPECT_NE(admin.call("GET", "/v1/rules/main").body.find(R"("sel":"round_robin")"),
+            std::string::npos);
+
+  // A valid change applies, by SIGHUP too.
+  dir.write("kvgate.yaml", yaml("random", ""));
+  ::kill(gw.pid(), SIGHUP);
+  EXPECT_TRUE(wait_until([&] {
+    return admin.call("GET", "/v1/rules/main").body.find(R"("sel":"random")") != std::string::npos;
+  }));
+  EXPECT_EQ(c.post("/generate", gen_body("m")).status, 200);
+  EXPECT_EQ(gw.stop(10s), 0) << gw.log();
+}
+
+TEST(ConfigFile, ErrorsAtStartupNameTheFileAndLine) {
+  TempDir dir;
+  std::string file = dir.write("bad.yaml",
+                               "port: 0\nrules:\n  - name: a\n    mode: 4\n    kvDpRankCount: 9\n"
+                               "    endpoints: [{url: 'http://127.0.0.1:1'}]\n");
+  auto r = run("kvgate", {"--config", file, "--prometheus-port", "0", "--admin-port", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find(file + ":5:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kvDpRankCount"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvgate::testing

@@ -255,13 +255,15 @@ int main(int argc, char** argv) {
   };
   // What the rules need from the machine is checked first, so errors name the flag or field.
   auto where = [&](const rules::Rule& r, std::string_view field, std::string_view flag) {
-    return config_path.empty() && r.name == "default" ? std::string(flag)
-                                                      : "rules[" + r.name + "]." + std::string(field);
+    return config_path.empty() && r.name == "default"
+               ? std::string(flag)
+               : "rules[" + r.name + "]." + std::string(field);
   };
   std::vector<std::shared_ptr<const TokenizerFiles>> held_tokenizers;
   for (const auto& r : loaded.rules) {
-    bool https = std::any_of(r.endpoints.begin(), r.endpoints.end(),
-                             [](const rules::Endpoint& e) { return e.url.starts_with("https://"); });
+    bool https = std::any_of(r.endpoints.begin(), r.endpoints.end(), [](const rules::Endpoint& e) {
+      return e.url.starts_with("https://");
+    });
     if (https) {
       std::shared_ptr<const http::TlsClientContext> tls;
       if (std::string e = env.worker_tls(tls); !e.empty()) return fail(e);
@@ -442,6 +444,23 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
   export_server_stats(registry, *server);
+  {
+    auto& rules_gauge = registry.gauge("kvgate_rules", "Rules (pools) in force");
+    auto& retiring = registry.gauge("kvgate_pools_retiring",
+                                    "Pools replaced or deleted that requests still hold (they "
+                                    "are destroyed when the last one completes)");
+    auto& changes = registry.counter("kvgate_rule_changes_total",
+                                     "Rule set changes (admin API, reload) by result: applied, "
+                                     "refused (invalid; nothing changed)",
+                                     {"result"});
+    // Collectors run on the control loop (the metrics listener's), like every rule change.
+    registry.add_collector([&] {
+      rules_gauge.with({}).set(static_cast<double>(pools.table()->pools.size()));
+      retiring.with({}).set(static_cast<double>(pools.retiring()));
+      changes.with({"applied"}).mirror(pools.applied());
+      changes.with({"refused"}).mirror(pools.refused());
+    });
+  }
   {
     auto& dropped = registry.counter("kvgate_log_dropped_lines_total",
                                      "Log lines dropped because the log queue was full (the log "

@@ -15,6 +15,7 @@
 #include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
+#include "request/body_rewrite.h"
 #include "util/json.h"
 #include "util/log.h"
 #include "util/random.h"
@@ -844,7 +845,15 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     };
 
     // Phase: send.
-    http::CallError e = co_await call.start(ex.method(), ex.target(), fwd, ex.body());
+    // Body rewrites (fields added, the rest forwarded byte for byte): the rank the policy chose.
+    std::string rewritten;
+    std::string_view body = ex.body();
+    if (d.dp_rank && pool->reads_body()) {
+      const BodyField rank{"routed_dp_rank", std::to_string(*d.dp_rank)};
+      rewritten = add_fields(body, {&rank, 1});
+      if (!rewritten.empty()) body = rewritten;
+    }
+    http::CallError e = co_await call.start(ex.method(), ex.target(), fwd, body);
     dispatch.started_guess = call.request_sent();
     if (e == http::CallError::kAborted || ex.client_gone()) {
       call.abort();

@@ -92,6 +92,11 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     }
   }
   rules::validate_table(next, errors);
+  struct Count {
+    std::vector<rules::FieldError>& errors;
+    PoolManager& m;
+    ~Count() { ++(errors.empty() ? m.applied_ : m.refused_); }
+  } count{errors, *this};
   auto current = table();
   for (const auto& r : next) {
     if (const Pool* old = current->find(r.name)) {

@@ -71,6 +71,9 @@ class PoolManager {
   // Destroys retired pools no request holds any more; returns how many are still waiting.
   size_t retire();
   size_t retiring() const { return retiring_.size(); }
+  // Rule set changes applied and refused since start (control loop).
+  uint64_t applied() const { return applied_; }
+  uint64_t refused() const { return refused_; }
 
  private:
   void schedule_retire();
@@ -79,6 +82,8 @@ class PoolManager {
   SharedSnapshot<const RuleTable> table_;
   bool started_ = false;
   bool stopped_ = false;
+  uint64_t applied_ = 0;
+  uint64_t refused_ = 0;
   std::vector<std::shared_ptr<Pool>> retiring_;
   std::map<std::string, std::function<std::unique_ptr<Policy>()>, std::less<>> overrides_;
   std::unique_ptr<asio::steady_timer> retire_timer_;

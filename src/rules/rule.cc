@@ -468,7 +468,17 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
         r.name.empty() ? "missing: every rule needs a name (e.g. \"chat-pool\")"
                        : "must be 1 to 64 characters of A-Z a-z 0-9 _ . - (e.g. \"chat-pool\")");
   }
-  for (size_t i = 0; i < r.models.size(); ++i) {
+  // Bounds of what a rule may hold (the admin API is trusted, but a typo in a generator should
+  // not make a table that takes seconds to check or route through).
+  if (r.models.size() > kMaxModelsPerRule) {
+    err("models", std::to_string(r.models.size()) + " models",
+        "at most " + std::to_string(kMaxModelsPerRule) + " per rule; split them over rules");
+  }
+  if (r.endpoints.size() > kMaxEndpointsPerRule) {
+    err("endpoints", std::to_string(r.endpoints.size()) + " endpoints",
+        "at most " + std::to_string(kMaxEndpointsPerRule) + " per rule; split them over rules");
+  }
+  for (size_t i = 0; i < r.models.size() && i < kMaxModelsPerRule; ++i) {
     const auto& m = r.models[i];
     std::string f = "models[" + std::to_string(i) + "]";
     if (m.empty() || m.size() > 256) {
@@ -883,6 +893,12 @@ void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors
   auto field = [](size_t i, std::string_view f) {
     return "rules[" + std::to_string(i) + "]." + std::string(f);
   };
+  if (rules.size() > kMaxRules) {
+    errors.push_back({"rules", std::to_string(rules.size()) + " rules",
+                      "at most " + std::to_string(kMaxRules) +
+                          " rules; merge rules that share endpoints (a rule lists many models)"});
+    return;
+  }
   for (size_t i = 0; i < rules.size(); ++i) {
     const Rule& r = rules[i];
     for (size_t j = 0; j < i; ++j) {

@@ -10,6 +10,7 @@
 // every error at once, each naming the field, the value and the fix.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,11 @@
 #include "gateway/config.h"
 
 namespace kvgate::rules {
+
+// Bounds: rules in a table, models and endpoints in a rule.
+inline constexpr size_t kMaxRules = 1024;
+inline constexpr size_t kMaxModelsPerRule = 1024;
+inline constexpr size_t kMaxEndpointsPerRule = 4096;
 
 enum class Role { kNone, kPrefill, kDecode };
 std::string_view to_string(Role r);

@@ -506,11 +506,12 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     // They reveal the engines' configuration: the admin listener answers them, this one only
     // with --expose-server-info (sgl-model-gateway's behaviour).
     if (!config_.expose_server_info) {
-      co_await fail(ex,
-                    {404, "invalid_request_error", "not_found",
-                     std::string(path) + " is answered on the admin listener (--admin-port); "
-                                         "--expose-server-info answers it here too"},
-                    rid);
+      // (A named value: GCC 12 destroys a braced temporary in a co_await expression twice.)
+      GatewayError hidden{404, "invalid_request_error", "not_found",
+                          std::string(path) +
+                              " is answered on the admin listener (--admin-port); "
+                              "--expose-server-info answers it here too"};
+      co_await fail(ex, hidden, rid);
       record(route->path, 404, "", false, start);
       co_return;
     }

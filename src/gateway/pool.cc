@@ -94,8 +94,9 @@ Pool::~Pool() {
   if (health_) health_->stop();
 }
 
-std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env, const Pool* previous,
-                                  std::string& error, std::unique_ptr<Policy> policy) {
+std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
+                                  const WorkerLookup& existing, std::string& error,
+                                  std::unique_ptr<Policy> policy) {
   auto fail = [&](const std::string& what) {
     error = what;
     return nullptr;
@@ -130,18 +131,12 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env, c
     pool->parse_options_.chat_template = pool->tokenizer_->chat_template.get();
   }
 
-  // Workers: taken over from the previous pool of this rule when it had the URL.
+  // Workers: the same server in another pool (or retired a moment ago) is the same Worker.
   auto set = std::make_shared<WorkerSet>();
-  std::shared_ptr<const WorkerSet> old = previous ? previous->workers() : nullptr;
   for (const auto& ep : rule.endpoints) {
     http::Target t;
     if (std::string e = http::parse_url(ep.url, t); !e.empty()) return fail("endpoints: " + e);
-    WorkerPtr w;
-    if (old) {
-      for (const auto& o : old->workers) {
-        if (o->url() == t.url) w = o;
-      }
-    }
+    WorkerPtr w = existing ? existing(t.url) : nullptr;
     if (!w) {
       if (std::string e = http::resolve(t); !e.empty()) return fail("endpoints: " + e);
       if (t.https) {

@@ -55,12 +55,14 @@ struct PoolEnv {
 
 class Pool {
  public:
-  // Builds the pool of `rule` (valid: rules::validate passed). Workers whose URL `previous` also
-  // has are taken over from it. `policy` replaces the one `rule.sel` names (tests). Returns null
-  // with `error` saying what failed (a worker's address that does not resolve, a
-  // tokenizer that does not load, a feature not built).
+  // Builds the pool of `rule` (valid: rules::validate passed). A worker whose URL `existing`
+  // knows (another pool's, or one retired a moment ago) is taken over, so its health, breaker
+  // and in-flight count carry on: it is the same server. `policy` replaces the one `rule.sel`
+  // names (tests). Returns null with `error` saying what failed (a worker's address that does
+  // not resolve, a tokenizer that does not load, a feature not built).
+  using WorkerLookup = std::function<WorkerPtr(std::string_view url)>;
   static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
-                                     const Pool* previous, std::string& error,
+                                     const WorkerLookup& existing, std::string& error,
                                      std::unique_ptr<Policy> policy = nullptr);
   ~Pool();
   Pool(const Pool&) = delete;

@@ -110,9 +110,29 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
   }
   if (!errors.empty()) return errors;
 
-  // Build what is new or changed; nothing is published unless every build succeeds.
+  // Build what is new or changed; nothing is published unless every build succeeds. A URL
+  // another pool has (in force, retiring, or retired a moment ago) is the same worker.
   auto table = std::make_shared<RuleTable>();
   std::vector<std::shared_ptr<Pool>> built;
+  auto find_in = [](const Pool& p, std::string_view url) -> WorkerPtr {
+    for (const auto& w : p.workers()->workers) {
+      if (w->url() == url) return w;
+    }
+    return nullptr;
+  };
+  Pool::WorkerLookup existing = [&](std::string_view url) -> WorkerPtr {
+    for (const auto& p : built) {
+      if (auto w = find_in(*p, url)) return w;
+    }
+    for (const auto& p : current->pools) {
+      if (auto w = find_in(*p, url)) return w;
+    }
+    for (const auto& p : retiring_) {
+      if (auto w = find_in(*p, url)) return w;
+    }
+    auto it = recent_.find(url);
+    return it == recent_.end() ? nullptr : it->second.worker;
+  };
   for (const auto& r : next) {
     const Pool* old = current->find(r.name);
     if (old && old->rule_json() == rules::to_json(r)) {
@@ -124,7 +144,7 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     std::string err;
     std::unique_ptr<Policy> policy;
     if (auto it = overrides_.find(r.name); it != overrides_.end()) policy = it->second();
-    auto pool = Pool::build(r, env_, old, err, std::move(policy));
+    auto pool = Pool::build(r, env_, existing, err, std::move(policy));
     if (!pool) {
       errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
       continue;
@@ -138,9 +158,7 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     for (const auto& p : built) add_urls(*p, urls);
     table.reset();
     built.clear();
-    std::set<std::string, std::less<>> live;
-    for (const auto& p : current->pools) add_urls(*p, live);
-    for (const auto& p : retiring_) add_urls(*p, live);
+    std::set<std::string, std::less<>> live = live_urls();
     for (const auto& u : urls) {
       if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
     }
@@ -229,27 +247,52 @@ void PoolManager::shutdown() {
   retire_timer_.reset();
   table_.store(std::make_shared<const RuleTable>());
   retiring_.clear();
+  recent_.clear();
+}
+
+std::set<std::string, std::less<>> PoolManager::live_urls() const {
+  std::set<std::string, std::less<>> live;
+  for (const auto& p : table()->pools) add_urls(*p, live);
+  for (const auto& p : retiring_) add_urls(*p, live);
+  for (const auto& [url, r] : recent_) live.insert(url);
+  return live;
 }
 
 size_t PoolManager::retire() {
+  auto now = Clock::now();
   std::set<std::string, std::less<>> gone;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if (it->use_count() == 1) {  // only this list holds it: no request, no table
-      add_urls(**it, gone);
+      for (const auto& w : (*it)->workers()->workers) {
+        if (!recent_.contains(w->url())) recent_[w->url()] = Recent{w, now};
+      }
       it = retiring_.erase(it);
     } else {
       ++it;
     }
   }
+  for (auto it = recent_.begin(); it != recent_.end();) {
+    if (now - it->second.since >= recent_ttl_) {
+      gone.insert(it->first);
+      it = recent_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  while (recent_.size() > kMaxRecentWorkers) {
+    auto oldest = std::min_element(
+        recent_.begin(), recent_.end(),
+        [](const auto& a, const auto& b) { return a.second.since < b.second.since; });
+    gone.insert(oldest->first);
+    recent_.erase(oldest);
+  }
   if (!gone.empty()) {
-    std::set<std::string, std::less<>> live;
-    for (const auto& p : table()->pools) add_urls(*p, live);
-    for (const auto& p : retiring_) add_urls(*p, live);
+    auto live = live_urls();
     for (const auto& u : gone) {
       if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
     }
   }
-  if (!retiring_.empty()) schedule_retire();
+  if (!retiring_.empty() || !recent_.empty()) schedule_retire();
   return retiring_.size();
 }
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,6 +71,10 @@ class PoolManager {
   void shutdown();
   // Destroys retired pools no request holds any more; returns how many are still waiting.
   size_t retire();
+  static constexpr auto kRecentWorkers = std::chrono::seconds(60);
+  static constexpr size_t kMaxRecentWorkers = 4096;
+  // Test seam: how long workers of destroyed pools are kept (kRecentWorkers).
+  void set_recent_workers_ttl(std::chrono::milliseconds ttl) { recent_ttl_ = ttl; }
   size_t retiring() const { return retiring_.size(); }
   // Rule set changes applied and refused since start (control loop).
   uint64_t applied() const { return applied_; }
@@ -77,6 +82,8 @@ class PoolManager {
 
  private:
   void schedule_retire();
+  // URLs some pool lists (in force or retiring) or a recent worker holds.
+  std::set<std::string, std::less<>> live_urls() const;
 
   PoolEnv env_;
   SharedSnapshot<const RuleTable> table_;
@@ -85,6 +92,15 @@ class PoolManager {
   uint64_t applied_ = 0;
   uint64_t refused_ = 0;
   std::vector<std::shared_ptr<Pool>> retiring_;
+  // Workers of destroyed pools, kept kRecentWorkers long (at most kMaxRecentWorkers) so a rule
+  // deleted and created again takes its workers back with their health instead of waiting for a
+  // first probe; their series go when they expire and no pool lists their URL.
+  struct Recent {
+    WorkerPtr worker;
+    Clock::time_point since;
+  };
+  std::map<std::string, Recent, std::less<>> recent_;
+  std::chrono::milliseconds recent_ttl_ = kRecentWorkers;
   std::map<std::string, std::function<std::unique_ptr<Policy>()>, std::less<>> overrides_;
   std::unique_ptr<asio::steady_timer> retire_timer_;
 };

@@ -117,8 +117,33 @@ TEST_F(PoolsTest, RetiredPoolLivesWhileARequestHoldsItThenItsWorkersSeriesGo) {
 
   pinned.reset();  // the request completes
   EXPECT_EQ(pools_->retire(), 0u);
+  // Kept a while for a rule that takes the worker back; then its series go.
+  EXPECT_TRUE(exposes("worker=\"http://127.0.0.1:1\""));
+  pools_->set_recent_workers_ttl(std::chrono::milliseconds(0));
+  pools_->retire();
   EXPECT_FALSE(exposes("worker=\"http://127.0.0.1:1\""));
   EXPECT_TRUE(exposes("worker=\"http://127.0.0.1:2\""));
+}
+
+TEST_F(PoolsTest, ARuleDeletedAndCreatedAgainTakesItsWorkersBack) {
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  WorkerPtr w = pools_->table()->pools[0]->workers()->workers[0];
+  w->set_healthy(true);
+  ASSERT_TRUE(pools_->remove("a"));
+  EXPECT_EQ(pools_->retire(), 0u);  // destroyed: no request held it
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  auto again = pools_->table()->pools[0]->workers()->workers[0];
+  EXPECT_EQ(again, w);
+  EXPECT_TRUE(again->healthy());  // no wait for a first probe
+}
+
+TEST_F(PoolsTest, TwoRulesListingOneServerShareItsWorker) {
+  ASSERT_TRUE(pools_
+                  ->apply({make_rule("a", {"http://127.0.0.1:1"}, {"m1"}),
+                           make_rule("b", {"http://127.0.0.1:1"}, {"m2"})})
+                  .empty());
+  auto t = pools_->table();
+  EXPECT_EQ(t->pools[0]->workers()->workers[0], t->pools[1]->workers()->workers[0]);
 }
 
 TEST_F(PoolsTest, AUrlStillInAnotherPoolKeepsItsSeries) {
@@ -127,6 +152,7 @@ TEST_F(PoolsTest, AUrlStillInAnotherPoolKeepsItsSeries) {
                            make_rule("b", {"http://127.0.0.1:1"}, {"m2"})})
                   .empty());
   ASSERT_TRUE(pools_->remove("a"));
+  pools_->set_recent_workers_ttl(std::chrono::milliseconds(0));
   EXPECT_EQ(pools_->retire(), 0u);
   EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\"}"));
 }

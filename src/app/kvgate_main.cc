@@ -47,11 +47,6 @@ constexpr std::string_view kOutro =
     "Endpoints: POST /generate /v1/chat/completions /v1/completions /v1/embeddings /v1/rerank;\n"
     "GET /v1/models /health /liveness /readiness; metrics on --prometheus-port at /metrics.";
 
-// Whether `host` is a loopback address (127.0.0.0/8, ::1, localhost).
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.starts_with("127.");
-}
-
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvgate: %s\n", msg.c_str());
   return 2;
@@ -183,7 +178,7 @@ int main(int argc, char** argv) {
   if (std::string e = load_api_key(cfg, api_key_given); !e.empty()) return fail(e);
   bool admin_key_given = given("admin-api-key");
   if (std::string e = load_admin_api_key(cfg, admin_key_given); !e.empty()) return fail(e);
-  if (cfg.admin_api_key.empty() && !is_loopback(cfg.admin_host)) {
+  if (cfg.admin_api_key.empty() && !is_loopback_address(cfg.admin_host)) {
     return fail("--admin-host " + cfg.admin_host +
                 " is not a loopback address and no admin key is set: anyone who can reach it "
                 "could change the rules. Give --admin-api-key-file, or keep --admin-host "
@@ -392,7 +387,7 @@ int main(int argc, char** argv) {
       if (rules_json.size() > 1) rules_json.push_back(',');
       rules_json += rules::to_json(r);
     }
-    return R"({"knobs":)" + knobs_json(cfg) + R"(,"rules":)" + rules_json + "]}";
+    return R"({"knobs":)" + knobs_json(in_force) + R"(,"rules":)" + rules_json + "]}";
   };
   AdminApi admin(cfg, pools, admin_hooks);
   try {
@@ -431,6 +426,7 @@ int main(int argc, char** argv) {
     http::ServerConfig ac;
     ac.host = cfg.admin_host;
     ac.port = static_cast<uint16_t>(cfg.admin_port);
+    ac.reuse_port = false;    // admin calls must not be split between two kvgates
     ac.body_limit = 4 << 20;  // a rule with thousands of endpoints fits
     ac.max_connections = 64;
     ac.idle_timeout = std::chrono::seconds(30);

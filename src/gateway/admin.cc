@@ -1,6 +1,8 @@
 // gateway/admin: see admin.h.
 #include "gateway/admin.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
@@ -103,11 +105,44 @@ std::string_view query_param(std::string_view target, std::string_view name) {
   return {};
 }
 
+// Whether JSON text nests deeper than `limit` (arrays and objects, outside strings). Checked before
+// nlohmann parses or prints a body: printing recurses once per level.
+bool nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+constexpr int kMaxBodyDepth = 32;  // a rule nests 4 levels
+
 // Parses a rule body; `name` (from the path) is filled in when the body has none, and must agree
 // when it has one.
 std::optional<rules::Rule> parse_rule(std::string_view body, std::string_view name,
                                       const GatewayConfig& base,
                                       std::vector<rules::FieldError>& errors) {
+  if (nests_deeper_than(body, kMaxBodyDepth)) {
+    errors.push_back({.field = "",
+                      .value = "",
+                      .message = "the body nests deeper than " + std::to_string(kMaxBodyDepth) +
+                                 " levels; a rule nests 4"});
+    return std::nullopt;
+  }
   Json j = Json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     errors.push_back({.field = "",
@@ -154,6 +189,29 @@ const rules::Endpoint* endpoint_of(const Pool& pool, const Worker& w) {
 
 }  // namespace
 
+bool is_loopback_address(std::string_view host) {
+  if (host == "localhost") return true;
+  std::string h(host);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
+
+// The host of a Host header value ("127.0.0.1:29001", "[::1]:29001", "localhost").
+std::string_view host_of(std::string_view value) {
+  if (value.starts_with('[')) {
+    size_t close = value.find(']');
+    return close == std::string_view::npos ? value : value.substr(1, close - 1);
+  }
+  size_t colon = value.find(':');
+  if (colon != std::string_view::npos && value.find(':', colon + 1) == std::string_view::npos) {
+    return value.substr(0, colon);
+  }
+  return value;
+}
+
 AdminApi::AdminApi(const GatewayConfig& config, PoolManager& pools, Hooks hooks)
     : config_(config),
       pools_(pools),
@@ -173,6 +231,27 @@ bool AdminApi::authorized(const http::Exchange& ex) {
 }
 
 awaitable<void> AdminApi::handle(http::Exchange& ex) {
+  // Browsers: a web page may send requests to a loopback port (cross-site, or after DNS
+  // rebinding). Requests a browser makes carry Origin (or Sec-Fetch-Site); this API answers none
+  // of them. Without a key, Host must name a loopback address (a rebound name does not), and
+  // bodies must be JSON (a cross-site form or text/plain POST needs no preflight).
+  if (!ex.header("origin").empty() || !ex.header("sec-fetch-site").empty()) {
+    co_await fail(ex, 403, "browser_request",
+                  "the admin API does not answer browsers (the request carries Origin or "
+                  "Sec-Fetch-Site); use curl or a client library");
+    co_return;
+  }
+  if (!has_key_ && !is_loopback_address(host_of(ex.header("host")))) {
+    co_await fail(ex, 403, "host_not_loopback",
+                  "without an admin key the admin API answers only requests addressed to a "
+                  "loopback address (Host: 127.0.0.1); set --admin-api-key-file to use a name");
+    co_return;
+  }
+  if (!ex.body().empty() && !ex.header("content-type").starts_with("application/json")) {
+    co_await fail(ex, 415, "unsupported_media_type",
+                  "send the body as JSON with 'Content-Type: application/json'");
+    co_return;
+  }
   auto now = Clock::now();
   const std::string& addr = ex.remote_address();
   if (auto it = failures_.find(addr); it != failures_.end() && it->second.blocked_until > now) {
@@ -234,6 +313,10 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     co_return;
   }
   if (path == "/get_loads") {
+    if (method != "GET") {
+      co_await fail(ex, 405, "method_not_allowed", "use GET /get_loads");
+      co_return;
+    }
     co_await fan_out(ex, "GET", "/get_load");
     co_return;
   }
@@ -302,7 +385,8 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
         co_return;
       }
       log::info("admin API: rule created").kv("rule", name).kv("client", ex.remote_address());
-      co_await reply(ex, 201, rule_json(*pools_.rule(name)));
+      Json created_rule = rule_json(*pools_.rule(name));
+      co_await reply(ex, 201, std::move(created_rule));
     } else {
       co_await fail(ex, 405, "method_not_allowed", "use GET or POST /v1/rules");
     }
@@ -317,20 +401,17 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
     std::vector<rules::FieldError> errors;
     auto rule = parse_rule(ex.body(), "", config_, errors);
     if (rule) {
-      // As a create or an update would be checked: on its own, against the others, against the
-      // rule it would replace.
-      rules::validate(*rule, errors);
+      // As a create or an update would be: the whole table checked and built, nothing changed.
       auto all = pools_.rules();
       bool replaced = false;
       for (auto& r : all) {
         if (r.name == rule->name) {
-          rules::validate_update(r, *rule, errors);
           r = *rule;
           replaced = true;
         }
       }
       if (!replaced) all.push_back(*rule);
-      rules::validate_table(all, errors);
+      errors = pools_.apply(std::move(all), /*dry_run=*/true);
     }
     if (!errors.empty()) {
       co_await rule_errors(ex, errors);
@@ -386,7 +467,8 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
     log::info(created ? "admin API: rule created" : "admin API: rule updated")
         .kv("rule", name)
         .kv("client", ex.remote_address());
-    co_await reply(ex, created ? 201 : 200, rule_json(*pools_.rule(name)));
+    Json updated_rule = rule_json(*pools_.rule(name));
+    co_await reply(ex, created ? 201 : 200, std::move(updated_rule));
   } else if (method == "DELETE") {
     if (!pools_.remove(name)) {
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
@@ -421,15 +503,30 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
     }
     // {"url", "model_id"?, "worker_type"?: regular|prefill|decode, "bootstrap_port"?, "rule"?}:
     // added to the rule named, else to the rule serving model_id, else to the rule "default".
-    Json j = Json::parse(ex.body(), nullptr, false);
+    Json j = nests_deeper_than(ex.body(), kMaxBodyDepth) ? Json()
+                                                         : Json::parse(ex.body(), nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("url") || !j["url"].is_string()) {
       co_await fail(ex, 400, "invalid_worker",
                     "the body must be a JSON object with \"url\" (and optionally \"model_id\", "
                     "\"worker_type\", \"bootstrap_port\", \"rule\")");
       co_return;
     }
-    std::string rule_name = j.value("rule", std::string());
-    std::string model = j.value("model_id", std::string());
+    for (const char* key : {"rule", "model_id", "worker_type"}) {
+      if (j.contains(key) && !j[key].is_string() && !j[key].is_null()) {
+        co_await fail(ex, 400, "invalid_worker", std::string("\"") + key + "\" must be a string");
+        co_return;
+      }
+    }
+    if (j.contains("bootstrap_port") && !j["bootstrap_port"].is_number_integer() &&
+        !j["bootstrap_port"].is_null()) {
+      co_await fail(ex, 400, "invalid_worker", "\"bootstrap_port\" must be an integer");
+      co_return;
+    }
+    auto text = [&](const char* key, const char* dflt) {
+      return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(dflt);
+    };
+    std::string rule_name = text("rule", "");
+    std::string model = text("model_id", "");
     if (rule_name.empty() && !model.empty()) {
       if (auto p = table->resolve(0, "/", model)) rule_name = p->name();
     }
@@ -443,7 +540,7 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
     }
     rules::Endpoint ep;
     ep.url = j["url"].get<std::string>();
-    std::string type = j.value("worker_type", std::string("regular"));
+    std::string type = text("worker_type", "regular");
     if (type == "prefill") {
       ep.role = rules::Role::kPrefill;
     } else if (type == "decode") {

@@ -69,6 +69,9 @@ class AdminApi {
   std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
 };
 
+// Whether `host` is a loopback address: 127.0.0.0/8, ::1, or "localhost".
+bool is_loopback_address(std::string_view host);
+
 // Answers GET /get_server_info, /get_model_info (/server_info, /model_info) with a healthy
 // worker's own answer: of rule `rule` when given, else the first rule's.
 awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const RuleTable> table,

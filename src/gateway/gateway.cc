@@ -372,6 +372,8 @@ Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics
     : config_(config),
       pools_(pools),
       metrics_(metrics),
+      admission_(config.max_concurrent_requests, static_cast<size_t>(config.queue_size),
+                 std::chrono::seconds(config.queue_timeout_secs)),
       retry_{
           .max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries),
           .initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms),
@@ -524,29 +526,21 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   record(route->path, 200, "", false, start);
 }
 
-// Ready when every rule has a healthy worker (a rule with none would answer its requests 503).
+// Ready when some rule has a healthy worker (as sgl-model-gateway: one model's servers booting or
+// down must not take the gateway out of a load balancer for every other model). Counts only: the
+// probe is unauthenticated. Per-rule health is on the admin API (GET /workers).
 awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
                                    Clock::time_point start) {
   auto table = pools_.table();
   size_t healthy = 0, total = 0;
-  bool ready = !table->pools.empty();
-  std::string rules;
   for (const auto& p : table->pools) {
-    size_t h = p->registry().healthy_count();
-    size_t n = p->workers()->workers.size();
-    healthy += h;
-    total += n;
-    ready = ready && h > 0;
-    if (!rules.empty()) rules.push_back(',');
-    rules.append(R"({"rule":)");
-    json::append_string(rules, p->name());
-    rules.append(R"(,"healthy_workers":)" + std::to_string(h) + R"(,"total_workers":)" +
-                 std::to_string(n) + "}");
+    healthy += p->registry().healthy_count();
+    total += p->workers()->workers.size();
   }
-  std::string body = std::string(R"({"status":")") + (ready ? "ready" : "not_ready") +
+  std::string body = std::string(R"({"status":")") + (healthy ? "ready" : "not_ready") +
                      R"(","healthy_workers":)" + std::to_string(healthy) + R"(,"total_workers":)" +
-                     std::to_string(total) + R"(,"rules":[)" + rules + "]}";
-  int status = ready ? 200 : 503;
+                     std::to_string(total) + "}";
+  int status = healthy ? 200 : 503;
   co_await answer(ex, status, body, rid);
   record("/readiness", status, "", false, start);
 }
@@ -619,14 +613,17 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   {
     auto table = pools_.table();
     uint16_t port = ex.local_port();
+    std::string parse_error;
     if (table->needs_model(port, ex.path())) {
-      if (std::string err = parse_request(route, ex.body(), info); !err.empty()) {
-        co_await bad_request(std::move(err));
-        co_return;
-      }
-      parsed = true;
+      parse_error = parse_request(route, ex.body(), info);
+      parsed = parse_error.empty();
+      if (!parsed) info = RequestInfo{};  // no model: a catch-all rule may still take it
     }
     pool = table->resolve(port, ex.path(), info.model);
+    if (!pool && !parse_error.empty()) {
+      co_await bad_request(std::move(parse_error));
+      co_return;
+    }
   }
   if (!pool) {
     GatewayError ge = parsed ? errors::model_not_found(info.model) : errors::no_rule(ex.path());
@@ -634,7 +631,7 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     record(route_label, ge.status, "", false, start);
     co_return;
   }
-  Admission& admission = pool->admission();
+  Admission& admission = admission_;
   Policy& policy = pool->policy();
 
   // A client that goes away cancels what the request waits for (queue slot, upstream call).

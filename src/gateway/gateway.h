@@ -66,6 +66,8 @@ class Gateway {
   awaitable<void> handle(http::Exchange& ex);
 
   const RetryBudget& retry_budget() const { return budget_; }
+  // --max-concurrent-requests and its queue: one for the process, whichever rule a request takes.
+  Admission& admission() { return admission_; }
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }
 
@@ -86,6 +88,7 @@ class Gateway {
   const GatewayConfig& config_;
   PoolManager& pools_;
   GatewayMetrics& metrics_;
+  Admission admission_;
   RetryConfig retry_;
   RetryBudget budget_;
   std::vector<std::string> rid_headers_;

@@ -67,13 +67,8 @@ void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
   w.attach_metrics(wm);
 }
 
-void remove_worker_metrics(std::string_view url, GatewayMetrics& m) {
-  for (metrics::FamilyBase* f : std::initializer_list<metrics::FamilyBase*>{
-           &m.worker_active, &m.worker_health, &m.worker_cb_state, &m.worker_load,
-           &m.worker_requests, &m.worker_failures, &m.worker_load_poll_failures, &m.upstream_errors,
-           &m.selections, &m.stream_aborts}) {
-    f->remove_where("worker", url);
-  }
+void remove_worker_metrics(std::string_view url, metrics::Registry& registry) {
+  registry.remove_series("worker", url);
 }
 
 struct Pool::Upkeep {
@@ -83,11 +78,7 @@ struct Pool::Upkeep {
 };
 
 Pool::Pool(const rules::Rule& rule, const PoolEnv& env)
-    : rule_(rule),
-      rule_json_(rules::to_json(rule)),
-      env_(env),
-      admission_(env.config->max_concurrent_requests, static_cast<size_t>(env.config->queue_size),
-                 std::chrono::seconds(env.config->queue_timeout_secs)) {}
+    : rule_(rule), rule_json_(rules::to_json(rule)), env_(env) {}
 
 Pool::~Pool() {
   if (upkeep_) upkeep_->stopped = true;
@@ -96,9 +87,12 @@ Pool::~Pool() {
 
 std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
                                   const WorkerLookup& existing, std::string& error,
-                                  std::unique_ptr<Policy> policy) {
+                                  std::shared_ptr<Policy> policy) {
+  // Workers this build made (no pool had their URL): their series go if the build fails.
+  std::vector<std::string> fresh;
   auto fail = [&](const std::string& what) {
     error = what;
+    for (const auto& url : fresh) remove_worker_metrics(url, *env.registry);
     return nullptr;
   };
   if (rule.pd()) {
@@ -149,6 +143,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
       }
       w = std::make_shared<Worker>(env.next_worker_id->fetch_add(1), std::move(t), env.breaker);
       attach_worker_metrics(*w, *env.metrics);
+      fresh.push_back(w->url());
     }
     pool->selected_[w->id()] = &env.metrics->selections.with({pool->policy_->name(), w->url()});
     set->workers.push_back(std::move(w));

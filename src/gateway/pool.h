@@ -1,5 +1,5 @@
 // gateway/pool: what a rule builds, the unit of routing: its endpoints (workers), its policy, its
-// admission queue, its health loops and policy upkeep on the control loop, and the metric cells
+// health loops and policy upkeep on the control loop, and the metric cells
 // of its workers. A Pool is immutable once built (its rule never changes: a changed rule builds a
 // new pool, which takes over the workers the old one shares with it, so health, breakers and
 // in-flight counts carry on). Requests pin the pool they resolved (a shared_ptr) until they
@@ -57,13 +57,15 @@ class Pool {
  public:
   // Builds the pool of `rule` (valid: rules::validate passed). A worker whose URL `existing`
   // knows (another pool's, or one retired a moment ago) is taken over, so its health, breaker
-  // and in-flight count carry on: it is the same server. `policy` replaces the one `rule.sel`
-  // names (tests). Returns null with `error` saying what failed (a worker's address that does
-  // not resolve, a tokenizer that does not load, a feature not built).
+  // and in-flight count carry on: it is the same server. `policy`, when given, is used instead
+  // of a new one of `rule.sel`: the previous pool's, when only the endpoints changed (its tree,
+  // ring or key table carry on; it hears on_workers_changed), or a test's. Returns null with
+  // `error` saying what failed (a worker's address that does not resolve, a tokenizer that does not
+  // load, a feature not built).
   using WorkerLookup = std::function<WorkerPtr(std::string_view url)>;
   static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
                                      const WorkerLookup& existing, std::string& error,
-                                     std::unique_ptr<Policy> policy = nullptr);
+                                     std::shared_ptr<Policy> policy = nullptr);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -75,7 +77,7 @@ class Pool {
   std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
   WorkerRegistry& registry() { return registry_; }
   Policy& policy() { return *policy_; }
-  Admission& admission() { return admission_; }
+  std::shared_ptr<Policy> shared_policy() const { return policy_; }
   // What the request path must read of bodies for this pool (mode 4), with its tokenizer.
   const ParseOptions& parse_options() const { return parse_options_; }
   bool reads_body() const { return rule_.mode == 4; }
@@ -97,8 +99,7 @@ class Pool {
   std::string rule_json_;
   const PoolEnv env_;
   WorkerRegistry registry_;
-  std::unique_ptr<Policy> policy_;
-  Admission admission_;
+  std::shared_ptr<Policy> policy_;  // shared with the next pool of the rule when kept
   ParseOptions parse_options_;
   bool wants_usage_ = false;
   std::shared_ptr<const TokenizerFiles> tokenizer_;
@@ -114,9 +115,9 @@ class Pool {
 BreakerConfig breaker_config(const GatewayConfig& c);
 HealthConfig health_config(const GatewayConfig& c);
 
-// Attaches a worker's metric cells (kvgate_worker_* by URL). Cells are shared by every Worker
-// object with the same URL; remove_worker_metrics() drops them once no live worker has the URL.
+// Attaches a worker's metric cells (kvgate_worker_* by URL). remove_worker_metrics() drops every
+// series labelled with the URL (the gateway's and the policies'), once no live worker has it.
 void attach_worker_metrics(Worker& w, GatewayMetrics& m);
-void remove_worker_metrics(std::string_view url, GatewayMetrics& m);
+void remove_worker_metrics(std::string_view url, metrics::Registry& registry);
 
 }  // namespace kvgate

@@ -24,6 +24,14 @@ size_t specificity(const rules::Rule& r) {
   return (r.port != 0 ? size_t{1} << 20 : 0) + r.path_prefix.size();
 }
 
+// Whether two versions of a rule differ in their endpoints only.
+bool same_but_endpoints(const rules::Rule& a, const rules::Rule& b) {
+  rules::Rule x = a, y = b;
+  x.endpoints.clear();
+  y.endpoints.clear();
+  return rules::to_json(x) == rules::to_json(y);
+}
+
 void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
   for (const auto& w : p.workers()->workers) out.insert(w->url());
 }
@@ -81,7 +89,14 @@ PoolManager::~PoolManager() {
   stop();
 }
 
-std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next) {
+std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next, bool dry_run) {
+  auto errors = apply_rules(std::move(next), dry_run);
+  if (!dry_run) ++(errors.empty() ? applied_ : refused_);
+  return errors;
+}
+
+std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule> next,
+                                                        bool dry_run) {
   std::vector<rules::FieldError> errors;
   for (const auto& r : next) {
     std::vector<rules::FieldError> own;
@@ -92,11 +107,6 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     }
   }
   rules::validate_table(next, errors);
-  struct Count {
-    std::vector<rules::FieldError>& errors;
-    PoolManager& m;
-    ~Count() { ++(errors.empty() ? m.applied_ : m.refused_); }
-  } count{errors, *this};
   auto current = table();
   for (const auto& r : next) {
     if (const Pool* old = current->find(r.name)) {
@@ -142,8 +152,12 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
       continue;
     }
     std::string err;
-    std::unique_ptr<Policy> policy;
-    if (auto it = overrides_.find(r.name); it != overrides_.end()) policy = it->second();
+    std::shared_ptr<Policy> policy;
+    if (auto it = overrides_.find(r.name); it != overrides_.end()) {
+      policy = it->second();
+    } else if (old && !dry_run && same_but_endpoints(old->rule(), r)) {
+      policy = old->shared_policy();  // the scaling case: what the policy learned carries on
+    }
     auto pool = Pool::build(r, env_, existing, err, std::move(policy));
     if (!pool) {
       errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
@@ -152,7 +166,7 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     built.push_back(pool);
     table->pools.push_back(std::move(pool));
   }
-  if (!errors.empty()) {
+  if (!errors.empty() || dry_run) {
     // The pools built for nothing take the metric cells of their new workers with them.
     std::set<std::string, std::less<>> urls;
     for (const auto& p : built) add_urls(*p, urls);
@@ -160,7 +174,7 @@ std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next)
     built.clear();
     std::set<std::string, std::less<>> live = live_urls();
     for (const auto& u : urls) {
-      if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
+      if (!live.contains(u)) remove_worker_metrics(u, *env_.registry);
     }
     return errors;
   }
@@ -289,7 +303,7 @@ size_t PoolManager::retire() {
   if (!gone.empty()) {
     auto live = live_urls();
     for (const auto& u : gone) {
-      if (!live.contains(u)) remove_worker_metrics(u, *env_.metrics);
+      if (!live.contains(u)) remove_worker_metrics(u, *env_.registry);
     }
   }
   if (!retiring_.empty() || !recent_.empty()) schedule_retire();

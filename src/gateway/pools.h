@@ -51,7 +51,9 @@ class PoolManager {
 
   // Control loop only, from here down.
   // Replaces the whole rule set. Returns every error (nothing changes when there is one).
-  std::vector<rules::FieldError> apply(std::vector<rules::Rule> next);
+  // With `dry_run`, everything is checked and built (names resolved, tokenizers loaded), then
+  // dropped: what a create or update would answer, with nothing changed.
+  std::vector<rules::FieldError> apply(std::vector<rules::Rule> next, bool dry_run = false);
   // Creates or replaces one rule / deletes one, through apply(). `created` says which it was.
   std::vector<rules::FieldError> upsert(rules::Rule rule, bool* created = nullptr);
   // False when no rule has that name.
@@ -82,6 +84,7 @@ class PoolManager {
 
  private:
   void schedule_retire();
+  std::vector<rules::FieldError> apply_rules(std::vector<rules::Rule> next, bool dry_run);
   // URLs some pool lists (in force or retiring) or a recent worker holds.
   std::set<std::string, std::less<>> live_urls() const;
 

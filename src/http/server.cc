@@ -765,7 +765,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
     tcp::endpoint ep(address, port);
     acc->open(ep.protocol(), ec);
     if (!ec) acc->set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) {
+    if (!ec && (cfg.reuse_port || contexts.size() > 1)) {
       int one = 1;
       if (::setsockopt(acc->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
         ec.assign(errno, boost::system::system_category());

@@ -31,7 +31,10 @@ namespace kvgate::http {
 
 struct ServerConfig {
   std::string host = "0.0.0.0";
-  uint16_t port = 0;                                // 0 = any free port (see Server::port())
+  uint16_t port = 0;  // 0 = any free port (see Server::port())
+  // SO_REUSEPORT (one acceptor per context on one port; also lets a second process bind next to
+  // this one). Off for a single-context listener that must not share its port (the admin API).
+  bool reuse_port = true;
   size_t header_limit = size_t{64} * 1024;          // request line + headers; more -> 431
   uint64_t body_limit = 512ull << 20;               // more -> 413
   std::chrono::milliseconds idle_timeout{75000};    // keep-alive: no next request

@@ -260,6 +260,11 @@ void Registry::add_collector(std::function<void()> fn) {
   collectors_.push_back(std::move(fn));
 }
 
+void Registry::remove_series(std::string_view label, std::string_view value) {
+  std::lock_guard lock(mu_);
+  for (const auto& f : families_) f->remove_where(label, value);
+}
+
 std::string Registry::expose() const {
   std::string out;
   out.reserve(16384);

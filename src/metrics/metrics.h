@@ -125,6 +125,9 @@ class Registry {
   void add_collector(std::function<void()> fn);
   // Text exposition of every family, in registration order.
   std::string expose() const;
+  // Drops, in every family with label `label`, the cells where it is `value` (a removed worker's
+  // series, whoever registered them).
+  void remove_series(std::string_view label, std::string_view value);
 
  private:
   template <class F>

@@ -467,6 +467,9 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
     err("name", json_quote(r.name),
         r.name.empty() ? "missing: every rule needs a name (e.g. \"chat-pool\")"
                        : "must be 1 to 64 characters of A-Z a-z 0-9 _ . - (e.g. \"chat-pool\")");
+  } else if (!skip({"name"}) && (r.name == "validate" || r.name == "." || r.name == "..")) {
+    // /v1/rules/validate is a route; "." and ".." are collapsed by HTTP clients.
+    err("name", json_quote(r.name), "is reserved; pick another name");
   }
   // Bounds of what a rule may hold (the admin API is trusted, but a typo in a generator should
   // not make a table that takes seconds to check or route through).

@@ -122,7 +122,9 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
   auto stopped = stopped_;
   asio::steady_timer timer(ctx_);
   uint32_t fails = 0, goods = 0;
-  bool ever_healthy = false;
+  // A worker another pool already probes (or a rule took back) may be healthy already: it is then
+  // probed at the normal interval, and --health-success-threshold applies after a failure.
+  bool ever_healthy = w->healthy();
   bool logged_waiting = false;
   while (!stopped->load()) {
     auto r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", config_.endpoint,

@@ -203,7 +203,7 @@ TEST(Admin, TwoModelsInTwoPools) {
   EXPECT_NE(models.body.find("other-model"), std::string::npos) << models.body;
   auto ready = c.get("/readiness");
   EXPECT_EQ(ready.status, 200) << ready.body;
-  EXPECT_NE(ready.body.find(R"("rule":"other")"), std::string::npos) << ready.body;
+  EXPECT_EQ(ready.body.find("other"), std::string::npos) << "rule names on a public probe";
 }
 
 TEST(Admin, LiveUpdateAndDeleteRecreateUnderLoadFailNoRequest) {

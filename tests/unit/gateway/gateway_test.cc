@@ -183,7 +183,7 @@ class Harness {
   int port() const { return port_ ? port_ : server_->port(); }
   Worker& worker(size_t i) { return *pools_->table()->pools[0]->workers()->workers[i]; }
   Gateway& gateway() { return *gateway_; }
-  Admission& admission() { return pools_->table()->pools[0]->admission(); }
+  Admission& admission() { return gateway_->admission(); }
   double metric(const std::string& series) {
     std::string text = metrics_registry.expose();
     auto pos = text.find("\n" + series + " ");

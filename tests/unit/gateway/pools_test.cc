@@ -160,8 +160,9 @@ TEST_F(PoolsTest, AUrlStillInAnotherPoolKeepsItsSeries) {
 TEST_F(PoolsTest, AFailedApplyChangesNothing) {
   ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
   auto before = pools_->table();
-  auto bad = make_rule("b", {"http://127.0.0.1:2"});
-  bad.sel = "no_such_policy";
+  // Valid, but its second endpoint cannot be resolved: the build fails after making a worker
+  // for the first.
+  auto bad = make_rule("b", {"http://127.0.0.1:2", "http://no-such-host.invalid:1"}, {"m"});
   auto errors = pools_->apply({make_rule("a", {"http://127.0.0.1:1"}), bad});
   ASSERT_FALSE(errors.empty());
   EXPECT_NE(rules::format_errors(errors).find("rules[b]"), std::string::npos)
@@ -169,6 +170,15 @@ TEST_F(PoolsTest, AFailedApplyChangesNothing) {
   EXPECT_EQ(pools_->table(), before);
   // The worker the failed build made has no series left behind.
   EXPECT_FALSE(exposes("worker=\"http://127.0.0.1:2\""));
+  // A dry run builds (and fails) the same way, and changes nothing either.
+  EXPECT_FALSE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"}), bad}, true).empty());
+  EXPECT_TRUE(pools_
+                  ->apply({make_rule("a", {"http://127.0.0.1:1"}),
+                           make_rule("c", {"http://127.0.0.1:3"}, {"m"})},
+                          true)
+                  .empty());
+  EXPECT_EQ(pools_->table(), before);
+  EXPECT_FALSE(exposes("worker=\"http://127.0.0.1:3\""));
 
   auto engine = make_rule("a", {"http://127.0.0.1:1"});
   engine.kv_engine_type = rules::EngineType::kSglang;
@@ -176,6 +186,19 @@ TEST_F(PoolsTest, AFailedApplyChangesNothing) {
   ASSERT_FALSE(errors.empty());
   EXPECT_NE(rules::format_errors(errors).find("kvEngineType"), std::string::npos);
   EXPECT_EQ(pools_->table(), before);
+}
+
+TEST_F(PoolsTest, ChangingOnlyEndpointsKeepsWhatThePolicyLearned) {
+  auto r = make_rule("a", {"http://127.0.0.1:1"});
+  r.sel = "cache_aware";
+  ASSERT_TRUE(pools_->apply({r}).empty());
+  Policy* learned = &pools_->table()->pools[0]->policy();
+  r.endpoints.push_back({.url = "http://127.0.0.1:2"});  // scaling out
+  ASSERT_TRUE(pools_->apply({r}).empty());
+  EXPECT_EQ(&pools_->table()->pools[0]->policy(), learned);
+  r.policy_knobs.cache_threshold = 0.5;  // a policy knob: a new policy
+  ASSERT_TRUE(pools_->apply({r}).empty());
+  EXPECT_NE(&pools_->table()->pools[0]->policy(), learned);
 }
 
 TEST_F(PoolsTest, FeaturesNotBuiltAreRefusedByName) {

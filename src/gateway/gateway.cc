@@ -403,15 +403,18 @@ awaitable<void> Gateway::answer(http::Exchange& ex, int status, std::string_view
   co_await ex.respond(status, headers, body);
 }
 
-awaitable<void> Gateway::fail(http::Exchange& ex, const GatewayError& e, std::string_view rid,
+// `e` by value: callers pass temporaries, and GCC 12 has destroyed temporaries bound to a
+// coroutine's reference parameters too early (or twice).
+awaitable<void> Gateway::fail(http::Exchange& ex, GatewayError e, std::string_view rid,
                               const Worker* worker) {
+  std::string body = error_body(e);
   if (!config_.debug_headers || worker == nullptr) {
-    co_await answer(ex, e.status, error_body(e), rid);
+    co_await answer(ex, e.status, body, rid);
     co_return;
   }
   const http::Header headers[] = {
       kJsonType, {"x-request-id", rid}, {"x-kvgate-worker", worker->url()}};
-  co_await ex.respond(e.status, headers, error_body(e));
+  co_await ex.respond(e.status, headers, body);
 }
 
 bool Gateway::authorized(const http::Exchange& ex) const {

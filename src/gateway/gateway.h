@@ -79,7 +79,7 @@ class Gateway {
   awaitable<void> answer(http::Exchange& ex, int status, std::string_view body,
                          std::string_view rid);
   // A gateway error answer; with --debug-headers it names the worker involved, if any.
-  awaitable<void> fail(http::Exchange& ex, const GatewayError& e, std::string_view rid,
+  awaitable<void> fail(http::Exchange& ex, GatewayError e, std::string_view rid,
                        const Worker* worker = nullptr);
   void record(std::string_view route, int status, std::string_view model, bool streaming,
               Clock::time_point start);

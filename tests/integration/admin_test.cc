@@ -131,6 +131,39 @@ TEST(Admin, RepeatedAuthFailuresAreRefusedForAWhile) {
   EXPECT_FALSE(r.header("retry-after").empty());
 }
 
+TEST(Admin, BrowsersAndRebindingAreRefused) {
+  Cluster sims(1, {}, {}, false);
+  int admin_port = free_port();
+  // No key: the listener answers only requests addressed to a loopback address, and no browser.
+  Process gw("kvgate", {"--worker-urls", sims.sim(0).url(), "--host", "127.0.0.1", "--port",
+                        std::to_string(free_port()), "--prometheus-port",
+                        std::to_string(free_port()), "--admin-port", std::to_string(admin_port)});
+  ASSERT_TRUE(wait_until(
+      [&] {
+        HttpClient c(admin_port);
+        return c.get("/v1/rules").status == 200;
+      },
+      20s))
+      << gw.log();
+  std::string rule = R"({"url":"http://127.0.0.1:1"})";
+  HttpClient c(admin_port);
+  auto r = c.request("POST", "/workers", rule,
+                     {{"origin", "http://evil.example"}, {"content-type", "application/json"}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  r = c.request("POST", "/workers", rule, {{"content-type", "text/plain"}});
+  EXPECT_EQ(r.status, 415) << r.body;
+  HttpClient raw(admin_port);
+  std::string answer = raw.raw(
+      "GET /v1/rules HTTP/1.1\r\nHost: rebound.evil.example:29001\r\nConnection: close\r\n\r\n",
+      5s);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 403")) << answer;
+  r = c.request("POST", "/v1/rules", std::string(100000, '[') + std::string(100000, ']'),
+                {{"content-type", "application/json"}});
+  EXPECT_EQ(r.status, 400) << r.body;  // and the control thread is still there:
+  EXPECT_EQ(c.get("/v1/rules").status, 200);
+  EXPECT_EQ(gw.stop(10s), 0) << gw.log();
+}
+
 TEST(Admin, WithoutAKeyTheAdminListenerStaysOnLoopback) {
   auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--admin-host", "0.0.0.0",
                           "--port", "0", "--prometheus-port", "0", "--admin-port", "0"});
@@ -261,9 +294,12 @@ TEST(Admin, LiveUpdateAndDeleteRecreateUnderLoadFailNoRequest) {
   for (auto& t : clients) t.join();
   EXPECT_EQ(failed.load(), 0) << first_failure;
   EXPECT_GT(ok.load(), 200);
-  // The retired pools are gone and took no series of live workers with them.
-  EXPECT_TRUE(wait_until(
-      [&] { return a.cluster.metric("kvgate_worker_health{worker=\"" + u2 + "\"}") == 1; }));
+  // Every replaced pool is destroyed once its last request is done; live workers keep their
+  // series.
+  EXPECT_TRUE(wait_until([&] { return a.cluster.metric("kvgate_pools_retiring") == 0; }))
+      << a.cluster.metric("kvgate_pools_retiring");
+  EXPECT_EQ(a.cluster.metric("kvgate_worker_health{worker=\"" + u2 + "\"}"), 1);
+  EXPECT_GE(a.cluster.metric("kvgate_rule_changes_total{result=\"applied\"}"), 5);
 }
 
 TEST(Admin, WorkersApiAndFanOutRoutes) {

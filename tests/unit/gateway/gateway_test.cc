@@ -183,6 +183,7 @@ class Harness {
   int port() const { return port_ ? port_ : server_->port(); }
   Worker& worker(size_t i) { return *pools_->table()->pools[0]->workers()->workers[i]; }
   Gateway& gateway() { return *gateway_; }
+  PoolManager& pools() { return *pools_; }
   Admission& admission() { return gateway_->admission(); }
   double metric(const std::string& series) {
     std::string text = metrics_registry.expose();
@@ -590,6 +591,81 @@ TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {
   for (auto& f : burst) EXPECT_EQ(f.get().status, 200);
   EXPECT_EQ(flaky.requests.load() - before, 1);  // one trial, not the whole burst
   EXPECT_TRUE(wait_until([&] { return h.worker(0).breaker().state() == BreakerState::kClosed; }));
+}
+
+TEST(GatewayPools, ARequestCompletesOnThePoolItResolvedAfterItsRuleChanged) {
+  // The rule is replaced (a new policy) while a request is at its worker: the completion goes to
+  // the policy that decided, the new policy hears nothing of it, and the next request uses it.
+  std::atomic<bool> release{false};
+  FakeWorker held([&](http::Exchange& ex) -> awaitable<void> {
+    while (!release.load()) co_await pause(ex, 2ms);
+    co_await ex.respond(200, {}, R"({"text":"ok"})");
+  });
+  Harness h({held.url()});
+  RecordingPolicy* first = h.policy;
+  auto pending = std::async(std::launch::async, [&] {
+    HttpClient c(h.port());
+    return c.post("/generate", kBody);
+  });
+  ASSERT_TRUE(wait_until([&] { return held.requests.load() == 1; }));
+  rules::Rule next;
+  next.name = "default";
+  next.mode = 4;
+  next.sel = "random";  // a policy change: a new pool and a new policy
+  next.endpoints.push_back({.url = held.url()});
+  RecordingPolicy* second = nullptr;
+  h.pools().set_policy_override("default", [&] {
+    auto p = std::make_unique<RecordingPolicy>();
+    second = p.get();
+    return p;
+  });
+  ASSERT_TRUE(h.pools().apply({next}).empty());
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(h.pools().retiring(), 1u);  // held by the request in flight
+  release = true;
+  EXPECT_EQ(pending.get().status, 200);
+  ASSERT_TRUE(first->wait_events(2));
+  EXPECT_TRUE(first->balanced());
+  EXPECT_TRUE(second->snapshot().empty());
+  HttpClient c(h.port());
+  EXPECT_EQ(c.post("/generate", kBody).status, 200);
+  ASSERT_TRUE(second->wait_events(2));
+  EXPECT_TRUE(second->balanced());
+  EXPECT_EQ(first->snapshot().size(), 2u);
+  EXPECT_EQ(h.pools().retire(), 0u);  // the old pool goes once its last request is done
+}
+
+TEST(GatewayPools, AModelNoRuleServesIs404ElseTheCatchAllTakesIt) {
+  FakeWorker a(answer(200, R"({"text":"a"})"));
+  FakeWorker b(answer(200, R"({"text":"b"})"));
+  Harness h({a.url()});
+  rules::Rule only;
+  only.name = "only-m1";
+  only.mode = 4;
+  only.models = {"m1"};
+  only.endpoints.push_back({.url = b.url()});
+  rules::Rule def = h.pools().rules()[0];
+  auto all_up = [&] {  // the harness runs no health probes
+    for (const auto& p : h.pools().table()->pools) {
+      for (const auto& w : p->workers()->workers) w->set_healthy(true);
+    }
+  };
+  ASSERT_TRUE(h.pools().apply({only}).empty());
+  all_up();
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"model":"m2","text":"x"})");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body.find("model_not_found"), std::string::npos) << r.body;
+  EXPECT_EQ(c.post("/generate", "not json").status, 400);
+  r = c.post("/generate", R"({"model":"m1","text":"x"})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"text":"b"})");
+  // With a catch-all beside it, other models go there.
+  ASSERT_TRUE(h.pools().apply({only, def}).empty());
+  all_up();
+  r = c.post("/generate", R"({"model":"m2","text":"x"})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"text":"a"})");
 }
 
 TEST(GatewayHeaders, HopByHopPinningAndForwardingHeaders) {

@@ -35,7 +35,9 @@ using namespace kvgate;
 
 namespace {
 
-constexpr std::string_view kUsage = "kvgate [--worker-urls URL ...] [--policy NAME] [options]";
+constexpr std::string_view kUsage =
+    "kvgate [--worker-urls URL ...] [--policy NAME] [--config FILE] [options]\n"
+    "       kvgate check-config FILE | print-config [--config FILE] [options] | tokenize ...";
 constexpr std::string_view kIntro =
     "kvgate: a KV-cache-aware gateway for LLM inference servers (SGLang, vLLM).\n"
     "Sends each request to a healthy worker chosen by the routing policy, with retries, circuit\n"
@@ -44,8 +46,10 @@ constexpr std::string_view kIntro =
 constexpr std::string_view kOutro =
     "Example:\n"
     "  kvgate --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002 --policy round_robin\n"
+    "  kvgate --config kvgate.yaml          (rules for many models: see examples/)\n"
     "Endpoints: POST /generate /v1/chat/completions /v1/completions /v1/embeddings /v1/rerank;\n"
-    "GET /v1/models /health /liveness /readiness; metrics on --prometheus-port at /metrics.";
+    "GET /v1/models /health /liveness /readiness; metrics on --prometheus-port at /metrics;\n"
+    "rules, workers and the configuration on the admin API (--admin-port: /v1/rules, /workers).";
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvgate: %s\n", msg.c_str());

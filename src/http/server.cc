@@ -604,6 +604,18 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
         buffer.reserve(kReadBufferSize);
       }
       set_idle(srv, node, false);
+      if (rec && buffer.size() == 0 && srv.stopping.load(std::memory_order_relaxed)) {
+        // Shutdown cancelled the wait, but a request may have arrived meanwhile (its bytes in
+        // the socket, unread): it is read and answered (with connection: close), not reset.
+        boost::system::error_code aec;
+        if (socket.available(aec) > 0 && !aec) {
+          deadline.expires_after(cfg.header_timeout);
+          auto [rec2, rn2] =
+              co_await stream.async_read_some(buffer.prepare(kReadBufferSize), kTuple);
+          buffer.commit(rn2);
+          rec = rec2;
+        }
+      }
       if (rec && buffer.size() == 0) {
         if (deadline.expired() || srv.stopping.load(std::memory_order_relaxed)) {
           srv.stats.idle_closed.fetch_add(1, std::memory_order_relaxed);

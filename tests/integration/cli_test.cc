@@ -37,9 +37,9 @@ TEST(Cli, UnbuiltPolicyFailsAtStartup) {
 }
 
 TEST(Cli, MissingTokenizerIsAStartupError) {
-  auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--tokenizer-path",
-                          "/nonexistent/model", "--port", "0", "--prometheus-port", "0",
-                          "--admin-port", "0"});
+  auto r = run("kvgate",
+               {"--worker-urls", "http://127.0.0.1:1", "--tokenizer-path", "/nonexistent/model",
+                "--port", "0", "--prometheus-port", "0", "--admin-port", "0"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--tokenizer-path /nonexistent/model: cannot open"), std::string::npos)
       << r.output;

@@ -385,13 +385,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<http::Server> admin_server;
   AdminApi::Hooks admin_hooks;
   admin_hooks.reload = reload;
+  // What `kvgate print-config --format json` prints, with the rules in force now.
   admin_hooks.effective_config = [&] {
-    std::string rules_json = "[";
-    for (const auto& r : pools.rules()) {
-      if (rules_json.size() > 1) rules_json.push_back(',');
-      rules_json += rules::to_json(r);
-    }
-    return R"({"knobs":)" + knobs_json(in_force) + R"(,"rules":)" + rules_json + "]}";
+    return rules::print_config(rules::ConfigFile{.config = in_force, .rules = pools.rules()},
+                               /*json=*/true);
   };
   AdminApi admin(cfg, pools, admin_hooks);
   try {

@@ -3,8 +3,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 
 #include <cctype>
 #include <nlohmann/json.hpp>
@@ -20,12 +18,6 @@ using Json = nlohmann::ordered_json;
 
 constexpr size_t kMaxTrackedAddresses = 4096;
 constexpr auto kFailureWindow = std::chrono::seconds(60);
-
-std::array<unsigned char, 32> digest_of(std::string_view s) {
-  std::array<unsigned char, 32> d{};
-  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
-  return d;
-}
 
 // Coroutine parameters are taken by value: GCC 12 miscompiles a reference parameter bound to a
 // caller's temporary in a co_await expression (the coroutine reads it after it is gone).
@@ -213,22 +205,7 @@ std::string_view host_of(std::string_view value) {
 }
 
 AdminApi::AdminApi(const GatewayConfig& config, PoolManager& pools, Hooks hooks)
-    : config_(config),
-      pools_(pools),
-      hooks_(std::move(hooks)),
-      has_key_(!config.admin_api_key.empty()),
-      key_digest_(digest_of(config.admin_api_key)) {}
-
-bool AdminApi::authorized(const http::Exchange& ex) {
-  if (!has_key_) return true;
-  std::string_view auth = ex.header("authorization");
-  size_t sp = auth.find(' ');
-  if (sp == std::string_view::npos || !http::iequals(auth.substr(0, sp), "bearer")) return false;
-  std::string_view token = auth.substr(sp + 1);
-  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
-  auto d = digest_of(token);
-  return CRYPTO_memcmp(d.data(), key_digest_.data(), d.size()) == 0;
-}
+    : config_(config), pools_(pools), hooks_(std::move(hooks)), key_(config.admin_api_key) {}
 
 awaitable<void> AdminApi::handle(http::Exchange& ex) {
   // Browsers: a web page may send requests to a loopback port (cross-site, or after DNS
@@ -241,7 +218,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
                   "Sec-Fetch-Site); use curl or a client library");
     co_return;
   }
-  if (!has_key_ && !is_loopback_address(host_of(ex.header("host")))) {
+  if (!key_.set() && !is_loopback_address(host_of(ex.header("host")))) {
     co_await fail(ex, 403, "host_not_loopback",
                   "without an admin key the admin API answers only requests addressed to a "
                   "loopback address (Host: 127.0.0.1); set --admin-api-key-file to use a name");
@@ -267,7 +244,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     co_await ex.respond(429, refused, body);
     co_return;
   }
-  if (!authorized(ex)) {
+  if (!key_.matches(ex.header("authorization"))) {
     if (failures_.size() >= kMaxTrackedAddresses && !failures_.contains(addr)) {
       std::erase_if(failures_, [&](const auto& kv) { return kv.second.blocked_until <= now; });
       if (failures_.size() >= kMaxTrackedAddresses) failures_.erase(failures_.begin());
@@ -328,7 +305,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   }
   if (path == "/v1/config" && method == "GET") {
     std::string config_body =
-        (hooks_.effective_config ? hooks_.effective_config() : std::string("{}")) + "\n";
+        hooks_.effective_config ? hooks_.effective_config() : std::string("{}\n");
     const http::Header json_type[] = {{"content-type", "application/json"}};
     co_await ex.respond(200, json_type, config_body);
     co_return;

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/auth.h"
 #include "gateway/config.h"
 #include "gateway/pools.h"
 #include "http/server.h"
@@ -51,7 +52,6 @@ class AdminApi {
   static constexpr int kMaxAuthFailures = 10;
 
  private:
-  bool authorized(const http::Exchange& ex);
   awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
   awaitable<void> workers_route(http::Exchange& ex, std::string_view rest);
   awaitable<void> fan_out(http::Exchange& ex, std::string_view method, std::string_view path);
@@ -59,8 +59,7 @@ class AdminApi {
   const GatewayConfig& config_;
   PoolManager& pools_;
   Hooks hooks_;
-  bool has_key_;
-  std::array<unsigned char, 32> key_digest_{};
+  BearerKey key_;
   struct Failures {
     int count = 0;
     Clock::time_point window{};

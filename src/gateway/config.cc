@@ -6,7 +6,6 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "http/client.h"
 #include "policy/registry.h"
@@ -727,35 +726,6 @@ std::string load_api_key(GatewayConfig& c, bool api_key_given) {
 
 std::string load_admin_api_key(GatewayConfig& c, bool api_key_given) {
   return load_key(c.admin_api_key, c.admin_api_key_file, api_key_given, "admin-api-key");
-}
-
-std::string knobs_json(const GatewayConfig& c) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  for (const auto& k : table()) {
-    if (!k.unsupported_reason.empty()) continue;
-    std::string name(k.name);
-    if (name == "api-key" || name == "admin-api-key") {
-      const std::string& key = name == "api-key" ? c.api_key : c.admin_api_key;
-      j[name] =
-          key.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json("<redacted>");
-      continue;
-    }
-    std::visit(
-        [&](auto member) {
-          if constexpr (!std::is_same_v<decltype(member), std::monostate>) j[name] = c.*member;
-        },
-        k.field);
-  }
-  j["prometheus-duration-buckets"] = c.prometheus_duration_buckets;
-  nlohmann::ordered_json prefill = nlohmann::ordered_json::array();
-  for (const auto& p : c.prefill) {
-    prefill.push_back(
-        {{"url", p.url},
-         {"bootstrap_port", p.bootstrap_port ? nlohmann::ordered_json(*p.bootstrap_port)
-                                             : nlohmann::ordered_json(nullptr)}});
-  }
-  j["prefill"] = prefill;
-  return j.dump();
 }
 
 std::vector<std::string> request_id_header_names(const GatewayConfig& c) {

@@ -135,9 +135,6 @@ std::string load_api_key(GatewayConfig& config, bool api_key_given);
 // The same for --admin-api-key / --admin-api-key-file.
 std::string load_admin_api_key(GatewayConfig& config, bool api_key_given);
 
-// Every knob's value as a JSON object keyed by flag name; secrets (the API keys) redacted.
-std::string knobs_json(const GatewayConfig& config);
-
 // Request id headers to look at, lower-case, in order (the configured ones or the defaults).
 std::vector<std::string> request_id_header_names(const GatewayConfig& config);
 

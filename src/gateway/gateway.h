@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gateway/admission.h"
+#include "gateway/auth.h"
 #include "gateway/config.h"
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
@@ -83,7 +84,6 @@ class Gateway {
                        const Worker* worker = nullptr);
   void record(std::string_view route, int status, std::string_view model, bool streaming,
               Clock::time_point start);
-  bool authorized(const http::Exchange& ex) const;
 
   const GatewayConfig& config_;
   PoolManager& pools_;
@@ -93,8 +93,7 @@ class Gateway {
   RetryBudget budget_;
   std::vector<std::string> rid_headers_;
   std::chrono::seconds timeout_;
-  bool has_api_key_;
-  std::array<unsigned char, 32> api_key_digest_{};
+  BearerKey api_key_;
   std::atomic<int64_t> in_flight_{0};
 };
 

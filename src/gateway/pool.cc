@@ -77,8 +77,7 @@ struct Pool::Upkeep {
   std::atomic<bool> stopped{false};
 };
 
-Pool::Pool(const rules::Rule& rule, const PoolEnv& env)
-    : rule_(rule), rule_json_(rules::to_json(rule)), env_(env) {}
+Pool::Pool(const rules::Rule& rule, const PoolEnv& env) : rule_(rule), env_(env) {}
 
 Pool::~Pool() {
   if (upkeep_) upkeep_->stopped = true;

@@ -72,8 +72,6 @@ class Pool {
 
   const rules::Rule& rule() const { return rule_; }
   const std::string& name() const { return rule_.name; }
-  // The rule as JSON when built (what "unchanged" compares).
-  const std::string& rule_json() const { return rule_json_; }
   std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
   WorkerRegistry& registry() { return registry_; }
   Policy& policy() { return *policy_; }
@@ -96,7 +94,6 @@ class Pool {
   Pool(const rules::Rule& rule, const PoolEnv& env);
 
   rules::Rule rule_;
-  std::string rule_json_;
   const PoolEnv env_;
   WorkerRegistry registry_;
   std::shared_ptr<Policy> policy_;  // shared with the next pool of the rule when kept

@@ -29,7 +29,7 @@ bool same_but_endpoints(const rules::Rule& a, const rules::Rule& b) {
   rules::Rule x = a, y = b;
   x.endpoints.clear();
   y.endpoints.clear();
-  return rules::to_json(x) == rules::to_json(y);
+  return rules::equivalent(x, y);
 }
 
 void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
@@ -39,6 +39,7 @@ void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
 }  // namespace
 
 bool RuleTable::needs_model(uint16_t port, std::string_view path) const {
+  if (!names_models) return false;  // the common case (one rule, any model): no scan
   for (const auto& p : pools) {
     const auto& r = p->rule();
     if (!r.models.empty() && port_matches(r, port) && path_matches(r, path)) return true;
@@ -145,7 +146,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   };
   for (const auto& r : next) {
     const Pool* old = current->find(r.name);
-    if (old && old->rule_json() == rules::to_json(r)) {
+    if (old && rules::equivalent(old->rule(), r)) {
       for (const auto& p : current->pools) {
         if (p.get() == old) table->pools.push_back(p);
       }
@@ -179,6 +180,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
     return errors;
   }
 
+  for (const auto& p : table->pools) table->names_models |= !p->rule().models.empty();
   std::shared_ptr<const RuleTable> published = table;
   table_.store(published);
   for (const auto& p : built) {

@@ -25,6 +25,7 @@ namespace kvgate {
 
 struct RuleTable {
   std::vector<std::shared_ptr<Pool>> pools;  // in rule order
+  bool names_models = false;                 // some rule lists models (set when built)
 
   // Whether resolving a request on (port, path) depends on its model (rules that could take it
   // name models); when not, the body need not be read to resolve.

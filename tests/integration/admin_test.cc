@@ -16,35 +16,12 @@
 #include "support/cluster.h"
 #include "support/http_client.h"
 #include "support/process.h"
+#include "support/temp_dir.h"
 
 namespace kvgate::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvgate-admin-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string write(const std::string& name, const std::string& text) const {
-    std::string p = path_ + "/" + name;
-    std::ofstream(p) << text;
-    return p;
-  }
-
- private:
-  std::string path_;
-};
 
 const char kKey[] = "s3cret-admin-key";
 
@@ -335,7 +312,7 @@ TEST(Admin, WorkersApiAndFanOutRoutes) {
   r = admin.call("GET", "/v1/config");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body.find(kKey), std::string::npos) << "the admin key leaked: " << r.body;
-  EXPECT_NE(r.body.find(R"("admin-api-key":"<redacted>")"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find(R"("admin-api-key": "<redacted>")"), std::string::npos) << r.body;
 }
 
 TEST(Admin, ExposeServerInfoAnswersOnThePublicListener) {

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "support/cluster.h"
+#include "support/temp_dir.h"
 
 namespace kvgate::testing {
 namespace {
@@ -44,28 +45,6 @@ std::string tool(const std::string& name) {
   }
   throw std::runtime_error(name + " is not installed: run scripts/setup");
 }
-
-// A directory for one test's files, removed with its contents when the test ends
-// (KVGATE_KEEP_LOGS keeps it).
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvgate-security-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!std::getenv("KVGATE_KEEP_LOGS")) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -72,6 +72,16 @@ http::Handler answer(int status, std::string body, std::vector<http::OwnedHeader
   };
 }
 
+// A worker streaming `events` (SSE text) in one write after a 200 and its headers.
+http::Handler sse(std::string events) {
+  return [events = std::move(events)](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body(events);
+    co_await ex.end_body();
+  };
+}
+
 // A policy that prefers workers in the order given (by index), and records every hook.
 class RecordingPolicy final : public Policy {
  public:
@@ -384,12 +394,7 @@ TEST(GatewayRetry, StreamAbortedInItsFirstEventIsAFailedAttempt) {
     co_await ex.write_body("data: [DONE]\n\n");
     co_await ex.end_body();
   });
-  FakeWorker good([](http::Exchange& ex) -> awaitable<void> {
-    const http::Header h[] = {{"content-type", "text/event-stream"}};
-    co_await ex.begin_body(200, h, std::nullopt);
-    co_await ex.write_body("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n");
-    co_await ex.end_body();
-  });
+  FakeWorker good(sse("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n"));
   BreakerConfig br;
   br.failure_threshold = 1;
   Harness h({aborting.url(), good.url()}, {}, br);
@@ -435,12 +440,7 @@ TEST(GatewayRetry, ARequestsOwnErrorInTheFirstEventIsRelayedNotRetriedNotCharged
        {std::string(R"(data: {"error":{"message":"input is longer than the context"}})"),
         std::string(R"(data: {"text":"","meta_info":{"finish_reason":{"type":"abort",)"
                     R"("message":"too long","status_code":400}}})")}) {
-    auto script = [first](http::Exchange& ex) -> awaitable<void> {
-      const http::Header hdr[] = {{"content-type", "text/event-stream"}};
-      co_await ex.begin_body(200, hdr, std::nullopt);
-      co_await ex.write_body(first + "\n\ndata: [DONE]\n\n");
-      co_await ex.end_body();
-    };
+    auto script = sse(first + "\n\ndata: [DONE]\n\n");
     FakeWorker a(script), b(script);
     BreakerConfig br;
     br.failure_threshold = 1;
@@ -459,20 +459,10 @@ TEST(GatewayRetry, ARequestsOwnErrorInTheFirstEventIsRelayedNotRetriedNotCharged
 TEST(GatewayRetry, AnEngineAbortNamingNoStatusIsTheWorkersAndRetried) {
   // SGLang's FINISH_ABORT without a status_code (an abort or a drain on the engine's side) is not
   // the request's error: the next worker serves it.
-  FakeWorker aborting([](http::Exchange& ex) -> awaitable<void> {
-    const http::Header h[] = {{"content-type", "text/event-stream"}};
-    co_await ex.begin_body(200, h, std::nullopt);
-    co_await ex.write_body(
-        "data: {\"text\":\"\",\"meta_info\":{\"finish_reason\":{\"type\":\"abort\","
-        "\"message\":\"Aborted\",\"status_code\":null}}}\n\ndata: [DONE]\n\n");
-    co_await ex.end_body();
-  });
-  FakeWorker good([](http::Exchange& ex) -> awaitable<void> {
-    const http::Header h[] = {{"content-type", "text/event-stream"}};
-    co_await ex.begin_body(200, h, std::nullopt);
-    co_await ex.write_body("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n");
-    co_await ex.end_body();
-  });
+  FakeWorker aborting(
+      sse("data: {\"text\":\"\",\"meta_info\":{\"finish_reason\":{\"type\":\"abort\","
+          "\"message\":\"Aborted\",\"status_code\":null}}}\n\ndata: [DONE]\n\n"));
+  FakeWorker good(sse("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n"));
   Harness h({aborting.url(), good.url()});
   h.policy->preference = {1, 2};
   HttpClient c(h.port());
@@ -485,14 +475,9 @@ TEST(GatewayRetry, AnEngineAbortNamingNoStatusIsTheWorkersAndRetried) {
 TEST(GatewayRetry, ARelayedBackpressureAbortDoesNotOpenTheBreaker) {
   // A 429 in the first event, relayed because no retry may follow, counts as a 429 answer does:
   // backpressure, not a failure.
-  FakeWorker busy([](http::Exchange& ex) -> awaitable<void> {
-    const http::Header h[] = {{"content-type", "text/event-stream"}};
-    co_await ex.begin_body(200, h, std::nullopt);
-    co_await ex.write_body(
-        "data: {\"error\":{\"message\":\"too many requests\",\"code\":429}}\n\n"
-        "data: [DONE]\n\n");
-    co_await ex.end_body();
-  });
+  FakeWorker busy(
+      sse("data: {\"error\":{\"message\":\"too many requests\",\"code\":429}}\n\n"
+          "data: [DONE]\n\n"));
   BreakerConfig br;
   br.failure_threshold = 1;
   Harness h(
@@ -507,12 +492,7 @@ TEST(GatewayRetry, ARelayedBackpressureAbortDoesNotOpenTheBreaker) {
 
 TEST(GatewayRetry, A500IsNotChargedWhenTheNextWorkerAnswersTheRequestsOwnError) {
   FakeWorker failing(answer(500, R"({"error":"boom"})"));
-  FakeWorker rejecting([](http::Exchange& ex) -> awaitable<void> {
-    const http::Header h[] = {{"content-type", "text/event-stream"}};
-    co_await ex.begin_body(200, h, std::nullopt);
-    co_await ex.write_body("data: {\"error\":{\"message\":\"input too long\"}}\n\n");
-    co_await ex.end_body();
-  });
+  FakeWorker rejecting(sse("data: {\"error\":{\"message\":\"input too long\"}}\n\n"));
   BreakerConfig br;
   br.failure_threshold = 1;
   Harness h({failing.url(), rejecting.url()}, {}, br);

@@ -1,0 +1,32 @@
+// gateway/auth: see auth.h.
+#include "gateway/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include "http/message.h"
+
+namespace kvgate {
+namespace {
+
+std::array<unsigned char, 32> sha256(std::string_view s) {
+  std::array<unsigned char, 32> d{};
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
+  return d;
+}
+
+}  // namespace
+
+BearerKey::BearerKey(std::string_view key) : set_(!key.empty()), digest_(sha256(key)) {}
+
+bool BearerKey::matches(std::string_view auth) const {
+  if (!set_) return true;
+  size_t sp = auth.find(' ');
+  if (sp == std::string_view::npos || !http::iequals(auth.substr(0, sp), "bearer")) return false;
+  std::string_view token = auth.substr(sp + 1);
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  auto digest = sha256(token);
+  return CRYPTO_memcmp(digest.data(), digest_.data(), digest.size()) == 0;
+}
+
+}  // namespace kvgate

@@ -1,0 +1,25 @@
+// gateway/auth: the API keys' check, shared by the inference listener (--api-key) and the admin
+// API (--admin-api-key): "Authorization: Bearer <key>", the scheme in any case (RFC 9110 11.1).
+// The key is kept and compared as its SHA-256 digest, in constant time: neither its bytes nor its
+// length leak through timing.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+namespace kvgate {
+
+class BearerKey {
+ public:
+  // An empty key lets every request through (no key configured).
+  explicit BearerKey(std::string_view key);
+  bool set() const { return set_; }
+  // Whether an Authorization header value carries the key.
+  bool matches(std::string_view authorization) const;
+
+ private:
+  bool set_;
+  std::array<unsigned char, 32> digest_{};
+};
+
+}  // namespace kvgate

@@ -1,5 +1,5 @@
 // gateway/gateway: the request path of kvgate. A proxied request goes through named phases, in
-// this order (gateway.cc follows it):
+// this order (proxy.cc defines one function per phase; Gateway::proxy runs them):
 //   resolve  find the pool (rule) that takes it, by listener port, path prefix and model; the
 //            request pins it until it completes (a rule changed meanwhile does not move it);
 //   admit    wait for a concurrency slot (or 429/408), before any costly work on the body;
@@ -11,7 +11,8 @@
 //            again; else the worker's own answer goes to the client;
 //   relay    stream the answer to the client as it arrives;
 //   complete every dispatch gets exactly one completion (policy hook, breaker outcome, loads).
-// Also answers the gateway's own endpoints (/health, /liveness, /readiness, /v1/models).
+// Body rewrites (fields added to the JSON without re-serializing it: routed_dp_rank) happen in
+// send. Also answers the gateway's own endpoints (/health, /liveness, /readiness, /v1/models).
 #pragma once
 
 #include <array>
@@ -73,7 +74,8 @@ class Gateway {
   int64_t in_flight() const { return in_flight_.load(); }
 
  private:
-  struct Attempt;
+  class Request;   // one proxied request's state, with a member function per phase
+  struct Attempt;  // one attempt of it on one worker
   awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view rid);
   awaitable<void> list_models(http::Exchange& ex, std::string_view rid);
   awaitable<void> readiness(http::Exchange& ex, std::string_view rid, Clock::time_point start);

@@ -1,0 +1,1059 @@
+// gateway/proxy: the proxied request, phase by phase (see gateway.h for the order), and the state
+// each request thread keeps between requests.
+#include <boost/asio/as_tuple.hpp>
+#include <cstdio>
+#include <cstdlib>
+
+#include "gateway/errors.h"
+#include "gateway/gateway.h"
+#include "gateway/stream_check.h"
+#include "gateway/usage_scanner.h"
+#include "http/client.h"
+#include "request/body_rewrite.h"
+#include "util/log.h"
+#include "util/random.h"
+
+namespace kvgate {
+namespace {
+
+constexpr size_t kRelayBufferSize = 16384;
+constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
+// A stream's first event is read before the client sees anything (it may be an abort): at most
+// this much of it. A longer first event is relayed without the check.
+constexpr size_t kFirstEventLimit = 65536;
+// A refused answer (429/503...) is kept, up to this size, to give the client when no retry works.
+constexpr size_t kSavedAnswerLimit = 65536;
+// Longest `model` a request may name (OpenAI and Hugging Face ids are far shorter).
+constexpr size_t kMaxModelNameBytes = 256;
+
+// Watching a client for disconnects costs an I/O operation per request, so it starts only for
+// requests still running after kWatchDelay, found by one sweep timer per thread: short requests
+// never pay for it, long ones (queued, or long generations: the ones worth cancelling) are watched.
+constexpr auto kWatchDelay = std::chrono::milliseconds(20);
+
+// Per-site limits of the warnings a failing worker can make on every request (a dead worker
+// under load would otherwise write thousands of lines a second; suppressed ones are counted on
+// the next line of the site).
+log::RateLimit kLogAttemptFailed(20, std::chrono::seconds(10));
+log::RateLimit kLogRetryableStatus(20, std::chrono::seconds(10));
+log::RateLimit kLogNoFirstEvent(20, std::chrono::seconds(10));
+log::RateLimit kLogFirstEventAbort(20, std::chrono::seconds(10));
+log::RateLimit kLogMidResponse(20, std::chrono::seconds(10));
+
+// What a client going away cancels: its wait in the admission queue, its upstream call.
+struct Cancel {
+  Admission* admission = nullptr;
+  std::shared_ptr<Admission::Waiter> waiter;
+  http::UpstreamCall* call = nullptr;
+  asio::steady_timer* backoff = nullptr;  // a retry's wait (its Retry-After may be long)
+  void fire() {
+    if (waiter && admission) admission->cancel(waiter);
+    if (call) call->abort();
+    if (backoff) backoff->cancel();
+  }
+};
+
+struct PendingWatch {
+  PendingWatch* prev = this;
+  PendingWatch* next = this;
+  http::Exchange* ex = nullptr;
+  Cancel* cancel = nullptr;
+  Clock::time_point since{};
+  void unlink() {
+    prev->next = next;
+    next->prev = prev;
+    prev = next = this;
+  }
+};
+
+}  // namespace
+
+struct RequestThread::State {
+  explicit State(const GatewayConfig& c)
+      : pool(http::ConnectionPool::Options{
+            static_cast<size_t>(c.max_idle_connections_per_worker),
+            std::chrono::milliseconds(c.worker_idle_connection_timeout_ms),
+            std::chrono::seconds(c.connect_timeout_secs)}) {}
+  http::ConnectionPool pool;
+  std::vector<std::unique_ptr<char[]>> spare;
+  PendingWatch pending;  // list head
+  std::unique_ptr<asio::steady_timer> sweep;
+  std::unique_ptr<asio::steady_timer> reaper;
+  bool sweeping = false;
+  bool closed = false;
+};
+
+namespace {
+
+thread_local RequestThread::State* tl_state = nullptr;
+
+// The calling thread's state, bound by whoever runs the thread (RequestThread::bind).
+RequestThread::State& thread_state() {
+  if (!tl_state) {
+    std::fprintf(stderr, "kvgate: a request ran on a thread without RequestThread::bind()\n");
+    std::abort();
+  }
+  return *tl_state;
+}
+
+// Drops idle upstream connections past their reuse time, once a second: a worker closes its end
+// of them soon after (uvicorn: 5 s), and they would sit half-closed until the next request to
+// that worker.
+void start_reaper(RequestThread::State& ts, const asio::any_io_executor& ex) {
+  if (ts.reaper || ts.closed) return;
+  ts.reaper = std::make_unique<asio::steady_timer>(ex);
+  struct Loop {
+    RequestThread::State* ts;
+    void operator()(const boost::system::error_code& ec) const {
+      if (ec || ts->closed || !ts->reaper) return;
+      ts->pool.reap(Clock::now());
+      ts->reaper->expires_after(std::chrono::seconds(1));
+      ts->reaper->async_wait(*this);
+    }
+  };
+  ts.reaper->expires_after(std::chrono::seconds(1));
+  ts.reaper->async_wait(Loop{&ts});
+}
+
+void sweep_watches(RequestThread::State& ts) {
+  ts.sweep->expires_after(kWatchDelay);
+  ts.sweep->async_wait([&ts](const boost::system::error_code& ec) {
+    if (ec || ts.closed) {
+      ts.sweeping = false;
+      return;
+    }
+    auto due = Clock::now() - kWatchDelay;
+    for (PendingWatch* w = ts.pending.next; w != &ts.pending;) {
+      PendingWatch* next = w->next;
+      if (w->since <= due) {
+        w->ex->watch_disconnect([cancel = w->cancel] { cancel->fire(); });
+        w->unlink();
+      }
+      w = next;
+    }
+    if (ts.pending.next == &ts.pending) {
+      ts.sweeping = false;
+    } else {
+      sweep_watches(ts);
+    }
+  });
+}
+
+// Registers a request for the sweep; on destruction stops its watch (whichever was set up).
+class WatchGuard {
+ public:
+  WatchGuard(RequestThread::State& ts, http::Exchange& ex, Cancel* cancel) : ex_(ex) {
+    node_.ex = &ex;
+    node_.cancel = cancel;
+    node_.since = Clock::now();
+    node_.prev = ts.pending.prev;
+    node_.next = &ts.pending;
+    ts.pending.prev->next = &node_;
+    ts.pending.prev = &node_;
+    if (!ts.sweeping && !ts.closed) {
+      if (!ts.sweep) ts.sweep = std::make_unique<asio::steady_timer>(ex.executor());
+      ts.sweeping = true;
+      sweep_watches(ts);
+    }
+  }
+  ~WatchGuard() {
+    node_.unlink();
+    ex_.unwatch_disconnect();
+  }
+  WatchGuard(const WatchGuard&) = delete;
+  WatchGuard& operator=(const WatchGuard&) = delete;
+
+ private:
+  http::Exchange& ex_;
+  PendingWatch node_;
+};
+
+// A relay buffer borrowed from the thread's spares for the life of one response.
+class RelayBuffer {
+ public:
+  explicit RelayBuffer(RequestThread::State& ts) : ts_(ts) {
+    if (!ts_.spare.empty()) {
+      buf_ = std::move(ts_.spare.back());
+      ts_.spare.pop_back();
+    } else {
+      buf_.reset(new char[kRelayBufferSize]);
+    }
+  }
+  ~RelayBuffer() {
+    if (ts_.spare.size() < 1024) ts_.spare.push_back(std::move(buf_));
+  }
+  RelayBuffer(const RelayBuffer&) = delete;
+  RelayBuffer& operator=(const RelayBuffer&) = delete;
+  char* data() { return buf_.get(); }
+
+ private:
+  RequestThread::State& ts_;
+  std::unique_ptr<char[]> buf_;
+};
+
+// What a policy may read of the request's headers. X-SMG-Target-Worker pins a worker: only
+// honoured when the operator allows it (--allow-target-worker-header).
+struct HeaderView {
+  const http::Exchange* ex;
+  bool allow_target;
+};
+std::string_view header_of(const void* self, std::string_view name) {
+  const auto* v = static_cast<const HeaderView*>(self);
+  if (!v->allow_target && http::iequals(name, "x-smg-target-worker")) return {};
+  return v->ex->header(name);
+}
+
+// Header names a message lists in its Connection header(s): hop-by-hop for this message only.
+class ConnectionTokens {
+ public:
+  void add(std::string_view value) {
+    while (!value.empty()) {
+      size_t comma = value.find(',');
+      std::string_view t = value.substr(0, comma);
+      value = comma == std::string_view::npos ? std::string_view{} : value.substr(comma + 1);
+      while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+      while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+      if (!t.empty() && tokens_.size() < 32) tokens_.push_back(t);
+    }
+  }
+  bool contains(std::string_view name) const {
+    for (auto t : tokens_) {
+      if (http::iequals(t, name)) return true;
+    }
+    return false;
+  }
+  bool empty() const { return tokens_.empty(); }
+
+ private:
+  std::vector<std::string_view> tokens_;
+};
+
+// A Forwarded "for=" node (RFC 7239): IPv6 addresses quoted and bracketed.
+std::string forwarded_node(const std::string& addr) {
+  if (addr.find(':') != std::string::npos) return "\"[" + addr + "]\"";
+  return addr.empty() ? "unknown" : addr;
+}
+
+// How an attempt's outcome counts for the worker's circuit breaker.
+enum class Verdict { kSuccess, kFailure, kNeutral };
+
+// A dispatch to one worker: opened with the policy's on_dispatched and the worker's in-flight
+// count; closed exactly once with the outcome (policy on_completed, breaker), on every path,
+// including a coroutine destroyed at shutdown (then as a client abort).
+class Dispatch {
+ public:
+  Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass)
+      : policy_(policy), ctx_(ctx), d_(d), pass_(pass) {
+    try {
+      policy_.on_dispatched(d_, ctx_);
+    } catch (...) {
+      d_.worker->record_neutral(pass_);  // a trial pass must never be lost
+      throw;
+    }
+    d_.worker->begin_request();
+  }
+  ~Dispatch() {
+    if (!done_) {
+      finish(Outcome{.status = kClientClosedStatus, .ok = false, .started = started_guess},
+             Verdict::kNeutral);
+    }
+    d_.worker->end_request();
+  }
+  Dispatch(const Dispatch&) = delete;
+  Dispatch& operator=(const Dispatch&) = delete;
+
+  void finish(const Outcome& o, Verdict v) {
+    if (done_) return;
+    done_ = true;
+    Worker& w = *d_.worker;
+    switch (v) {
+      case Verdict::kSuccess:
+        w.record_success(pass_);
+        break;
+      case Verdict::kFailure:
+        w.record_failure(pass_, Clock::now());
+        break;
+      case Verdict::kNeutral:
+        w.record_neutral(pass_);
+        break;
+    }
+    policy_.on_completed(d_, ctx_, o);
+  }
+  bool trial() const { return pass_ == CircuitBreaker::Pass::kTrial; }
+  // For the destructor: whether the worker may have the request (true until known otherwise).
+  bool started_guess = true;
+
+ private:
+  Policy& policy_;
+  RouteContext& ctx_;
+  Decision d_;
+  CircuitBreaker::Pass pass_;
+  bool done_ = false;
+};
+
+// A worker's answer kept to give the client when no retry works out (its own 429/503...).
+struct SavedAnswer {
+  int status = 0;
+  std::string content_type;
+  std::string retry_after;
+  std::string body;
+};
+
+// Holds a retry slot of the budget until released or destroyed.
+class BudgetSlot {
+ public:
+  explicit BudgetSlot(RetryBudget& b) : budget_(b) {}
+  ~BudgetSlot() { release(); }
+  BudgetSlot(const BudgetSlot&) = delete;
+  BudgetSlot& operator=(const BudgetSlot&) = delete;
+  bool acquire() {
+    release();
+    held_ = budget_.try_acquire();
+    return held_;
+  }
+  void release() {
+    if (held_) budget_.release();
+    held_ = false;
+  }
+
+ private:
+  RetryBudget& budget_;
+  bool held_ = false;
+};
+
+}  // namespace
+
+RequestThread::RequestThread(const GatewayConfig& config)
+    : state_(std::make_unique<State>(config)) {}
+RequestThread::~RequestThread() = default;
+
+void RequestThread::bind() {
+  tl_state = state_.get();
+}
+
+void RequestThread::close() {
+  state_->closed = true;
+  state_->pool.close();
+  state_->sweep.reset();
+  state_->reaper.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// One proxied request, phase by phase. Gateway::proxy (at the end) runs the phases in order;
+// each phase is a member of Request and says what comes next.
+
+namespace {
+
+enum class Next {
+  kOn,      // go on to the next phase
+  kRetry,   // this attempt failed safely and another may follow: back off, select again
+  kGiveUp,  // no further attempt: the client gets the last refusal a worker sent, or an error
+  kDone,    // answered (or the client left): nothing more to do
+};
+
+}  // namespace
+
+// Everything a request carries from phase to phase. Lives in Gateway::proxy's frame and never
+// moves: the disconnect watch and the dispatches point into it.
+class Gateway::Request {
+ public:
+  Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid);
+  ~Request();
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  awaitable<bool> resolve();
+  void watch();
+  awaitable<bool> admit();
+  awaitable<bool> parse();
+  void forward_headers();
+  bool must_back_off() const { return attempts_made_ > 0 && !skip_backoff_; }
+  awaitable<bool> back_off();
+  awaitable<Next> select(Attempt& a);
+  awaitable<Next> send(Attempt& a);
+  awaitable<Next> first_event(Attempt& a);
+  awaitable<void> relay(Attempt& a);
+  awaitable<void> give_up();
+
+ private:
+  friend struct Gateway::Attempt;
+  // A gateway error answer, recorded.
+  awaitable<void> refuse(GatewayError e, const Worker* worker = nullptr);
+  void client_left();
+  void record(int status) { g_.record(route_label_, status, model_, streaming_, start_); }
+  void list_candidates(Clock::time_point now);
+  // Whether another attempt may follow one that failed safely ("" if so; it takes a budget
+  // slot), else why not.
+  std::string_view may_retry();
+  void retry_denied(std::string_view why);
+  // An attempt that failed with a retryable status (or abort standing for one) and will be
+  // retried: its completion, counted as that status counts.
+  void failed_attempt(Attempt& a, int status, bool ran);
+  void complete(Attempt& a, int final_status, Verdict verdict, const UsageScanner& usage);
+
+  Gateway& g_;
+  http::Exchange& ex_;
+  const ApiRoute route_;
+  const std::string_view route_label_;
+  const std::string_view rid_;
+  const Clock::time_point start_;
+  const Clock::time_point deadline_;
+  RequestThread::State& ts_;
+
+  // resolve, parse
+  RequestInfo info_;
+  bool parsed_ = false;         // info_ holds the model (resolve read it)
+  std::shared_ptr<Pool> pool_;  // pinned: its policy decides and hears every completion
+  std::string_view model_;      // the metric label (empty until parsed)
+  bool streaming_ = false;
+
+  // admit; a client going away cancels what the request waits for
+  Cancel cancel_;
+  std::optional<WatchGuard> watch_;
+  Admission* slot_ = nullptr;  // the admission slot held, released at the end
+
+  // select, send
+  HeaderView header_view_;
+  RouteContext ctx_;
+  std::string xff_, forwarded_;
+  http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
+  std::shared_ptr<const WorkerSet> set_;
+  std::vector<Worker*> candidates_;
+
+  // retry: Pingora's rule, written down in docs/reliability.md
+  std::vector<uint64_t> failed_;
+  std::vector<Worker*> charge_if_served_;  // answered 500 once: charged if another worker serves
+  int ran_and_failed_ = 0;                 // 500 answers: at most one is retried
+  int attempts_made_ = 0;
+  int denied_ = 0;
+  http::CallError last_error_ = http::CallError::kNone;
+  std::optional<SavedAnswer> saved_;
+  std::optional<std::chrono::milliseconds> retry_after_;
+  BudgetSlot budget_slot_;
+  asio::steady_timer backoff_timer_;
+  std::chrono::milliseconds next_delay_{0};  // the wait may_retry() checked, used as checked
+  bool skip_backoff_ = false;                // the last round made no attempt (breaker turned)
+  struct EndRequest {
+    RetryBudget& b;
+    ~EndRequest() { b.request_ended(); }
+  } end_request_;
+};
+
+// One attempt on one worker: its decision, its dispatch (closed exactly once), its upstream call.
+struct Gateway::Attempt {
+  explicit Attempt(Request& r) : r(r) {}
+  ~Attempt() { r.cancel_.call = nullptr; }
+  Attempt(const Attempt&) = delete;
+  Attempt& operator=(const Attempt&) = delete;
+
+  // Tags a log line with the attempt (the line is written at the end of the full expression).
+  log::Line& tag(log::Line&& line) const {
+    return line.kv("rid", r.rid_)
+        .kv("worker_id", w->id())
+        .kv("worker", w->url())
+        .kv("attempt", r.attempts_made_);
+  }
+
+  Request& r;
+  Clock::time_point now;
+  Decision d;
+  Worker* w = nullptr;
+  std::optional<Dispatch> dispatch;
+  std::optional<http::UpstreamCall> call;
+  int status = 0;
+  bool sse = false;
+  std::string pre;             // body bytes read before committing (a stream's first event)
+  bool worker_abort = false;   // relays a worker-side abort: a failure for the breaker
+  bool abort_ran = false;      // ... with status 500 (ran and failed, like an HTTP 500)
+  int abort_status = 0;        // ... the status it stands for
+  bool request_abort = false;  // the first event is the request's own error
+  std::optional<RelayBuffer> buf;
+};
+
+Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid)
+    : g_(g),
+      ex_(ex),
+      route_(route),
+      route_label_(to_string(route)),
+      rid_(rid),
+      start_(Clock::now()),
+      deadline_(start_ + g.timeout_),
+      ts_(thread_state()),
+      header_view_{&ex, g.config_.allow_target_worker_header},
+      budget_slot_(g.budget_),
+      backoff_timer_(ex.executor()),
+      end_request_{g.budget_} {
+  start_reaper(ts_, ex.executor());
+  g.budget_.request_started();
+  cancel_.admission = &g.admission_;
+  cancel_.backoff = &backoff_timer_;
+  ctx_.request = &info_;
+  ctx_.header_fn = &header_of;
+  ctx_.header_self = &header_view_;
+}
+
+Gateway::Request::~Request() {
+  cancel_.backoff = nullptr;
+  if (slot_) slot_->release();
+}
+
+awaitable<void> Gateway::Request::refuse(GatewayError e, const Worker* worker) {
+  int status = e.status;
+  co_await g_.fail(ex_, std::move(e), rid_, worker);
+  record(status);
+}
+
+void Gateway::Request::client_left() {
+  g_.metrics_.client_disconnects.with({}).inc();
+  record(kClientClosedStatus);
+}
+
+// Phase: resolve. The rule table may change at any time; this request keeps the pool it resolved
+// (and with it the policy that decides and hears the completion) until it is done. Only when rules
+// name models is the body read here, for its model alone (cheap next to the parse, which waits for
+// admission).
+awaitable<bool> Gateway::Request::resolve() {
+  std::string parse_error;
+  {
+    auto table = g_.pools_.table();
+    uint16_t port = ex_.local_port();
+    if (table->needs_model(port, ex_.path())) {
+      parse_error = parse_request(route_, ex_.body(), info_);
+      parsed_ = parse_error.empty();
+      if (!parsed_) info_ = RequestInfo{};  // no model: a catch-all rule may still take it
+    }
+    pool_ = table->resolve(port, ex_.path(), info_.model);
+  }
+  if (pool_) co_return true;
+  if (!parse_error.empty()) {
+    co_await refuse(errors::bad_json(std::move(parse_error)));
+  } else {
+    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
+    GatewayError ge = parsed_ ? errors::model_not_found(info_.model) : errors::no_rule(ex_.path());
+    co_await refuse(ge);
+  }
+  co_return false;
+}
+
+void Gateway::Request::watch() {
+  watch_.emplace(ts_, ex_, &cancel_);
+}
+
+// Phase: admit. Before parsing: parsing, rendering and tokenizing cost CPU in proportion to the
+// body, and only admitted requests may spend it. One admission for the process, whichever rule.
+awaitable<bool> Gateway::Request::admit() {
+  Admission& admission = g_.admission_;
+  if (!admission.enabled()) co_return true;
+  g_.metrics_.queue_depth_now.add(1);
+  auto r = co_await admission.acquire(ex_.executor(), &cancel_.waiter);
+  g_.metrics_.queue_depth_now.add(-1);
+  cancel_.waiter.reset();
+  if (r == Admission::Result::kAdmitted) slot_ = &admission;
+  if (r == Admission::Result::kCancelled || ex_.client_gone()) {
+    client_left();
+    co_return false;
+  }
+  if (r == Admission::Result::kQueueFull) {
+    g_.metrics_.admission_rejected.with({"queue_full"}).inc();
+    co_await refuse(errors::queue_full(admission.queue_size()));
+    co_return false;
+  }
+  if (r == Admission::Result::kTimeout) {
+    g_.metrics_.admission_rejected.with({"timeout"}).inc();
+    co_await refuse(errors::queue_timeout(static_cast<long>(g_.config_.queue_timeout_secs)));
+    co_return false;
+  }
+  co_return true;
+}
+
+// Phase: parse: what routing needs from the body (a pool in mode 0 proxies without reading it).
+awaitable<bool> Gateway::Request::parse() {
+  const ParseOptions& options = pool_->parse_options();
+  bool wants_content = options.want_text || options.want_tokens;
+  if (pool_->reads_body() && (!parsed_ || wants_content)) {
+    info_ = RequestInfo{};
+    if (std::string err = parse_request(route_, ex_.body(), info_, options); !err.empty()) {
+      co_await refuse(errors::bad_json(std::move(err)));
+      co_return false;
+    }
+  }
+  if (info_.model.size() > kMaxModelNameBytes) {
+    // A model name becomes a metric label and a prefix-tree key: bounded like any client input.
+    co_await refuse(errors::invalid_request("'model' is " + std::to_string(info_.model.size()) +
+                                            " bytes long; model names are at most " +
+                                            std::to_string(kMaxModelNameBytes) + " bytes"));
+    co_return false;
+  }
+  model_ = g_.metrics_.models.admit(info_.model);
+  streaming_ = info_.stream;
+  co_return true;
+}
+
+// Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
+// upstream call sets; X-Forwarded-For and Forwarded extended with this client.
+void Gateway::Request::forward_headers() {
+  ConnectionTokens conn_tokens;
+  ex_.for_each_header([&](std::string_view name, std::string_view value) {
+    if (http::iequals(name, "connection")) conn_tokens.add(value);
+  });
+  bool allow_target = g_.config_.allow_target_worker_header;
+  ex_.for_each_header([&](std::string_view name, std::string_view value) {
+    auto kind = http::classify_header(name);
+    if (kind != http::HeaderKind::kOther && kind != http::HeaderKind::kContentType) return;
+    if (!conn_tokens.empty() && conn_tokens.contains(name)) return;
+    if (http::iequals(name, "x-forwarded-for")) {
+      xff_.append(value).append(", ");
+      return;
+    }
+    if (http::iequals(name, "forwarded")) {
+      forwarded_.append(value).append(", ");
+      return;
+    }
+    if (!allow_target && http::iequals(name, "x-smg-target-worker")) return;
+    fwd_.push_back({name, value});
+  });
+  const std::string& client_addr = ex_.remote_address();
+  xff_.append(client_addr.empty() ? "unknown" : client_addr);
+  forwarded_.append("for=").append(forwarded_node(client_addr));
+  forwarded_.append(ex_.secure() ? ";proto=https" : ";proto=http");
+  fwd_.push_back({"x-forwarded-for", xff_});
+  fwd_.push_back({"forwarded", forwarded_});
+  fwd_.push_back({"x-request-id", rid_});
+  set_ = pool_->workers();  // keeps every worker of this request alive
+  candidates_.reserve(set_->workers.size());
+}
+
+void Gateway::Request::list_candidates(Clock::time_point now) {
+  candidates_.clear();
+  for (const auto& w : set_->workers) {
+    if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
+    if (w->available(now)) candidates_.push_back(w.get());
+  }
+  if (candidates_.empty() && !failed_.empty()) {
+    for (const auto& w : set_->workers) {  // every worker failed once: try them again
+      if (w->available(now)) candidates_.push_back(w.get());
+    }
+  }
+}
+
+std::string_view Gateway::Request::may_retry() {
+  const RetryConfig& retry = g_.retry_;
+  if (attempts_made_ >= retry.max_attempts) return "attempts";
+  auto now = Clock::now();
+  auto wait = backoff_delay(retry, attempts_made_ - 1, thread_rng().uniform());
+  if (retry_after_) {
+    if (*retry_after_ > retry.max_backoff) return "retry_after";
+    wait = std::max(wait, *retry_after_);
+  }
+  if (now + wait >= deadline_) return "deadline";
+  next_delay_ = wait;
+  list_candidates(now);
+  if (candidates_.empty()) return "no_worker";
+  if (!budget_slot_.acquire()) return "budget";
+  return "";
+}
+
+void Gateway::Request::retry_denied(std::string_view why) {
+  g_.metrics_.retries_denied.with({why}).inc();
+  log::debug("not retrying").kv("rid", rid_).kv("why", why).kv("attempts", attempts_made_);
+}
+
+// Phase: retry (the wait). A retry waits its backoff (or the worker's Retry-After).
+awaitable<bool> Gateway::Request::back_off() {
+  g_.metrics_.retries.with({route_label_}).inc();
+  retry_after_.reset();
+  backoff_timer_.expires_after(next_delay_);
+  co_await backoff_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+  if (ex_.client_gone()) {
+    client_left();
+    co_return false;
+  }
+  co_return true;
+}
+
+// Phase: select. The policy chooses among the available workers; the worker's breaker gives a
+// pass; the dispatch opens (the policy hears on_dispatched; on_completed follows exactly once).
+awaitable<Next> Gateway::Request::select(Attempt& a) {
+  skip_backoff_ = false;
+  a.now = Clock::now();
+  list_candidates(a.now);
+  if (candidates_.empty()) {
+    if (attempts_made_ > 0) co_return Next::kGiveUp;
+    co_await refuse(errors::no_worker(set_->workers.size()));
+    co_return Next::kDone;
+  }
+  Policy& policy = pool_->policy();
+  a.d = policy.select(candidates_, ctx_);
+  a.w = a.d.worker;
+  if (a.w == nullptr) {
+    g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
+    if (attempts_made_ > 0) co_return Next::kGiveUp;
+    co_await refuse(errors::policy_refused(policy.name(), a.d.branch));
+    co_return Next::kDone;
+  }
+  CircuitBreaker::Pass pass = a.w->admit(a.now);
+  if (pass == CircuitBreaker::Pass::kDenied) {
+    // Its breaker turned (another request took the half-open trial): choose again, bounded.
+    failed_.push_back(a.w->id());
+    if (++denied_ > static_cast<int>(set_->workers.size()) + 1) co_return Next::kGiveUp;
+    skip_backoff_ = true;  // no attempt was made: nothing to back off from
+    co_return Next::kRetry;
+  }
+  if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
+  g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
+  ++attempts_made_;
+  a.dispatch.emplace(policy, ctx_, a.d, pass);
+  a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
+  a.call->set_deadline(deadline_);
+  cancel_.call = &*a.call;
+  co_return Next::kOn;
+}
+
+void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
+  // A 500 ran the request and failed: it counts against the worker only if another worker then
+  // serves the same request (else the request, not the worker, is at fault).
+  Verdict v = ran             ? (a.dispatch->trial() ? Verdict::kFailure : Verdict::kNeutral)
+              : status >= 500 ? Verdict::kFailure
+                              : Verdict::kNeutral;
+  if (ran) {
+    ++ran_and_failed_;
+    if (!a.dispatch->trial()) charge_if_served_.push_back(a.w);
+  }
+  // (A retryable status other than 500 says the worker did not run it.)
+  a.dispatch->finish(Outcome{.status = status, .started = ran}, v);
+  failed_.push_back(a.w->id());
+}
+
+// Phase: send. The request (with the body rewrites of its pool) goes to the worker; its answer's
+// head comes back. A failure before the worker had the whole request is retried; after, not (it
+// may be running it). A retryable status is kept as the client's answer in case no retry works.
+awaitable<Next> Gateway::Request::send(Attempt& a) {
+  http::UpstreamCall& call = *a.call;
+  // Body rewrites (fields added, the rest forwarded byte for byte): the rank the policy chose.
+  std::string rewritten;
+  std::string_view body = ex_.body();
+  if (a.d.dp_rank && pool_->reads_body()) {
+    const BodyField rank{"routed_dp_rank", std::to_string(*a.d.dp_rank)};
+    rewritten = add_fields(body, {&rank, 1});
+    if (!rewritten.empty()) body = rewritten;
+  }
+  http::CallError e = co_await call.start(ex_.method(), ex_.target(), fwd_, body);
+  a.dispatch->started_guess = call.request_sent();
+  if (e == http::CallError::kAborted || ex_.client_gone()) {
+    call.abort();
+    a.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = call.request_sent()},
+                       Verdict::kNeutral);
+    client_left();
+    co_return Next::kDone;
+  }
+  if (e != http::CallError::kNone) {
+    last_error_ = e;
+    g_.metrics_.upstream_errors.with({a.w->url(), http::to_string(e)}).inc();
+    a.tag(log::warn(kLogAttemptFailed, "upstream attempt failed"))
+        .kv("error", http::to_string(e))
+        .kv("detail", call.error_detail())
+        .kv("request_sent", call.request_sent());
+    a.dispatch->finish(Outcome{.status = 502, .started = call.request_sent()}, Verdict::kFailure);
+    if (e == http::CallError::kTimeout) {
+      co_await refuse(errors::upstream_timeout(static_cast<long>(g_.timeout_.count())), a.w);
+      co_return Next::kDone;
+    }
+    if (call.request_sent()) {
+      // The worker received the whole request: it may be running it. Not retried.
+      retry_denied("unsafe");
+      GatewayError ge = e == http::CallError::kProtocol ? errors::upstream_protocol(a.w->id())
+                                                        : errors::upstream_no_answer(a.w->id());
+      co_await refuse(ge, a.w);
+      co_return Next::kDone;
+    }
+    failed_.push_back(a.w->id());
+    if (auto why = may_retry(); !why.empty()) {
+      retry_denied(why);
+      co_return Next::kGiveUp;
+    }
+    co_return Next::kRetry;
+  }
+
+  a.status = call.status();
+  // A 500 says the worker ran the request and failed: retried once, elsewhere. (A 504 is not
+  // retried: the request may still be running behind whatever timed out.)
+  bool ran = a.status == 500;
+  if (!retryable_status(a.status) || (ran && ran_and_failed_ > 0)) co_return Next::kOn;
+  // The worker's Retry-After is honoured; when no retry may follow, this answer is the
+  // client's (relayed), not a gateway error.
+  retry_after_.reset();
+  if (auto ra = call.header("retry-after"); !ra.empty()) {
+    retry_after_ = parse_retry_after(ra, std::chrono::system_clock::now());
+  }
+  if (auto why = may_retry(); !why.empty()) {
+    retry_denied(why);
+    co_return Next::kOn;
+  }
+  g_.metrics_.upstream_errors.with({a.w->url(), "status_" + std::to_string(a.status)}).inc();
+  a.tag(log::warn(kLogRetryableStatus, "upstream answered a retryable status"))
+      .kv("status", a.status);
+  SavedAnswer answer{.status = a.status,
+                     .content_type = std::string(call.header("content-type")),
+                     .retry_after = std::string(call.header("retry-after"))};
+  // (GCC 12 miscompiles co_await inside an if condition: awaited into a variable first.)
+  http::CallError read = co_await call.read_all(answer.body, kSavedAnswerLimit);
+  if (read == http::CallError::kNone) saved_ = std::move(answer);
+  failed_attempt(a, a.status, ran);
+  co_return Next::kRetry;
+}
+
+// Phase: a stream's first event, read before the client sees anything. An abort there with a
+// worker-side status (503 queue full, a failed PD transfer...) is a failed attempt, retried like
+// that status when it may be; one naming a client error (4xx) or no status at all (SGLang sends a
+// request's ValueError this way: input too long...) is the request's own answer.
+awaitable<Next> Gateway::Request::first_event(Attempt& a) {
+  http::UpstreamCall& call = *a.call;
+  a.sse = call.header("content-type").starts_with("text/event-stream");
+  a.buf.emplace(ts_);
+  if (!a.sse || a.status != 200 || call.done()) co_return Next::kOn;
+  http::CallError re = http::CallError::kNone;
+  while (a.pre.size() < kFirstEventLimit && !first_event_end(a.pre)) {
+    size_t n = co_await call.read_some(a.buf->data(), kRelayBufferSize, re);
+    if (n == 0 || re != http::CallError::kNone) break;
+    a.pre.append(a.buf->data(), n);
+  }
+  if (re == http::CallError::kAborted || ex_.client_gone()) {
+    call.abort();
+    a.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = true}, Verdict::kNeutral);
+    client_left();
+    co_return Next::kDone;
+  }
+  if (re != http::CallError::kNone && a.pre.empty()) {
+    // Headers, then nothing: the worker had the request; not retried.
+    g_.metrics_.upstream_errors.with({a.w->url(), "stream_" + std::string(http::to_string(re))})
+        .inc();
+    a.tag(log::warn(kLogNoFirstEvent, "upstream stream ended before its first event"))
+        .kv("error", http::to_string(re))
+        .kv("detail", call.error_detail());
+    a.dispatch->finish(Outcome{.status = 502, .started = true}, Verdict::kFailure);
+    GatewayError ge = re == http::CallError::kTimeout
+                          ? errors::upstream_timeout(static_cast<long>(g_.timeout_.count()))
+                          : errors::upstream_no_answer(a.w->id());
+    co_await refuse(ge, a.w);
+    co_return Next::kDone;
+  }
+  auto end = first_event_end(a.pre);
+  if (!end) co_return Next::kOn;
+  auto abort = event_abort(std::string_view(a.pre).substr(0, *end));
+  if (!abort) co_return Next::kOn;
+  // An engine-side abort naming no status (SGLang's FINISH_ABORT from an abort or a drain) is the
+  // worker's doing: treated as a 503. An error object naming none is the request's (SGLang streams
+  // a request's ValueError that way).
+  int as = abort->status == 0 && abort->finish_abort ? 503 : abort->status;
+  bool request_error = as == 0 || (as >= 400 && as < 500 && as != 408 && as != 429);
+  a.request_abort = request_error;
+  a.abort_status = as;
+  a.tag(log::warn(kLogFirstEventAbort, "upstream aborted the stream in its first event"))
+      .kv("message", abort->message)
+      .kv("status", as)
+      .kv("request_error", request_error);
+  if (request_error) co_return Next::kOn;
+  g_.metrics_.stream_aborts.with({a.w->url()}).inc();
+  a.worker_abort = true;
+  a.abort_ran = as == 500;
+  if (!retryable_status(as) || (a.abort_ran && ran_and_failed_ > 0)) co_return Next::kOn;
+  if (auto why = may_retry(); !why.empty()) {
+    retry_denied(why);  // the abort goes to the client as the worker sent it
+    co_return Next::kOn;
+  }
+  call.abort();
+  failed_attempt(a, as, a.abort_ran);
+  last_error_ = http::CallError::kNone;
+  saved_.reset();
+  co_return Next::kRetry;
+}
+
+// Phase: relay. Committed to this answer: from here on nothing is retried. The worker's answer
+// streams to the client as it arrives (backpressure: one buffer in flight).
+awaitable<void> Gateway::Request::relay(Attempt& a) {
+  http::UpstreamCall& call = *a.call;
+  for (Worker* charged : charge_if_served_) {
+    // Charged only when this worker serves the request (not when it, too, answers an error).
+    if (charged != a.w && a.status < 400 && !a.worker_abort && !a.request_abort) {
+      charged->record_failure(CircuitBreaker::Pass::kNormal, a.now);
+    }
+  }
+  charge_if_served_.clear();
+  ConnectionTokens resp_tokens;
+  call.for_each_header([&](std::string_view name, std::string_view value) {
+    if (http::iequals(name, "connection")) resp_tokens.add(value);
+  });
+  http::HeaderBuffer<24> out;
+  call.for_each_header([&](std::string_view name, std::string_view value) {
+    switch (http::classify_header(name)) {
+      case http::HeaderKind::kContentType:
+      case http::HeaderKind::kOther:
+      case http::HeaderKind::kHost:
+      case http::HeaderKind::kExpect:
+        if (resp_tokens.empty() || !resp_tokens.contains(name)) out.push_back({name, value});
+        break;
+      default:  // hop-by-hop, content-length (we frame the body), x-request-id (ours)
+        break;
+    }
+  });
+  out.push_back({"x-request-id", rid_});
+  std::string route_header, attempts_header;
+  if (g_.config_.debug_headers) {
+    route_header = std::string(pool_->policy().name()) + "/" + std::string(a.d.branch);
+    attempts_header = std::to_string(attempts_made_);
+    out.push_back({"x-kvgate-worker", a.w->url()});
+    out.push_back({"x-kvgate-route", route_header});
+    out.push_back({"x-kvgate-attempts", attempts_header});
+  }
+
+  int status = a.status;
+  int final_status = status;
+  // As an HTTP answer of the same status would count: a 500 after one elsewhere is the request's
+  // fault, not this worker's; a relayed 408/429 abort is backpressure (neutral).
+  bool ran = status == 500;
+  Verdict verdict = a.worker_abort               ? (a.abort_status < 500                 ? Verdict::kNeutral
+                                                    : a.abort_ran && ran_and_failed_ > 0 ? Verdict::kNeutral
+                                                                                         : Verdict::kFailure)
+                    : status < 500               ? Verdict::kSuccess
+                    : ran && ran_and_failed_ > 0 ? Verdict::kNeutral
+                                                 : Verdict::kFailure;
+  UsageScanner usage;
+  bool scan_usage = pool_->wants_usage() && status < 400;
+  if (call.done()) {
+    bool sent = co_await ex_.respond(status, out, "");
+    if (!sent) final_status = kClientClosedStatus;
+    complete(a, final_status, verdict, usage);
+    co_return;
+  }
+  auto length = call.content_length();
+  co_await ex_.begin_body(status, out, length);
+  bool ok = true;
+  if (!a.pre.empty()) {
+    if (scan_usage) usage.feed(a.pre);
+    ok = co_await ex_.write_body(a.pre);
+  }
+  char* buf = a.buf->data();
+  while (ok) {
+    http::CallError re = http::CallError::kNone;
+    size_t n = co_await call.read_some(buf, kRelayBufferSize, re);
+    if (n > 0 && scan_usage) usage.feed(std::string_view(buf, n));
+    if (n > 0) {
+      bool written = co_await ex_.write_body(std::string_view(buf, n));
+      if (!written) {
+        ok = false;
+        break;
+      }
+    }
+    if (re == http::CallError::kAborted || ex_.client_gone()) {
+      ok = false;
+      break;
+    }
+    if (re != http::CallError::kNone) {
+      // The response started: the client cannot be given another one. End it visibly.
+      g_.metrics_.upstream_errors
+          .with({a.w->url(), "mid_response_" + std::string(http::to_string(re))})
+          .inc();
+      a.tag(log::warn(kLogMidResponse, "upstream failed mid-response"))
+          .kv("error", http::to_string(re))
+          .kv("detail", call.error_detail());
+      GatewayError ge = re == http::CallError::kTimeout
+                            ? errors::upstream_timeout(static_cast<long>(g_.timeout_.count()))
+                            : errors::upstream_failed(a.w->id());
+      final_status = ge.status;
+      if (!ex_.response_started()) {
+        // Nothing reached the client yet (a stream's head waits for its first bytes): a plain
+        // error answer is still possible.
+        co_await g_.fail(ex_, ge, rid_, a.w);
+      } else if (a.sse && !length) {
+        std::string event = "data: " + error_body(ge) + "\n\ndata: [DONE]\n\n";
+        co_await ex_.write_body(event);
+        co_await ex_.end_body();
+      } else {
+        ex_.close_after();
+      }
+      verdict = Verdict::kFailure;
+      break;
+    }
+    if (n == 0) {
+      bool ended = co_await ex_.end_body();
+      if (!ended) ok = false;
+      break;
+    }
+  }
+  if (!ok) {
+    call.abort();
+    final_status = kClientClosedStatus;
+  }
+  complete(a, final_status, verdict, usage);
+}
+
+// Phase: complete. Every dispatch gets exactly one completion: the policy's on_completed (with
+// what the worker reported of its cache), the breaker's verdict, the request's metrics.
+void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
+                                const UsageScanner& usage) {
+  if (final_status == kClientClosedStatus) {
+    g_.metrics_.client_disconnects.with({}).inc();
+    verdict = Verdict::kNeutral;
+  }
+  a.dispatch->finish(Outcome{.status = final_status,
+                             .ok = final_status < 400,
+                             .cached_tokens = usage.cached_tokens(),
+                             .prompt_tokens = usage.prompt_tokens(),
+                             .started = true},
+                     verdict);
+  record(final_status);
+}
+
+// No attempt produced an answer to relay: the last refusal a worker sent, else a gateway error.
+awaitable<void> Gateway::Request::give_up() {
+  if (ex_.client_gone()) {
+    client_left();
+    co_return;
+  }
+  if (saved_) {
+    http::HeaderBuffer<4> h;
+    h.push_back({"content-type", saved_->content_type.empty()
+                                     ? std::string_view("application/json")
+                                     : std::string_view(saved_->content_type)});
+    if (!saved_->retry_after.empty()) h.push_back({"retry-after", saved_->retry_after});
+    h.push_back({"x-request-id", rid_});
+    co_await ex_.respond(saved_->status, h, saved_->body);
+    record(saved_->status);
+    co_return;
+  }
+  GatewayError ge = last_error_ != http::CallError::kNone
+                        ? errors::upstream_unreachable(attempts_made_)
+                        : errors::no_worker(set_->workers.size());
+  co_await refuse(ge);
+}
+
+// The request path, in phase order (gateway.h lists them).
+awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view rid) {
+  Request r(*this, ex, route, rid);
+  bool go = co_await r.resolve();
+  if (!go) co_return;
+  r.watch();
+  go = co_await r.admit();
+  if (!go) co_return;
+  go = co_await r.parse();
+  if (!go) co_return;
+  r.forward_headers();
+  for (;;) {
+    if (r.must_back_off()) {
+      go = co_await r.back_off();
+      if (!go) co_return;
+    }
+    Attempt a(r);
+    Next next = co_await r.select(a);
+    if (next == Next::kOn) next = co_await r.send(a);
+    if (next == Next::kOn) next = co_await r.first_event(a);
+    if (next == Next::kRetry) continue;
+    if (next == Next::kGiveUp) break;
+    if (next == Next::kDone) co_return;
+    co_await r.relay(a);  // and complete
+    co_return;
+  }
+  co_await r.give_up();
+}
+
+}  // namespace kvgate

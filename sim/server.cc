@@ -122,7 +122,8 @@ awaitable<void> SimServer::pooling(http::Exchange& ex, std::string_view path) {
 
 awaitable<void> SimServer::health(http::Exchange& ex) {
   // SGLang answers an empty body: 200 when serving, 503 while starting.
-  co_await ex.respond(faults_.healthy() ? 200 : 503, {}, "");
+  int status = faults_.healthy() ? 200 : 503;
+  co_await ex.respond(status, {}, "");
 }
 
 awaitable<void> SimServer::metrics(http::Exchange& ex) {
@@ -140,7 +141,8 @@ awaitable<void> SimServer::metrics(http::Exchange& ex) {
 awaitable<void> SimServer::flush_cache(http::Exchange& ex) {
   // SGLang's answer text, with 400 while requests run or wait.
   bool ok = engine_.flush_cache();
-  co_await ex.respond(ok ? 200 : 400, kText,
+  int status = ok ? 200 : 400;
+  co_await ex.respond(status, kText,
                       "Cache flushed.\nPlease check backend logs for more details. (When there "
                       "are running or waiting requests, the operation will not be performed.)\n");
 }

@@ -5,6 +5,7 @@
 
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
+#include "gateway/knobs.h"
 #include "gateway/pools.h"
 #include "gateway/retry.h"
 #include "gateway/stream_check.h"
@@ -44,7 +45,7 @@ struct Workers {
     for (int i = 0; i < n; ++i) {
       http::Target t;
       http::parse_url("http://10.0.0." + std::to_string(i + 1) + ":30000", t);
-      owned.push_back(std::make_shared<Worker>(i + 1, t, BreakerConfig{}));
+      owned.push_back(std::make_shared<Worker>(i + 1, t, breaker_config(GatewayConfig{})));
       ptrs.push_back(owned.back().get());
     }
   }
@@ -54,7 +55,7 @@ struct Workers {
 
 void BM_PolicySelect(benchmark::State& state, const char* name) {
   Workers w(8);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = name;
   std::string err;
   auto p = make_policy(c, err);

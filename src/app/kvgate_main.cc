@@ -19,6 +19,7 @@
 #include "gateway/admin.h"
 #include "gateway/config.h"
 #include "gateway/gateway.h"
+#include "gateway/knobs.h"
 #include "gateway/pools.h"
 #include "http/server.h"
 #include "policy/registry.h"
@@ -344,6 +345,11 @@ int main(int argc, char** argv) {
       log::info("worker").kv("rule", p->name()).kv("worker_id", w->id()).kv("worker", w->url());
     }
   }
+  if (cfg.dp_aware) {
+    log::warn(
+        "--dp-aware is accepted but not applied yet: each worker is one target, and "
+        "requests name no data-parallel rank");
+  }
   Gateway gateway(cfg, pools, gm);
   {
     auto& budget_gauge =
@@ -369,17 +375,7 @@ int main(int argc, char** argv) {
     ctx_ptrs.push_back(contexts.back().get());
   }
 
-  http::ServerConfig sc;
-  sc.host = cfg.host;
-  sc.port = static_cast<uint16_t>(cfg.port);
-  sc.body_limit = static_cast<uint64_t>(cfg.max_payload_size);
-  sc.idle_timeout = std::chrono::seconds(cfg.client_keepalive_timeout_secs);
-  sc.header_timeout = std::chrono::seconds(cfg.client_header_timeout_secs);
-  sc.body_timeout = std::chrono::seconds(cfg.client_body_timeout_secs);
-  sc.write_timeout = std::chrono::seconds(cfg.client_write_timeout_secs);
-  sc.max_connections = static_cast<size_t>(max_connections);
-  sc.tls_cert_path = cfg.tls_cert_path;
-  sc.tls_key_path = cfg.tls_key_path;
+  http::ServerConfig sc = server_config(cfg, static_cast<size_t>(max_connections));
   std::unique_ptr<http::Server> server;
   std::unique_ptr<http::Server> metrics_server;
   std::unique_ptr<http::Server> admin_server;

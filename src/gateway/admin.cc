@@ -445,7 +445,8 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
         .kv("rule", name)
         .kv("client", ex.remote_address());
     Json updated_rule = rule_json(*pools_.rule(name));
-    co_await reply(ex, created ? 201 : 200, std::move(updated_rule));
+    int status = created ? 201 : 200;
+    co_await reply(ex, status, std::move(updated_rule));
   } else if (method == "DELETE") {
     if (!pools_.remove(name)) {
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
@@ -633,7 +634,8 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
     }
   }
   Json out{{"status", all_ok ? "ok" : "partial"}, {"workers", std::move(results)}};
-  co_await reply(ex, all_ok ? 200 : 206, out);
+  int status = all_ok ? 200 : 206;
+  co_await reply(ex, status, out);
 }
 
 awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const RuleTable> table,
@@ -650,9 +652,9 @@ awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const Rul
     }
   }
   if (!chosen) {
-    co_await fail(ex, 503, "no_available_workers",
-                  pool ? "no healthy worker in rule '" + pool->name() + "'"
-                       : "no rule '" + std::string(rule) + "' (add ?rule=NAME)");
+    std::string why = pool ? "no healthy worker in rule '" + pool->name() + "'"
+                           : "no rule '" + std::string(rule) + "' (add ?rule=NAME)";
+    co_await fail(ex, 503, "no_available_workers", why);
     co_return;
   }
   auto r = co_await http::fetch(ex.executor(), chosen->target(), "GET", ex.path(), timeout);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gateway/knobs.h"
 #include "http/client.h"
 #include "policy/registry.h"
 
@@ -211,7 +212,8 @@ const std::vector<K>& table() {
          .min = 1},
         {.name = "dp-aware",
          .group = kRouting,
-         .help = "Treat each data-parallel rank of a worker as its own target",
+         .help = "Treat each data-parallel rank of a worker as its own target. Not applied yet: "
+                 "accepted, and logged at startup as not applied (each worker is one target)",
          .field = &C::dp_aware},
         {.name = "policy-seed",
          .group = kRouting,
@@ -660,10 +662,8 @@ std::string validate(const GatewayConfig& c) {
       if (u.url == t.url) return "--worker-urls: '" + c.worker_urls[i] + "' is listed twice";
     }
   }
-  PolicyConfig pc;
-  pc.name = c.policy;
   std::string err;
-  if (!make_policy(pc, err)) return "--policy: " + err;
+  if (!make_policy(policy_config(c), err)) return "--policy: " + err;
   if (c.retry_max_backoff_ms < c.retry_initial_backoff_ms) {
     return "--retry-max-backoff-ms (" + std::to_string(c.retry_max_backoff_ms) +
            ") is below --retry-initial-backoff-ms (" + std::to_string(c.retry_initial_backoff_ms) +

@@ -7,6 +7,7 @@
 
 #include "gateway/admin.h"
 #include "gateway/errors.h"
+#include "gateway/knobs.h"
 #include "util/json.h"
 #include "util/random.h"
 
@@ -39,14 +40,7 @@ Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics
       metrics_(metrics),
       admission_(config.max_concurrent_requests, static_cast<size_t>(config.queue_size),
                  std::chrono::seconds(config.queue_timeout_secs)),
-      retry_{
-          .max_attempts = config.disable_retries ? 1 : static_cast<int>(config.retry_max_retries),
-          .initial_backoff = std::chrono::milliseconds(config.retry_initial_backoff_ms),
-          .max_backoff = std::chrono::milliseconds(config.retry_max_backoff_ms),
-          .multiplier = config.retry_backoff_multiplier,
-          .jitter = config.retry_jitter_factor,
-          .budget_percent = config.retry_budget_percent,
-          .budget_min_concurrency = config.retry_budget_min_concurrency},
+      retry_(retry_config(config)),
       budget_(retry_),
       rid_headers_(request_id_header_names(config)),
       timeout_(config.request_timeout_secs),
@@ -136,7 +130,8 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   bool is_get = method == "GET" || method == "HEAD";
   bool probe = path == "/health" || path == "/liveness" || path == "/readiness";
   if (route->api ? method != "POST" : !is_get) {
-    co_await fail(ex, errors::method_not_allowed(method, path, route->api ? "POST" : "GET"), rid);
+    std::string_view allowed = route->api ? "POST" : "GET";
+    co_await fail(ex, errors::method_not_allowed(method, path, allowed), rid);
     record(route->path, 405, "", false, start);
     co_return;
   }

@@ -3,57 +3,11 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include "gateway/knobs.h"
 #include "policy/registry.h"
 #include "util/log.h"
 
 namespace kvgate {
-
-namespace {
-
-PolicyConfig policy_config(const rules::Rule& rule, const PoolEnv& env) {
-  const GatewayConfig& k = rule.policy_knobs;
-  PolicyConfig pc;
-  pc.name = rule.sel;
-  pc.seed = static_cast<uint64_t>(k.policy_seed);
-  pc.cache_threshold = k.cache_threshold;
-  pc.balance_abs_threshold = k.balance_abs_threshold;
-  pc.balance_rel_threshold = k.balance_rel_threshold;
-  pc.eviction_interval_secs = k.eviction_interval;
-  pc.max_tree_size = k.max_tree_size;
-  pc.max_prefix_trees = k.max_prefix_trees;
-  pc.prefix_token_count = k.prefix_token_count;
-  pc.prefix_hash_load_factor = k.prefix_hash_load_factor;
-  pc.max_idle_secs = k.max_idle_secs;
-  pc.manual_assignment_mode = k.manual_assignment_mode;
-  pc.max_routing_keys = k.max_routing_keys;
-  pc.chwbl_key_chars = k.chwbl_key_chars;
-  pc.chwbl_load_factor = k.chwbl_load_factor;
-  pc.bucket_refit_secs = k.bucket_refit_secs;
-  pc.registry = env.registry;
-  return pc;
-}
-
-}  // namespace
-
-BreakerConfig breaker_config(const GatewayConfig& c) {
-  BreakerConfig b;
-  b.enabled = !c.disable_circuit_breaker;
-  b.failure_threshold = static_cast<uint32_t>(c.cb_failure_threshold);
-  b.success_threshold = static_cast<uint32_t>(c.cb_success_threshold);
-  b.open_timeout = std::chrono::seconds(c.cb_timeout_duration_secs);
-  return b;
-}
-
-HealthConfig health_config(const GatewayConfig& c) {
-  HealthConfig h;
-  h.interval = std::chrono::seconds(c.health_check_interval_secs);
-  h.timeout = std::chrono::seconds(c.health_check_timeout_secs);
-  h.endpoint = c.health_check_endpoint;
-  h.failure_threshold = static_cast<uint32_t>(c.health_failure_threshold);
-  h.success_threshold = static_cast<uint32_t>(c.health_success_threshold);
-  h.load_interval = std::chrono::milliseconds(c.load_check_interval_ms);
-  return h;
-}
 
 void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
   WorkerMetrics wm;
@@ -107,7 +61,9 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
 
   // Policy, and what it needs read from bodies.
   if (!policy) {
-    policy = make_policy(policy_config(rule, env), error);
+    PolicyConfig pc = policy_config(rule.policy_knobs, rule.sel);
+    pc.registry = env.registry;
+    policy = make_policy(pc, error);
     if (!policy) return fail("sel: " + error);
   }
   pool->policy_ = std::move(policy);

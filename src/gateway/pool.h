@@ -18,6 +18,7 @@
 #include "gateway/admission.h"
 #include "gateway/config.h"
 #include "gateway/gateway_metrics.h"
+#include "gateway/knobs.h"
 #include "http/client.h"
 #include "http/io.h"
 #include "policy/policy.h"
@@ -39,8 +40,9 @@ struct TokenizerFiles {
 // What every pool uses and the process has once. Lives longer than every pool.
 struct PoolEnv {
   const GatewayConfig* config = nullptr;  // the process-wide knobs (admission)
-  BreakerConfig breaker;                  // every worker's breaker (breaker_config())
-  HealthConfig health;                    // every pool's probes (health_config())
+  // Every worker's breaker and every pool's probes (main builds them from its knobs).
+  BreakerConfig breaker = breaker_config(GatewayConfig{});
+  HealthConfig health = health_config(GatewayConfig{});
   GatewayMetrics* metrics = nullptr;
   metrics::Registry* registry = nullptr;
   asio::io_context* control = nullptr;  // where health loops and policy upkeep run
@@ -109,8 +111,6 @@ class Pool {
 };
 
 // The breaker and health settings of the command line / config file.
-BreakerConfig breaker_config(const GatewayConfig& c);
-HealthConfig health_config(const GatewayConfig& c);
 
 // Attaches a worker's metric cells (kvgate_worker_* by URL). remove_worker_metrics() drops every
 // series labelled with the URL (the gateway's and the policies'), once no live worker has it.

@@ -6,6 +6,7 @@
 
 #include "gateway/errors.h"
 #include "gateway/gateway.h"
+#include "gateway/knobs.h"
 #include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
@@ -69,11 +70,7 @@ struct PendingWatch {
 }  // namespace
 
 struct RequestThread::State {
-  explicit State(const GatewayConfig& c)
-      : pool(http::ConnectionPool::Options{
-            static_cast<size_t>(c.max_idle_connections_per_worker),
-            std::chrono::milliseconds(c.worker_idle_connection_timeout_ms),
-            std::chrono::seconds(c.connect_timeout_secs)}) {}
+  explicit State(const GatewayConfig& c) : pool(upstream_pool_options(c)) {}
   http::ConnectionPool pool;
   std::vector<std::unique_ptr<char[]>> spare;
   PendingWatch pending;  // list head

@@ -21,14 +21,16 @@
 
 namespace kvgate {
 
+// Built by retry_config() (gateway/knobs.h) from the knob table, which holds the defaults.
 struct RetryConfig {
-  int max_attempts = 5;  // total attempts, the first included (1 = no retries)
-  std::chrono::milliseconds initial_backoff{50};
-  std::chrono::milliseconds max_backoff{30000};
-  double multiplier = 1.5;
-  double jitter = 0.2;
-  double budget_percent = 20;  // retries in progress, as a percentage of requests in progress
-  int64_t budget_min_concurrency = 3;  // retries always allowed in progress at once
+  int max_attempts = 1;  // total attempts, the first included (1 = no retries)
+  std::chrono::milliseconds initial_backoff{0};
+  std::chrono::milliseconds max_backoff{0};
+  double multiplier = 1;
+  double jitter = 0;
+  double budget_percent = 0;  // retries in progress, as a percentage of requests in progress
+  int64_t budget_min_concurrency = 0;  // retries always allowed in progress at once
+  bool operator==(const RetryConfig&) const = default;
 };
 
 // Delay before retry number `retry` (0 = the first retry): min(initial * multiplier^retry, max),

@@ -77,6 +77,7 @@ class ConnectionPool {
     // closes idle connections after 5 s): a connection the worker is about to close is not reused.
     std::chrono::milliseconds idle_timeout{4000};
     std::chrono::milliseconds connect_timeout{10000};
+    bool operator==(const Options&) const = default;
   };
   ConnectionPool();
   explicit ConnectionPool(Options options);

@@ -510,9 +510,9 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       std::string secs = std::to_string(std::chrono::duration<double>(limit).count());
       secs.erase(secs.find_last_not_of('0') + 1);
       if (secs.back() == '.') secs.pop_back();
+      std::string what = body ? "the request body" : "the request headers";
       co_await reject(stream, deadline, cfg, 408, "request_timeout",
-                      std::string(body ? "the request body" : "the request headers") +
-                          " did not arrive within " + secs + " s");
+                      what + " did not arrive within " + secs + " s");
     } else if (ec == bhttp::error::body_limit) {
       count(ServerStats::kBodyTooLarge);
       co_await reject(

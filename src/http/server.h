@@ -47,6 +47,7 @@ struct ServerConfig {
   // TLS: both set = every connection is TLS (PEM files; the key unencrypted).
   std::string tls_cert_path;
   std::string tls_key_path;
+  bool operator==(const ServerConfig&) const = default;
 };
 
 // Counters of what the server refused or cut, read by the owner's metrics.

@@ -14,30 +14,33 @@
 
 namespace kvgate {
 
+// Built by policy_config() (gateway/knobs.h) from the knob table, which holds the defaults: the
+// fields have none of their own.
 struct PolicyConfig {
-  std::string name = "cache_aware";
+  std::string name;
   uint64_t seed = 0;  // 0: from the OS
   // cache_aware (and bucket's imbalance override)
-  double cache_threshold = 0.3;
-  int64_t balance_abs_threshold = 64;
-  double balance_rel_threshold = 1.5;
-  int64_t eviction_interval_secs = 120;
-  int64_t max_tree_size = 67108864;
-  int64_t max_prefix_trees = 64;
+  double cache_threshold = 0;
+  int64_t balance_abs_threshold = 0;
+  double balance_rel_threshold = 0;
+  int64_t eviction_interval_secs = 0;
+  int64_t max_tree_size = 0;
+  int64_t max_prefix_trees = 0;
   // prefix_hash
-  int64_t prefix_token_count = 256;
-  double prefix_hash_load_factor = 1.25;
+  int64_t prefix_token_count = 0;
+  double prefix_hash_load_factor = 0;
   // manual
-  int64_t max_idle_secs = 14400;
-  std::string manual_assignment_mode = "random";  // random, min_load, min_group
-  int64_t max_routing_keys = 1000000;
+  int64_t max_idle_secs = 0;
+  std::string manual_assignment_mode;  // random, min_load, min_group
+  int64_t max_routing_keys = 0;
   // chwbl
-  int64_t chwbl_key_chars = 100;
-  double chwbl_load_factor = 1.25;
+  int64_t chwbl_key_chars = 0;
+  double chwbl_load_factor = 0;
   // bucket
-  int64_t bucket_refit_secs = 5;
+  int64_t bucket_refit_secs = 0;
   // Where policies register their own metrics (null in unit tests that do not look).
   metrics::Registry* registry = nullptr;
+  bool operator==(const PolicyConfig&) const = default;
 };
 
 struct PolicyInfo {

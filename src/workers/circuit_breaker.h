@@ -16,11 +16,14 @@
 
 namespace kvgate {
 
+// Built by breaker_config() (gateway/knobs.h) from the knob table, which holds the defaults.
+// Default-constructed: no breaker.
 struct BreakerConfig {
-  bool enabled = true;
-  uint32_t failure_threshold = 10;
-  uint32_t success_threshold = 3;
-  std::chrono::milliseconds open_timeout{60000};
+  bool enabled = false;
+  uint32_t failure_threshold = 0;
+  uint32_t success_threshold = 0;
+  std::chrono::milliseconds open_timeout{0};
+  bool operator==(const BreakerConfig&) const = default;
 };
 
 enum class BreakerState : uint8_t { kClosed = 0, kOpen = 1, kHalfOpen = 2 };

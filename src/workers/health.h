@@ -19,15 +19,18 @@
 
 namespace kvgate {
 
+// Built by health_config() (gateway/knobs.h) from the knob table, which holds the defaults of
+// what a knob sets; the rest are the health plane's own.
 struct HealthConfig {
-  std::chrono::milliseconds interval{60000};
-  std::chrono::milliseconds timeout{5000};
-  std::string endpoint = "/health";
-  uint32_t failure_threshold = 3;
-  uint32_t success_threshold = 2;
-  std::chrono::milliseconds startup_interval{1000};
-  bool poll_load = false;
-  std::chrono::milliseconds load_interval{1000};
+  std::chrono::milliseconds interval{0};
+  std::chrono::milliseconds timeout{0};
+  std::string endpoint;
+  uint32_t failure_threshold = 0;
+  uint32_t success_threshold = 0;
+  std::chrono::milliseconds startup_interval{1000};  // probing a worker that never answered
+  bool poll_load = false;                            // set by the pool when its policy wants it
+  std::chrono::milliseconds load_interval{0};
+  bool operator==(const HealthConfig&) const = default;
 };
 
 // Load a server reports on /get_load (SGLang's array per DP rank, or /v1/loads' {"loads": [...]},

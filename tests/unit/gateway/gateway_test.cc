@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "gateway/knobs.h"
 #include "http/client.h"
 #include "http/server.h"
 #include "support/http_client.h"
@@ -136,7 +137,7 @@ class RecordingPolicy final : public Policy {
 class Harness {
  public:
   explicit Harness(std::vector<std::string> urls, std::function<void(GatewayConfig&)> tweak = {},
-                   BreakerConfig breaker = {}) {
+                   BreakerConfig breaker = breaker_config(GatewayConfig{})) {
     cfg_.retry_initial_backoff_ms = 1;
     cfg_.retry_max_backoff_ms = 30000;
     if (tweak) tweak(cfg_);
@@ -356,7 +357,7 @@ TEST(GatewayRetry, ARequestThatFailsEverywhereIsNotChargedToTheWorkers) {
   // neither worker's breaker (threshold 1) opens: the request, not the workers, is at fault.
   FakeWorker a(answer(500, R"({"error":"bad input"})"));
   FakeWorker b(answer(500, R"({"error":"bad input"})"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h({a.url(), b.url()}, {}, br);
   h.policy->preference = {1, 2};
@@ -371,7 +372,7 @@ TEST(GatewayRetry, ARequestThatFailsEverywhereIsNotChargedToTheWorkers) {
 TEST(GatewayRetry, A500IsChargedWhenAnotherWorkerServesTheRequest) {
   FakeWorker a(answer(500, R"({"error":"oom"})"));
   FakeWorker b(answer(200, R"({"text":"ok"})"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h({a.url(), b.url()}, {}, br);
   h.policy->preference = {1, 2};
@@ -395,7 +396,7 @@ TEST(GatewayRetry, StreamAbortedInItsFirstEventIsAFailedAttempt) {
     co_await ex.end_body();
   });
   FakeWorker good(sse("data: {\"text\":\"fine\"}\n\ndata: [DONE]\n\n"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h({aborting.url(), good.url()}, {}, br);
   h.policy->preference = {1, 2};
@@ -416,7 +417,7 @@ TEST(GatewayRetry, LastWorkerAbortingItsStreamIsRelayedAsItSentIt) {
     co_await ex.write_body("data: [DONE]\n\n");
     co_await ex.end_body();
   });
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h(
       {aborting.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; }, br);
@@ -442,7 +443,7 @@ TEST(GatewayRetry, ARequestsOwnErrorInTheFirstEventIsRelayedNotRetriedNotCharged
                     R"("message":"too long","status_code":400}}})")}) {
     auto script = sse(first + "\n\ndata: [DONE]\n\n");
     FakeWorker a(script), b(script);
-    BreakerConfig br;
+    BreakerConfig br = breaker_config(GatewayConfig{});
     br.failure_threshold = 1;
     Harness h({a.url(), b.url()}, {}, br);
     h.policy->preference = {1, 2};
@@ -478,7 +479,7 @@ TEST(GatewayRetry, ARelayedBackpressureAbortDoesNotOpenTheBreaker) {
   FakeWorker busy(
       sse("data: {\"error\":{\"message\":\"too many requests\",\"code\":429}}\n\n"
           "data: [DONE]\n\n"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h(
       {busy.url()}, [](GatewayConfig& c) { c.retry_max_retries = 1; }, br);
@@ -493,7 +494,7 @@ TEST(GatewayRetry, ARelayedBackpressureAbortDoesNotOpenTheBreaker) {
 TEST(GatewayRetry, A500IsNotChargedWhenTheNextWorkerAnswersTheRequestsOwnError) {
   FakeWorker failing(answer(500, R"({"error":"boom"})"));
   FakeWorker rejecting(sse("data: {\"error\":{\"message\":\"input too long\"}}\n\n"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   Harness h({failing.url(), rejecting.url()}, {}, br);
   h.policy->preference = {1, 2};
@@ -549,7 +550,7 @@ TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {
     co_await ex.respond(200, {}, "{}");
   });
   FakeWorker good(answer(200, R"({"text":"ok"})"));
-  BreakerConfig br;
+  BreakerConfig br = breaker_config(GatewayConfig{});
   br.failure_threshold = 1;
   br.success_threshold = 1;
   br.open_timeout = 200ms;

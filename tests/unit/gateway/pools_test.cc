@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gateway/knobs.h"
 #include "metrics/metrics.h"
 
 namespace kvgate {

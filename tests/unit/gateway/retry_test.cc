@@ -7,13 +7,15 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/knobs.h"
+
 namespace kvgate {
 namespace {
 
 using std::chrono::milliseconds;
 
 TEST(Retry, BackoffGrowsAndCaps) {
-  RetryConfig c;  // 50 ms * 1.5^n, cap 30 s, jitter 0.2
+  RetryConfig c = retry_config(GatewayConfig{});  // 50 ms * 1.5^n, cap 30 s, jitter 0.2
   EXPECT_EQ(backoff_delay(c, 0, 0.5), milliseconds(50));
   EXPECT_EQ(backoff_delay(c, 1, 0.5), milliseconds(75));
   EXPECT_EQ(backoff_delay(c, 2, 0.5), milliseconds(113));  // 112.5 rounded
@@ -21,7 +23,7 @@ TEST(Retry, BackoffGrowsAndCaps) {
 }
 
 TEST(Retry, JitterStaysWithinFactor) {
-  RetryConfig c;
+  RetryConfig c = retry_config(GatewayConfig{});
   EXPECT_EQ(backoff_delay(c, 0, 0.0), milliseconds(40));       // -20%
   EXPECT_EQ(backoff_delay(c, 0, 0.999999), milliseconds(60));  // +20%
   c.jitter = 0;
@@ -57,7 +59,7 @@ TEST(Retry, RetryAfterSecondsAndDates) {
 }
 
 TEST(Retry, BudgetAllowsAPercentageOfActiveRequestsWithAFloor) {
-  RetryConfig c;
+  RetryConfig c = retry_config(GatewayConfig{});
   c.budget_percent = 20;
   c.budget_min_concurrency = 3;
   RetryBudget b(c);
@@ -77,7 +79,7 @@ TEST(Retry, BudgetAllowsAPercentageOfActiveRequestsWithAFloor) {
 }
 
 TEST(Retry, ZeroBudgetMeansNoRetries) {
-  RetryConfig c;
+  RetryConfig c = retry_config(GatewayConfig{});
   c.budget_percent = 0;
   c.budget_min_concurrency = 0;
   RetryBudget b(c);
@@ -89,7 +91,7 @@ TEST(Retry, ZeroBudgetMeansNoRetries) {
 // control thread reads the gauges (make check-tsan watches the interleaving). Every slot taken is
 // given back: nothing leaks.
 TEST(Retry, BudgetSharedByRequestThreads) {
-  RetryConfig c;
+  RetryConfig c = retry_config(GatewayConfig{});
   c.budget_percent = 50;
   c.budget_min_concurrency = 2;
   RetryBudget b(c);

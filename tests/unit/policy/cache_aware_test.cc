@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "gateway/knobs.h"
 #include "unit/policy/policy_fixture.h"
 
 namespace kvgate {
@@ -18,7 +19,7 @@ using testing::Pool;
 using testing::Req;
 
 PolicyConfig config(uint64_t seed = 7) {
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "cache_aware";
   c.seed = seed;
   return c;

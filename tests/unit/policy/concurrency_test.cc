@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "gateway/knobs.h"
 #include "policy/registry.h"
 #include "unit/policy/policy_fixture.h"
 
@@ -22,7 +23,7 @@ class PolicyConcurrency : public ::testing::TestWithParam<std::string> {};
 TEST_P(PolicyConcurrency, RequestThreadsAndUpkeepAtOnce) {
   Pool pool(4);
   metrics::Registry registry;
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = GetParam();
   c.seed = 0;  // each thread's own generator, as kvgate runs
   c.registry = &registry;

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "gateway/knobs.h"
 #include "policy/bucket.h"
 #include "policy/manual.h"
 #include "unit/policy/policy_fixture.h"
@@ -21,7 +22,7 @@ Req& keyed(Req& r, const std::string& key) {
 
 TEST(Manual, StickyKeysFailoverAndReturn) {
   Pool pool(3);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.seed = 3;
   auto p = testing::make(c, pool);
@@ -50,7 +51,7 @@ TEST(Manual, StickyKeysFailoverAndReturn) {
 TEST(Manual, LongKeysAreHeldAsDigestsAndStaySticky) {
   // A 60 KiB key must not cost 60 KiB a key: long keys are held by a 128-bit digest.
   Pool pool(8);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.seed = 5;
   auto p = testing::make(c, pool);
@@ -75,7 +76,7 @@ TEST(Manual, LongKeysAreHeldAsDigestsAndStaySticky) {
 
 TEST(Manual, AssignmentModes) {
   Pool pool(3);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.manual_assignment_mode = "min_load";
   auto p = testing::make(c, pool);
@@ -96,7 +97,7 @@ TEST(Manual, AssignmentModes) {
 
 TEST(Manual, IdleKeysExpire) {
   Pool pool(2);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.max_idle_secs = 60;
   std::string err;
@@ -115,7 +116,7 @@ TEST(Manual, IdleKeysExpire) {
 TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
   metrics::Registry reg;
   Pool pool(3);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.seed = 5;
   c.max_routing_keys = 3;
@@ -159,7 +160,7 @@ TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
 // min_group counts the keys each worker holds; a forgotten key no longer counts.
 TEST(Manual, EvictedKeysLeaveTheirGroup) {
   Pool pool(2);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "manual";
   c.seed = 9;
   c.manual_assignment_mode = "min_group";
@@ -180,7 +181,7 @@ TEST(Manual, EvictedKeysLeaveTheirGroup) {
 
 TEST(Bucket, BandsRefitToEqualCharacters) {
   Pool pool(2);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "bucket";
   c.balance_abs_threshold = 1 << 30;  // no imbalance override in this test
   auto p = std::make_unique<BucketPolicy>(c);
@@ -204,7 +205,7 @@ TEST(Bucket, BandsRefitToEqualCharacters) {
 
 TEST(Bucket, ImbalanceOverride) {
   Pool pool(2);
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = "bucket";
   c.balance_abs_threshold = 100;
   auto p = std::make_unique<BucketPolicy>(c);

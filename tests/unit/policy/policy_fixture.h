@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/knobs.h"
 #include "policy/registry.h"
 
 namespace kvgate::testing {
@@ -16,7 +17,8 @@ struct Pool {
   Worker* add(int id) {
     http::Target t;
     http::parse_url("http://10.0.0." + std::to_string(id) + ":30000", t);
-    owned.push_back(std::make_shared<Worker>(static_cast<uint64_t>(id), t, BreakerConfig{}));
+    owned.push_back(
+        std::make_shared<Worker>(static_cast<uint64_t>(id), t, breaker_config(GatewayConfig{})));
     ptrs.push_back(owned.back().get());
     return ptrs.back();
   }

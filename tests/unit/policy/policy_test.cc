@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "gateway/knobs.h"
 #include "policy/registry.h"
 
 namespace kvgate {
@@ -14,7 +15,7 @@ struct Pool {
     for (int i = 0; i < n; ++i) {
       http::Target t;
       http::parse_url("http://127.0.0.1:" + std::to_string(40000 + i), t);
-      owned.push_back(std::make_shared<Worker>(i + 1, t, BreakerConfig{}));
+      owned.push_back(std::make_shared<Worker>(i + 1, t, breaker_config(GatewayConfig{})));
       ptrs.push_back(owned.back().get());
     }
   }
@@ -23,7 +24,7 @@ struct Pool {
 };
 
 std::unique_ptr<Policy> make(const std::string& name, uint64_t seed = 42) {
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = name;
   c.seed = seed;
   std::string err;
@@ -33,7 +34,7 @@ std::unique_ptr<Policy> make(const std::string& name, uint64_t seed = 42) {
 }
 
 TEST(Registry, UnbuiltAndUnknownPoliciesAreClearErrors) {
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   std::string err;
   c.name = "kv_exact";
   EXPECT_FALSE(make_policy(c, err));

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "gateway/knobs.h"
 #include "policy/chwbl.h"
 #include "prefix/hash_ring.h"
 #include "unit/policy/policy_fixture.h"
@@ -39,7 +40,7 @@ TEST(HashRing, AddingOneOfTenMovesAboutOneEleventh) {
 }
 
 PolicyConfig cfg(const std::string& name) {
-  PolicyConfig c;
+  PolicyConfig c = policy_config(GatewayConfig{});
   c.name = name;
   c.seed = 5;
   return c;

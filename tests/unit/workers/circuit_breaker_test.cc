@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/knobs.h"
+
 namespace kvgate {
 namespace {
 
@@ -16,7 +18,7 @@ using TP = CircuitBreaker::TimePoint;
 using Pass = CircuitBreaker::Pass;
 
 BreakerConfig cfg(uint32_t fail, uint32_t succ, std::chrono::milliseconds timeout) {
-  BreakerConfig c;
+  BreakerConfig c = breaker_config(GatewayConfig{});
   c.failure_threshold = fail;
   c.success_threshold = succ;
   c.open_timeout = timeout;

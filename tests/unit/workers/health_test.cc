@@ -7,6 +7,7 @@
 #include <atomic>
 #include <thread>
 
+#include "gateway/knobs.h"
 #include "http/server.h"
 #include "support/process.h"
 
@@ -105,7 +106,7 @@ TEST(LoadPlane, AFailingPollNeverMakesAWorkerLookIdle) {
     http::Target t;
     ASSERT_EQ(http::parse_url(u, t), "");
     http::resolve(t);
-    auto w = std::make_shared<Worker>(set->workers.size() + 1, t, BreakerConfig{});
+    auto w = std::make_shared<Worker>(set->workers.size() + 1, t, breaker_config(GatewayConfig{}));
     w->set_healthy(true);
     set->workers.push_back(w);
   }
@@ -113,7 +114,7 @@ TEST(LoadPlane, AFailingPollNeverMakesAWorkerLookIdle) {
   Worker& wa = *set->workers[0];
   Worker& wb = *set->workers[1];
   asio::io_context control(1);
-  HealthConfig hc;
+  HealthConfig hc = health_config(GatewayConfig{});
   hc.interval = std::chrono::hours(1);
   hc.poll_load = true;
   hc.load_interval = std::chrono::milliseconds(50);

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/knobs.h"
+
 namespace kvgate {
 namespace {
 
@@ -23,7 +25,7 @@ TEST(Worker, RequestThreadsAndTheControlThreadAtOnce) {
   auto& load = registry.gauge("load", "l", {"worker"});
   auto& requests = registry.counter("requests", "r", {"worker"});
   auto& failures = registry.counter("failures", "f", {"worker"});
-  BreakerConfig bc;
+  BreakerConfig bc = breaker_config(GatewayConfig{});
   bc.failure_threshold = 2;
   bc.success_threshold = 1;
   bc.open_timeout = 1ms;  // open, half-open and closed again many times

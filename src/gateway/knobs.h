@@ -1,0 +1,29 @@
+// gateway/knobs: the knob table's values (GatewayConfig, whose member initializers are the only
+// place kvgate's defaults are written) as each module's own configuration. Modules do not know
+// GatewayConfig, and their config structs carry no defaults of their own for what a knob sets:
+// they are built here, and only here. A new knob = a GatewayConfig field, its table entry
+// (config.cc) and, when a module reads it, one line below.
+#pragma once
+
+#include "gateway/config.h"
+#include "gateway/retry.h"
+#include "http/client.h"
+#include "http/server.h"
+#include "policy/registry.h"
+#include "workers/circuit_breaker.h"
+#include "workers/health.h"
+
+namespace kvgate {
+
+// A rule's policy: `sel` names it, `knobs` carries its knobs (the rule's, over the command line's).
+PolicyConfig policy_config(const GatewayConfig& knobs, std::string_view sel = {});
+BreakerConfig breaker_config(const GatewayConfig& c);
+HealthConfig health_config(const GatewayConfig& c);
+RetryConfig retry_config(const GatewayConfig& c);
+// The public (inference) listener; max_connections is resolved by the caller (0 = from the
+// open-file limit).
+http::ServerConfig server_config(const GatewayConfig& c, size_t max_connections);
+// Each request thread's keep-alive pool of upstream connections.
+http::ConnectionPool::Options upstream_pool_options(const GatewayConfig& c);
+
+}  // namespace kvgate

@@ -1,0 +1,150 @@
+// The knob table is the one place kvgate's defaults are written: every knob a module reads
+// reaches that module's config through gateway/knobs (and changes it), and a default-constructed
+// module config is not a working configuration (so nothing can run on defaults of its own).
+#include "gateway/knobs.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <variant>
+
+namespace kvgate {
+namespace {
+
+struct Derived {
+  PolicyConfig policy;
+  BreakerConfig breaker;
+  HealthConfig health;
+  RetryConfig retry;
+  http::ServerConfig server;
+  http::ConnectionPool::Options upstream;
+  bool operator==(const Derived&) const = default;
+};
+
+Derived derive(const GatewayConfig& c) {
+  return {policy_config(c), breaker_config(c),   health_config(c),
+          retry_config(c),  server_config(c, 0), upstream_pool_options(c)};
+}
+
+// Sets knob `k` of `c` to another valid value; false if it has no plain field.
+bool change(const flags::Knob<GatewayConfig>& k, GatewayConfig& c) {
+  return std::visit(
+      [&](auto member) -> bool {
+        using M = decltype(member);
+        if constexpr (std::is_same_v<M, std::monostate>) {
+          return false;
+        } else {
+          auto& v = c.*member;
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            v = !v;
+          } else if constexpr (std::is_same_v<V, int64_t>) {
+            v = static_cast<double>(v + 1) <= k.max ? v + 1 : v - 1;
+          } else if constexpr (std::is_same_v<V, double>) {
+            double up = v + 0.125;
+            v = up <= k.max ? up : v - 0.125;
+          } else if constexpr (std::is_same_v<V, std::string>) {
+            if (!k.choices.empty()) {
+              for (auto choice : k.choices) {
+                if (choice != v) {
+                  v = std::string(choice);
+                  break;
+                }
+              }
+            } else {
+              v = v + "/x";
+            }
+          } else {
+            v.push_back("x");
+          }
+          return true;
+        }
+      },
+      k.field);
+}
+
+// Knobs read straight from GatewayConfig by the binary (listeners, admission, files, logs...) or
+// by a rule, not by a module config built in gateway/knobs.
+const std::set<std::string, std::less<>> kReadDirectly = {"worker-urls",
+                                                          "dp-aware",
+                                                          "pd-disaggregation",
+                                                          "prefill",
+                                                          "decode",
+                                                          "prefill-policy",
+                                                          "decode-policy",
+                                                          "worker-startup-timeout-secs",
+                                                          "worker-startup-check-interval",
+                                                          "log-dir",
+                                                          "log-level",
+                                                          "config",
+                                                          "admin-host",
+                                                          "admin-port",
+                                                          "admin-api-key",
+                                                          "admin-api-key-file",
+                                                          "expose-server-info",
+                                                          "prometheus-port",
+                                                          "prometheus-host",
+                                                          "prometheus-duration-buckets",
+                                                          "request-id-headers",
+                                                          "request-timeout-secs",
+                                                          "shutdown-grace-period-secs",
+                                                          "api-key",
+                                                          "api-key-file",
+                                                          "allow-target-worker-header",
+                                                          "max-connections",
+                                                          "worker-ca-cert-path",
+                                                          "worker-client-cert-path",
+                                                          "worker-client-key-path",
+                                                          "tokenizer-path",
+                                                          "model-path",
+                                                          "debug-headers",
+                                                          "threads",
+                                                          "max-concurrent-requests",
+                                                          "queue-size",
+                                                          "queue-timeout-secs",
+                                                          "cb-window-duration-secs",
+                                                          "backend"};
+
+TEST(Knobs, EveryKnobAModuleReadsChangesItsConfig) {
+  const Derived defaults = derive(GatewayConfig{});
+  std::vector<std::string> unplumbed, listed_but_plumbed;
+  for (const auto& k : gateway_knobs()) {
+    if (!k.unsupported_reason.empty()) continue;
+    GatewayConfig c;
+    if (!change(k, c)) continue;
+    bool reaches = !(derive(c) == defaults);
+    bool direct = kReadDirectly.contains(k.name);
+    if (!reaches && !direct) unplumbed.emplace_back(k.name);
+    if (reaches && direct) listed_but_plumbed.emplace_back(k.name);
+  }
+  std::string a, b;
+  for (const auto& n : unplumbed) a += " --" + n;
+  for (const auto& n : listed_but_plumbed) b += " --" + n;
+  EXPECT_TRUE(unplumbed.empty()) << "knobs that reach no module config (add them to "
+                                    "gateway/knobs.cc, or to kReadDirectly if the binary reads "
+                                    "them itself):"
+                                 << a;
+  EXPECT_TRUE(listed_but_plumbed.empty())
+      << "listed as read directly but they reach a module:" << b;
+}
+
+TEST(Knobs, DefaultConstructedModuleConfigsCarryNoDefaultsOfTheirOwn) {
+  // Built from the table they differ from a plain {}: nothing silently runs on a struct's own
+  // numbers (PolicyConfig, BreakerConfig, HealthConfig and RetryConfig have none).
+  const GatewayConfig d;
+  EXPECT_NE(policy_config(d), PolicyConfig{});
+  EXPECT_NE(breaker_config(d), BreakerConfig{});
+  EXPECT_NE(health_config(d), HealthConfig{});
+  EXPECT_NE(retry_config(d), RetryConfig{});
+  EXPECT_EQ(PolicyConfig{}.cache_threshold, 0);
+  EXPECT_FALSE(BreakerConfig{}.enabled);
+  EXPECT_EQ(HealthConfig{}.interval.count(), 0);
+  EXPECT_EQ(RetryConfig{}.max_attempts, 1);
+  // The rule's sel names the policy; the command line's --policy otherwise.
+  EXPECT_EQ(policy_config(d, "chwbl").name, "chwbl");
+  EXPECT_EQ(policy_config(d).name, d.policy);
+}
+
+}  // namespace
+}  // namespace kvgate

@@ -33,6 +33,9 @@ struct BlockStored {
   int64_t block_size = 0;
   std::optional<int64_t> lora_id;
   Medium medium = Medium::kNone;
+  // The namespace of the chain, from the event's metadata element (SGLang: an 8th element, a map
+  // that may hold "cache_salt"): blocks stored for a salted request match only the same salt.
+  std::optional<std::string> cache_salt;
 };
 
 struct BlockRemoved {

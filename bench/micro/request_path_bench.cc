@@ -98,7 +98,7 @@ BENCHMARK(BM_ErrorBody);
 
 // What each dispatch pays the breaker: a pass and its outcome (closed: atomics only).
 void BM_BreakerPassAndOutcome(benchmark::State& state) {
-  CircuitBreaker b;
+  CircuitBreaker b(breaker_config(GatewayConfig{}));
   auto now = std::chrono::steady_clock::now();
   for (auto _ : state) {
     auto pass = b.admit(now);
@@ -109,7 +109,7 @@ BENCHMARK(BM_BreakerPassAndOutcome)->Threads(1)->Threads(2);
 
 // Every proxied request counts itself in and out of the retry budget's base.
 void BM_RetryBudget(benchmark::State& state) {
-  static RetryBudget budget{RetryConfig{}};
+  static RetryBudget budget(retry_config(GatewayConfig{}));
   for (auto _ : state) {
     budget.request_started();
     if (budget.try_acquire()) budget.release();

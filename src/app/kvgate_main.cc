@@ -236,7 +236,11 @@ int main(int argc, char** argv) {
   };
   env.tokenizer = [&](const std::string& dir,
                       std::string& err) -> std::shared_ptr<const TokenizerFiles> {
-    if (auto held = tokenizers[dir].lock()) return held;
+    // One load per directory while some pool holds it; the map keeps only live entries.
+    std::erase_if(tokenizers, [](const auto& e) { return e.second.expired(); });
+    if (auto it = tokenizers.find(dir); it != tokenizers.end()) {
+      if (auto held = it->second.lock()) return held;
+    }
     auto files = std::make_shared<TokenizerFiles>();
     files->tokenizer = tokenizer::Tokenizer::load(dir, err);
     if (!files->tokenizer) return nullptr;
@@ -268,7 +272,7 @@ int main(int argc, char** argv) {
       std::shared_ptr<const http::TlsClientContext> tls;
       if (std::string e = env.worker_tls(tls); !e.empty()) return fail(e);
     }
-    if (!r.tokenizer_path.empty()) {
+    if (!r.tokenizer_path.empty() && r.mode == 4) {  // as Pool::build loads it
       std::string err;
       auto files = env.tokenizer(r.tokenizer_path, err);
       if (!files) {
@@ -345,11 +349,6 @@ int main(int argc, char** argv) {
       log::info("worker").kv("rule", p->name()).kv("worker_id", w->id()).kv("worker", w->url());
     }
   }
-  if (cfg.dp_aware) {
-    log::warn(
-        "--dp-aware is accepted but not applied yet: each worker is one target, and "
-        "requests name no data-parallel rank");
-  }
   Gateway gateway(cfg, pools, gm);
   {
     auto& budget_gauge =
@@ -386,7 +385,8 @@ int main(int argc, char** argv) {
     return rules::print_config(rules::ConfigFile{.config = in_force, .rules = pools.rules()},
                                /*json=*/true);
   };
-  AdminApi admin(cfg, pools, admin_hooks);
+  // Rules created through the API take the knobs in force (a reload may have changed them).
+  AdminApi admin(in_force, pools, admin_hooks);
   try {
     server = std::make_unique<http::Server>(
         ctx_ptrs, sc, [&gateway](http::Exchange& ex) { return gateway.handle(ex); });

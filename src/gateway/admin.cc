@@ -231,7 +231,12 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   }
   auto now = Clock::now();
   const std::string& addr = ex.remote_address();
-  if (auto it = failures_.find(addr); it != failures_.end() && it->second.blocked_until > now) {
+  // The right key always passes (keys are at least 16 characters: guessing one is hopeless even
+  // unthrottled), so nobody sharing the operator's address can lock the operator out; wrong
+  // keys from an address that failed too often are refused without counting.
+  bool authorized = key_.matches(ex.header("authorization"));
+  if (auto it = failures_.find(addr);
+      !authorized && it != failures_.end() && it->second.blocked_until > now) {
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(it->second.blocked_until - now);
     // (Strings built first: GCC 12 miscompiles temporaries in an array initializer here.)
     std::string retry_after = std::to_string(secs.count() + 1);
@@ -244,7 +249,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     co_await ex.respond(429, refused, body);
     co_return;
   }
-  if (!key_.matches(ex.header("authorization"))) {
+  if (!authorized) {
     if (failures_.size() >= kMaxTrackedAddresses && !failures_.contains(addr)) {
       std::erase_if(failures_, [&](const auto& kv) { return kv.second.blocked_until <= now; });
       if (failures_.size() >= kMaxTrackedAddresses) failures_.erase(failures_.begin());
@@ -402,6 +407,10 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
   std::string name(rest.substr(0, slash));
   std::string_view sub = slash == std::string_view::npos ? "" : rest.substr(slash);
   if (sub == "/inventory") {
+    if (method != "GET") {
+      co_await fail(ex, 405, "method_not_allowed", "the inventory is read-only: use GET");
+      co_return;
+    }
     auto rule = pools_.rule(name);
     if (!rule) {
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
@@ -489,6 +498,17 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
                     "\"worker_type\", \"bootstrap_port\", \"rule\")");
       co_return;
     }
+    for (const auto& [key, value] : j.items()) {
+      static constexpr std::string_view kKnown[] = {"url", "model_id", "worker_type",
+                                                    "bootstrap_port", "rule"};
+      if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+        // A typo ("modle_id") would add the worker somewhere else than meant.
+        std::string why = "unknown field \"" + key.substr(0, 64) +
+                          "\"; the fields are url, model_id, worker_type, bootstrap_port, rule";
+        co_await fail(ex, 400, "invalid_worker", why);
+        co_return;
+      }
+    }
     for (const char* key : {"rule", "model_id", "worker_type"}) {
       if (j.contains(key) && !j[key].is_string() && !j[key].is_null()) {
         co_await fail(ex, 400, "invalid_worker", std::string("\"") + key + "\" must be a string");
@@ -506,7 +526,15 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
     std::string rule_name = text("rule", "");
     std::string model = text("model_id", "");
     if (rule_name.empty() && !model.empty()) {
-      if (auto p = table->resolve(0, "/", model)) rule_name = p->name();
+      // The rule listing the model (whatever its port or path), else none: a catch-all takes
+      // it only when named.
+      for (const auto& p : table->pools) {
+        const auto& models = p->rule().models;
+        if (std::find(models.begin(), models.end(), model) != models.end()) {
+          rule_name = p->name();
+          break;
+        }
+      }
     }
     if (rule_name.empty()) rule_name = "default";
     auto rule = pools_.rule(rule_name);

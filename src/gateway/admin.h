@@ -43,6 +43,8 @@ class AdminApi {
     // Empty: kvgate runs without --config.
     std::function<std::string()> reload;
   };
+  // `config` is the configuration in force, read when rules are created (a reload replaces it on
+  // the control loop, where the admin API runs too); it outlives this.
   AdminApi(const GatewayConfig& config, PoolManager& pools, Hooks hooks);
 
   // The listener's handler (runs on the control loop).

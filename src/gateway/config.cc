@@ -212,8 +212,8 @@ const std::vector<K>& table() {
          .min = 1},
         {.name = "dp-aware",
          .group = kRouting,
-         .help = "Treat each data-parallel rank of a worker as its own target. Not applied yet: "
-                 "accepted, and logged at startup as not applied (each worker is one target)",
+         .help = "Treat each data-parallel rank of a worker as its own target (refused at startup "
+                 "until it is built)",
          .field = &C::dp_aware},
         {.name = "policy-seed",
          .group = kRouting,
@@ -242,13 +242,15 @@ const std::vector<K>& table() {
         {.name = "prefill-policy",
          .group = kPd,
          .value_name = "NAME",
-         .help = "Policy for prefill servers (default: --policy)",
+         .help = "Policy for prefill servers (default: --policy; refused at startup until P/D is "
+                 "built)",
          .field = &C::prefill_policy,
          .choices = policy_names()},
         {.name = "decode-policy",
          .group = kPd,
          .value_name = "NAME",
-         .help = "Policy for decode servers (default: --policy)",
+         .help = "Policy for decode servers (default: --policy; refused at startup until P/D is "
+                 "built)",
          .field = &C::decode_policy,
          .choices = policy_names()},
         {.name = "worker-startup-timeout-secs",
@@ -642,9 +644,11 @@ std::span<const flags::Knob<GatewayConfig>> gateway_knobs() {
 }
 
 std::string validate(const GatewayConfig& c) {
-  if (c.pd_disaggregation || !c.prefill.empty() || !c.decode.empty()) {
-    return "--pd-disaggregation/--prefill/--decode: prefill/decode disaggregation is not available "
-           "in this build yet; list every server with --worker-urls";
+  if (c.pd_disaggregation || !c.prefill.empty() || !c.decode.empty() || !c.prefill_policy.empty() ||
+      !c.decode_policy.empty()) {
+    return "--pd-disaggregation/--prefill/--decode/--prefill-policy/--decode-policy: "
+           "prefill/decode disaggregation is not available in this build yet; list every server "
+           "with --worker-urls";
   }
   if (c.dp_aware) {
     return "--dp-aware is not available in this build yet; run without it";
@@ -725,7 +729,17 @@ std::string load_api_key(GatewayConfig& c, bool api_key_given) {
 }
 
 std::string load_admin_api_key(GatewayConfig& c, bool api_key_given) {
-  return load_key(c.admin_api_key, c.admin_api_key_file, api_key_given, "admin-api-key");
+  std::string e = load_key(c.admin_api_key, c.admin_api_key_file, api_key_given, "admin-api-key");
+  if (!e.empty()) return e;
+  // The admin API changes where prompts go: its key must be long enough that guessing is
+  // hopeless (the right key passes even from an address refused for failures).
+  constexpr size_t kMinAdminKey = 16;
+  if (!c.admin_api_key.empty() && c.admin_api_key.size() < kMinAdminKey) {
+    return "the admin API key is " + std::to_string(c.admin_api_key.size()) +
+           " characters long; use at least " + std::to_string(kMinAdminKey) +
+           " (e.g. openssl rand -hex 32 > admin.key)";
+  }
+  return "";
 }
 
 std::vector<std::string> request_id_header_names(const GatewayConfig& c) {

@@ -40,7 +40,7 @@ Pool::~Pool() {
 
 std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
                                   const WorkerLookup& existing, std::string& error,
-                                  std::shared_ptr<Policy> policy) {
+                                  std::shared_ptr<Policy> policy, bool policy_in_use) {
   // Workers this build made (no pool had their URL): their series go if the build fails.
   std::vector<std::string> fresh;
   auto fail = [&](const std::string& what) {
@@ -48,21 +48,18 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     for (const auto& url : fresh) remove_worker_metrics(url, *env.registry);
     return nullptr;
   };
-  if (rule.pd()) {
-    return fail(
-        "prefill/decode pools (endpoints with roles) are not built in this version of kvgate; "
-        "list the workers without roles");
-  }
-  if (rule.kv_exact_mode != 0) {
-    return fail("kvExactMode " + std::to_string(rule.kv_exact_mode) +
-                " (kv_exact routing) is not built in this version of kvgate; set kvExactMode 0");
+  if (std::string missing = rules::not_built(rule); !missing.empty()) return fail(missing);
+  if (env.config) {
+    if (std::string e = rules::listener_mismatch(rule, env.config->port); !e.empty())
+      return fail(e);
   }
   std::shared_ptr<Pool> pool(new Pool(rule, env));
 
   // Policy, and what it needs read from bodies.
   if (!policy) {
     PolicyConfig pc = policy_config(rule.policy_knobs, rule.sel);
-    pc.registry = env.registry;
+    pc.registry = env.policy_metrics ? env.registry : nullptr;
+    pc.rule = rule.name;
     policy = make_policy(pc, error);
     if (!policy) return fail("sel: " + error);
   }
@@ -103,9 +100,15 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     pool->selected_[w->id()] = &env.metrics->selections.with({pool->policy_->name(), w->url()});
     set->workers.push_back(std::move(w));
   }
-  pool->policy_->on_workers_changed(*set);
+  // A policy still serving the pool this one replaces hears of the new workers only once this
+  // pool is in force (PoolManager::apply): a refused change must leave it untouched.
+  if (!policy_in_use) pool->policy_->on_workers_changed(*set);
   pool->registry_.publish(std::move(set));
   return pool;
+}
+
+void Pool::notify_workers() {
+  policy_->on_workers_changed(*registry_.snapshot());
 }
 
 metrics::Counter* Pool::selected(const Worker& w) const {

@@ -45,6 +45,8 @@ struct PoolEnv {
   HealthConfig health = health_config(GatewayConfig{});
   GatewayMetrics* metrics = nullptr;
   metrics::Registry* registry = nullptr;
+  // False for a dry run: its policies register no series (they would share the live rule's).
+  bool policy_metrics = true;
   asio::io_context* control = nullptr;  // where health loops and policy upkeep run
   // Worker ids are unique in the process (per-thread connection pools key on them).
   std::atomic<uint64_t>* next_worker_id = nullptr;
@@ -67,7 +69,11 @@ class Pool {
   using WorkerLookup = std::function<WorkerPtr(std::string_view url)>;
   static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
                                      const WorkerLookup& existing, std::string& error,
-                                     std::shared_ptr<Policy> policy = nullptr);
+                                     std::shared_ptr<Policy> policy = nullptr,
+                                     bool policy_in_use = false);
+  // Tells the policy the pool's workers (for a policy taken over from the pool this one
+  // replaces: only once this pool is published, so a refused change leaves it untouched).
+  void notify_workers();
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;

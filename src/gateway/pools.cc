@@ -119,12 +119,20 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
       }
     }
   }
+  if (stopped_ && !dry_run) {
+    errors.push_back({.field = "rules",
+                      .value = "",
+                      .message = "kvgate is shutting down; rule changes are refused"});
+  }
   if (!errors.empty()) return errors;
 
   // Build what is new or changed; nothing is published unless every build succeeds. A URL
   // another pool has (in force, retiring, or retired a moment ago) is the same worker.
   auto table = std::make_shared<RuleTable>();
   std::vector<std::shared_ptr<Pool>> built;
+  std::vector<Pool*> kept_policy;
+  PoolEnv dry_env = env_;
+  dry_env.policy_metrics = false;  // built around the policy of the pool they replace
   auto find_in = [](const Pool& p, std::string_view url) -> WorkerPtr {
     for (const auto& w : p.workers()->workers) {
       if (w->url() == url) return w;
@@ -154,25 +162,36 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
     }
     std::string err;
     std::shared_ptr<Policy> policy;
-    if (auto it = overrides_.find(r.name); it != overrides_.end()) {
-      policy = it->second();
-    } else if (old && !dry_run && same_but_endpoints(old->rule(), r)) {
+    bool in_use = false;
+    if (old && !dry_run && same_but_endpoints(old->rule(), r)) {
       policy = old->shared_policy();  // the scaling case: what the policy learned carries on
+      in_use = true;
+    } else if (auto it = overrides_.find(r.name); it != overrides_.end()) {
+      policy = it->second();
     }
-    auto pool = Pool::build(r, env_, existing, err, std::move(policy));
+    auto pool = Pool::build(r, dry_run ? dry_env : env_, existing, err, std::move(policy), in_use);
     if (!pool) {
       errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
       continue;
     }
+    if (in_use) kept_policy.push_back(pool.get());
     built.push_back(pool);
     table->pools.push_back(std::move(pool));
   }
   if (!errors.empty() || dry_run) {
     // The pools built for nothing take the metric cells of their new workers with them.
-    std::set<std::string, std::less<>> urls;
-    for (const auto& p : built) add_urls(*p, urls);
+    std::set<std::string, std::less<>> urls, names;
+    for (const auto& p : built) {
+      add_urls(*p, urls);
+      if (!current->find(p->name())) names.insert(p->name());
+    }
     table.reset();
     built.clear();
+    kept_policy.clear();
+    // ... and the series their policies made for rules that do not exist.
+    for (const auto& n : names) {
+      if (!named_anywhere(n)) env_.registry->remove_series("rule", n);
+    }
     std::set<std::string, std::less<>> live = live_urls();
     for (const auto& u : urls) {
       if (!live.contains(u)) remove_worker_metrics(u, *env_.registry);
@@ -183,6 +202,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   for (const auto& p : table->pools) table->names_models |= !p->rule().models.empty();
   std::shared_ptr<const RuleTable> published = table;
   table_.store(published);
+  for (Pool* p : kept_policy) p->notify_workers();
   for (const auto& p : built) {
     log::info("rule applied")
         .kv("rule", p->name())
@@ -266,6 +286,12 @@ void PoolManager::shutdown() {
   recent_.clear();
 }
 
+bool PoolManager::named_anywhere(std::string_view name) const {
+  if (table()->find(name)) return true;
+  return std::any_of(retiring_.begin(), retiring_.end(),
+                     [&](const std::shared_ptr<Pool>& p) { return p->name() == name; });
+}
+
 std::set<std::string, std::less<>> PoolManager::live_urls() const {
   std::set<std::string, std::less<>> live;
   for (const auto& p : table()->pools) add_urls(*p, live);
@@ -276,11 +302,14 @@ std::set<std::string, std::less<>> PoolManager::live_urls() const {
 
 size_t PoolManager::retire() {
   auto now = Clock::now();
-  std::set<std::string, std::less<>> gone;
+  std::set<std::string, std::less<>> gone, retired_names;
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if (it->use_count() == 1) {  // only this list holds it: no request, no table
+      retired_names.insert((*it)->name());
       for (const auto& w : (*it)->workers()->workers) {
-        if (!recent_.contains(w->url())) recent_[w->url()] = Recent{w, now};
+        // Refreshed: a rule deleted again soon after it took the worker back keeps it a minute
+        // more, like the first time.
+        recent_.insert_or_assign(w->url(), Recent{w, now});
       }
       it = retiring_.erase(it);
     } else {
@@ -301,6 +330,10 @@ size_t PoolManager::retire() {
         [](const auto& a, const auto& b) { return a.second.since < b.second.since; });
     gone.insert(oldest->first);
     recent_.erase(oldest);
+  }
+  // A deleted rule's policy series go with its last pool.
+  for (const auto& n : retired_names) {
+    if (!named_anywhere(n)) env_.registry->remove_series("rule", n);
   }
   if (!gone.empty()) {
     auto live = live_urls();

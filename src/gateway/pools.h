@@ -78,6 +78,12 @@ class PoolManager {
   static constexpr size_t kMaxRecentWorkers = 4096;
   // Test seam: how long workers of destroyed pools are kept (kRecentWorkers).
   void set_recent_workers_ttl(std::chrono::milliseconds ttl) { recent_ttl_ = ttl; }
+  // When the worker of `url` was last retired, while it is kept (for tests).
+  std::optional<Clock::time_point> recent_since(std::string_view url) const {
+    auto it = recent_.find(url);
+    if (it == recent_.end()) return std::nullopt;
+    return it->second.since;
+  }
   size_t retiring() const { return retiring_.size(); }
   // Rule set changes applied and refused since start (control loop).
   uint64_t applied() const { return applied_; }
@@ -88,6 +94,8 @@ class PoolManager {
   std::vector<rules::FieldError> apply_rules(std::vector<rules::Rule> next, bool dry_run);
   // URLs some pool lists (in force or retiring) or a recent worker holds.
   std::set<std::string, std::less<>> live_urls() const;
+  // Whether a pool in force or retiring has this rule name (its policy series are in use).
+  bool named_anywhere(std::string_view name) const;
 
   PoolEnv env_;
   SharedSnapshot<const RuleTable> table_;

@@ -388,6 +388,15 @@ class Gateway::Request {
   void failed_attempt(Attempt& a, int status, bool ran);
   void complete(Attempt& a, int final_status, Verdict verdict, const UsageScanner& usage);
 
+  // First member: the request counts for the retry budget from before anything else is set up
+  // until after everything else (its retry slot included) is released.
+  struct BudgetRequest {
+    explicit BudgetRequest(RetryBudget& b) : budget(b) { budget.request_started(); }
+    ~BudgetRequest() { budget.request_ended(); }
+    BudgetRequest(const BudgetRequest&) = delete;
+    BudgetRequest& operator=(const BudgetRequest&) = delete;
+    RetryBudget& budget;
+  } budget_request_;
   Gateway& g_;
   http::Exchange& ex_;
   const ApiRoute route_;
@@ -430,10 +439,6 @@ class Gateway::Request {
   asio::steady_timer backoff_timer_;
   std::chrono::milliseconds next_delay_{0};  // the wait may_retry() checked, used as checked
   bool skip_backoff_ = false;                // the last round made no attempt (breaker turned)
-  struct EndRequest {
-    RetryBudget& b;
-    ~EndRequest() { b.request_ended(); }
-  } end_request_;
 };
 
 // One attempt on one worker: its decision, its dispatch (closed exactly once), its upstream call.
@@ -468,7 +473,8 @@ struct Gateway::Attempt {
 };
 
 Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid)
-    : g_(g),
+    : budget_request_(g.budget_),
+      g_(g),
       ex_(ex),
       route_(route),
       route_label_(to_string(route)),
@@ -478,10 +484,8 @@ Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::s
       ts_(thread_state()),
       header_view_{&ex, g.config_.allow_target_worker_header},
       budget_slot_(g.budget_),
-      backoff_timer_(ex.executor()),
-      end_request_{g.budget_} {
+      backoff_timer_(ex.executor()) {
   start_reaper(ts_, ex.executor());
-  g.budget_.request_started();
   cancel_.admission = &g.admission_;
   cancel_.backoff = &backoff_timer_;
   ctx_.request = &info_;
@@ -716,8 +720,7 @@ void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
     ++ran_and_failed_;
     if (!a.dispatch->trial()) charge_if_served_.push_back(a.w);
   }
-  // (A retryable status other than 500 says the worker did not run it.)
-  a.dispatch->finish(Outcome{.status = status, .started = ran}, v);
+  a.dispatch->finish(Outcome{.status = status, .started = !refused_status(status)}, v);
   failed_.push_back(a.w->id());
 }
 

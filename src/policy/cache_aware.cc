@@ -14,36 +14,42 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
       max_trees_(static_cast<size_t>(std::max<int64_t>(1, config.max_prefix_trees))),
       overflow_(std::make_shared<prefix::ApproxTree>()) {
   if (config.registry) {
+    // Every series carries the rule (pool) whose policy this is: two pools never overwrite each
+    // other's, and a deleted rule's series go with it (PoolManager). Nothing is set here: a
+    // policy built for a dry run or a refused change must not touch the series in force.
     auto& r = *config.registry;
+    const std::string& rule = config_.rule;
     predicted_ = &r.counter("kvgate_prefix_predicted_tokens_total",
                             "Prompt tokens the approximate tree expected each worker to have "
                             "cached (counted when the worker reports cached_tokens)",
-                            {"worker"});
-    cached_ =
-        &r.counter("kvgate_prefix_cached_tokens_total",
-                   "Prompt tokens each worker reported as cached (cached_tokens)", {"worker"});
+                            {"rule", "worker"});
+    cached_ = &r.counter("kvgate_prefix_cached_tokens_total",
+                         "Prompt tokens each worker reported as cached (cached_tokens)",
+                         {"rule", "worker"});
     corrections_ = &r.counter("kvgate_prefix_tree_corrections_total",
                               "Times a worker's report showed the tree overestimated its cache and "
                               "the tree was corrected",
-                              {"worker"});
+                              {"rule", "worker"});
     tree_chars_ = &r.gauge("kvgate_prefix_tree_chars",
                            "Characters the approximate tree attributes to each worker (all models)",
-                           {"worker"});
-    tree_nodes_ = &r.gauge("kvgate_prefix_tree_nodes", "Nodes of the approximate trees");
+                           {"rule", "worker"});
+    tree_nodes_ = &r.gauge("kvgate_prefix_tree_nodes", "Nodes of the approximate trees", {"rule"})
+                       .with({rule});
     withdrawn_ = &r.counter("kvgate_prefix_tree_withdrawn_total",
                             "Dispatches whose text was taken back from the tree because the worker "
                             "did not run the request (connect failure, 429/503/408, client gone "
                             "before it was sent)",
-                            {"worker"});
+                            {"rule", "worker"});
     overflow_total_ = &r.counter("kvgate_prefix_tree_overflow_total",
                                  "Requests recorded on the shared overflow tree because "
-                                 "--max-prefix-trees model trees already existed")
-                           .with({});
+                                 "--max-prefix-trees model trees already existed",
+                                 {"rule"})
+                           .with({rule});
     trees_gauge_ = &r.gauge("kvgate_prefix_trees",
                             "Model trees of the approximate prefix tree (at most "
-                            "--max-prefix-trees; the shared overflow tree not counted)")
-                        .with({});
-    trees_gauge_->set(0);
+                            "--max-prefix-trees; the shared overflow tree not counted)",
+                            {"rule"})
+                        .with({rule});
   }
 }
 
@@ -186,7 +192,7 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
     with_tree(ctx.request->model, false, [&](prefix::ApproxTree* t, bool) {
       if (t) t->truncate(text, static_cast<prefix::Slot>(d.worker->id()), d.predicted_chars);
     });
-    if (withdrawn_) withdrawn_->with({d.worker->url()}).inc();
+    if (withdrawn_) withdrawn_->with({config_.rule, d.worker->url()}).inc();
     return;
   }
   if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
@@ -196,8 +202,8 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
       static_cast<uint64_t>(static_cast<double>(d.predicted_chars) / chars_per_token);
   int64_t cached = std::max<int64_t>(0, *outcome.cached_tokens);
   const std::string& url = d.worker->url();
-  if (predicted_) predicted_->with({url}).inc(predicted_tokens);
-  if (cached_) cached_->with({url}).inc(static_cast<uint64_t>(cached));
+  if (predicted_) predicted_->with({config_.rule, url}).inc(predicted_tokens);
+  if (cached_) cached_->with({config_.rule, url}).inc(static_cast<uint64_t>(cached));
   // The worker held less than the tree believed (its cache evicted it): the tree's claims past the
   // point the worker really held are stale. The worker holds this prompt again now (it just
   // computed it), so the path is re-recorded; the worker's other text below the cut goes.
@@ -210,7 +216,7 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
       t->truncate(text, slot, held_chars);
       t->insert(text, slot);
     });
-    if (corrections_) corrections_->with({url}).inc();
+    if (corrections_) corrections_->with({config_.rule, url}).inc();
     log::debug("approximate tree corrected")
         .kv("worker", url)
         .kv("predicted_chars", d.predicted_chars)
@@ -235,7 +241,7 @@ void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
     }
   }
   for (uint64_t id : gone) {
-    if (tree_chars_) tree_chars_->remove({worker_urls_[id]});
+    if (tree_chars_) tree_chars_->remove({config_.rule, worker_urls_[id]});
     worker_urls_.erase(id);
   }
   known_workers_ = std::move(now);
@@ -273,10 +279,10 @@ void CacheAwarePolicy::on_period() {
     }
     if (trees_gauge_) trees_gauge_->set(static_cast<double>(trees_.size()));
   }
-  if (tree_nodes_) tree_nodes_->with({}).set(static_cast<double>(nodes));
+  if (tree_nodes_) tree_nodes_->set(static_cast<double>(nodes));
   if (tree_chars_) {
     for (const auto& [id, n] : chars)
-      tree_chars_->with({worker_urls_[id]}).set(static_cast<double>(n));
+      tree_chars_->with({config_.rule, worker_urls_[id]}).set(static_cast<double>(n));
   }
 }
 

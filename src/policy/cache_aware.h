@@ -72,7 +72,7 @@ class CacheAwarePolicy final : public Policy {
   metrics::CounterFamily* corrections_ = nullptr;
   metrics::CounterFamily* withdrawn_ = nullptr;
   metrics::GaugeFamily* tree_chars_ = nullptr;
-  metrics::GaugeFamily* tree_nodes_ = nullptr;
+  metrics::Gauge* tree_nodes_ = nullptr;
   metrics::Counter* overflow_total_ = nullptr;
   metrics::Gauge* trees_gauge_ = nullptr;
   std::map<uint64_t, std::string> worker_urls_;  // id -> url, for the per-worker gauges

@@ -18,16 +18,15 @@ ManualPolicy::ManualPolicy(const PolicyConfig& c)
   if (c.registry) {
     keys_gauge_ = &c.registry
                        ->gauge("kvgate_manual_routing_keys",
-                               "manual: routing keys held (at most --max-routing-keys)")
-                       .with({});
-    keys_gauge_->set(0);
+                               "manual: routing keys held (at most --max-routing-keys)", {"rule"})
+                       .with({c.rule});
     auto& evicted = c.registry->counter(
         "kvgate_manual_routing_keys_evicted_total",
         "manual: routing keys forgotten: capacity (--max-routing-keys held, the least recently "
         "used one made room), idle (unused for --max-idle-secs)",
-        {"reason"});
-    evicted_full_ = &evicted.with({"capacity"});
-    evicted_idle_ = &evicted.with({"idle"});
+        {"rule", "reason"});
+    evicted_full_ = &evicted.with({c.rule, "capacity"});
+    evicted_idle_ = &evicted.with({c.rule, "idle"});
   }
 }
 

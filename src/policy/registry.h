@@ -38,8 +38,10 @@ struct PolicyConfig {
   double chwbl_load_factor = 0;
   // bucket
   int64_t bucket_refit_secs = 0;
-  // Where policies register their own metrics (null in unit tests that do not look).
+  // Where policies register their own metrics (null in unit tests that do not look, and for
+  // policies built for a dry run), and the rule (pool) their series are labelled with.
   metrics::Registry* registry = nullptr;
+  std::string rule;
   bool operator==(const PolicyConfig&) const = default;
 };
 

@@ -99,6 +99,18 @@ int run_check_config_command(std::span<const std::string> args, std::ostream& ou
   ConfigFile cfg;
   std::string path;
   if (!load(a, cfg, path, err, "check-config")) return 2;
+  bool refused = false;
+  for (const auto& r : cfg.rules) {
+    for (const std::string& why : {not_built(r), listener_mismatch(r, cfg.config.port)}) {
+      if (why.empty()) continue;
+      err << path << ": rule " << r.name << ": " << why << "\n";
+      refused = true;
+    }
+  }
+  if (refused) {
+    err << path << ": valid, but kvgate would refuse to start with it (see above)\n";
+    return 2;
+  }
   out << path << ": ok, " << plural(cfg.rules.size(), "rule") << "\n";
   return 0;
 }

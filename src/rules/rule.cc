@@ -124,14 +124,18 @@ const std::vector<FieldDef>& fields() {
                          "body is read)",
                  .default_note = "[] (any model)",
                  .range = "each 1 to 256 bytes"});
-    int_field("port", &Rule::port, 0, 65535, "Listener port the request arrived on; 0: any port",
+    int_field("port", &Rule::port, 0, 65535,
+              "Listener port the request arrived on; 0: any port. kvgate has one inference "
+              "listener (--port): a rule's port must be that port",
               "", "0 (any)");
     t.push_back({.name = "pathPrefix",
                  .kind = FieldKind::kPathPrefix,
                  .type = "string",
-                 .help = "Requests whose path starts with this; empty: any path",
+                 .help = "Requests whose path starts with this; empty: any path. The proxied "
+                         "paths are /generate, /v1/chat/completions, /v1/completions, "
+                         "/v1/embeddings and /v1/rerank: a prefix must match one of them",
                  .default_note = "\"\" (any)",
-                 .range = "empty, or starts with /"});
+                 .range = "empty, or a prefix of a proxied path"});
     choice_field("mode", &Rule::mode, {0, 4},
                  "0: plain proxy (request bodies are not read; round_robin, random and "
                  "power_of_two only); 4: fullproxy, AI-aware (bodies are read: every policy, "
@@ -516,6 +520,15 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
     err("pathPrefix", json_quote(r.path_prefix.substr(0, 80)),
         "must start with '/' and hold no spaces or control characters (e.g. \"/v1\"), or be "
         "empty for any path");
+  } else if (!r.path_prefix.empty()) {
+    static constexpr std::string_view kProxied[] = {
+        "/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"};
+    if (std::none_of(std::begin(kProxied), std::end(kProxied),
+                     [&](std::string_view p) { return p.starts_with(r.path_prefix); })) {
+      err("pathPrefix", json_quote(r.path_prefix.substr(0, 80)),
+          "matches no path kvgate proxies (/generate, /v1/chat/completions, /v1/completions, "
+          "/v1/embeddings, /v1/rerank): a rule with it would never be used");
+    }
   }
   bool sel_ok = false;
   if (!skip({"sel"})) {
@@ -667,6 +680,11 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
           "prompts as the engine does: set tokenizerPath to the model's directory (with "
           "tokenizer.json)");
     }
+  }
+  if (!r.tokenizer_path.empty() && r.mode != 4 && !skip({"tokenizerPath", "mode"})) {
+    err("tokenizerPath", json_quote(r.tokenizer_path),
+        "is used only in mode 4 (mode " + std::to_string(r.mode) +
+            " forwards bodies unread): set mode 4, or remove tokenizerPath");
   }
   if (!skip({"kvZmqPort", "kvDpRankCount"}) && r.kv_zmq_port >= 1 && r.kv_zmq_port <= 65535 &&
       r.kv_dp_rank_count >= 1 && r.kv_dp_rank_count <= 8 &&
@@ -886,6 +904,25 @@ std::optional<Rule> rule_from_json(std::string_view json, const GatewayConfig& b
   auto rule = rule_from_doc(doc, base, errors);
   if (errors.size() > first) return std::nullopt;  // a key written twice
   return rule;
+}
+
+std::string listener_mismatch(const Rule& rule, int64_t listener_port) {
+  if (rule.port == 0 || rule.port == listener_port) return "";
+  return "port " + std::to_string(rule.port) +
+         ": kvgate listens for inference on one port (--port " + std::to_string(listener_port) +
+         "), so this rule would never be used; set port to that port or remove it";
+}
+
+std::string not_built(const Rule& rule) {
+  if (rule.pd()) {
+    return "prefill/decode pools (endpoints with roles) are not built in this version of kvgate; "
+           "list the workers without roles";
+  }
+  if (rule.kv_exact_mode != 0) {
+    return "kvExactMode " + std::to_string(rule.kv_exact_mode) +
+           " (kv_exact routing) is not built in this version of kvgate; set kvExactMode 0";
+  }
+  return "";
 }
 
 void validate(const Rule& rule, std::vector<FieldError>& errors) {

@@ -94,6 +94,13 @@ void validate(const Rule& rule, std::vector<FieldError>& errors);
 // Checks rules together: unique names, no model claimed twice on the same port/path, at most one
 // catch-all per port/path.
 void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors);
+// A rule naming a listener port kvgate does not listen on ("" when it matches or names none).
+std::string listener_mismatch(const Rule& rule, int64_t listener_port);
+
+// What a valid rule asks that this build of kvgate does not have yet ("" when none): kvgate
+// refuses such a rule when it builds its pool, and check-config says so too.
+std::string not_built(const Rule& rule);
+
 // Whether `next` may replace `current` live (kvEngineType may not change: delete and recreate).
 void validate_update(const Rule& current, const Rule& next, std::vector<FieldError>& errors);
 

@@ -1,6 +1,9 @@
 // workers/circuit_breaker: see circuit_breaker.h.
 #include "workers/circuit_breaker.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace kvgate {
 
 std::string_view to_string(BreakerState s) {
@@ -13,6 +16,13 @@ std::string_view to_string(BreakerState s) {
       return "half_open";
   }
   return "unknown";
+}
+
+CircuitBreaker::CircuitBreaker(BreakerConfig config) : config_(config) {
+  if (config_.enabled && (config_.failure_threshold == 0 || config_.success_threshold == 0)) {
+    std::fprintf(stderr, "kvgate: CircuitBreaker given an incomplete BreakerConfig\n");
+    std::abort();
+  }
 }
 
 bool CircuitBreaker::could_pass(TimePoint now) const {

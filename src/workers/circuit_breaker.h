@@ -32,7 +32,9 @@ std::string_view to_string(BreakerState s);
 class CircuitBreaker {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
-  explicit CircuitBreaker(BreakerConfig config = {}) : config_(config) {}
+  // An enabled breaker needs thresholds of at least 1 (aborts otherwise: a config not built by
+  // breaker_config() is a programming error).
+  explicit CircuitBreaker(BreakerConfig config);
 
   // What admit() granted: a normal pass, or the half-open trial slot (report it!).
   enum class Pass : uint8_t { kDenied, kNormal, kTrial };

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
 
 #include "util/log.h"
 
@@ -89,11 +92,31 @@ std::optional<std::vector<std::string>> parse_model_list(std::string_view json) 
   return out;
 }
 
+struct HealthPlane::Stop {
+  std::atomic<bool> stopped{false};
+  std::set<asio::steady_timer*> timers;  // control loop only
+  // A loop's timer, listed while the loop runs.
+  struct Waiting {
+    Waiting(Stop& s, asio::steady_timer& t) : stop(s), timer(t) { stop.timers.insert(&timer); }
+    ~Waiting() { stop.timers.erase(&timer); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+    Stop& stop;
+    asio::steady_timer& timer;
+  };
+};
+
 HealthPlane::HealthPlane(asio::io_context& ctx, WorkerRegistry& registry, HealthConfig config)
-    : ctx_(ctx),
-      registry_(registry),
-      config_(std::move(config)),
-      stopped_(std::make_shared<std::atomic<bool>>(false)) {}
+    : ctx_(ctx), registry_(registry), config_(std::move(config)), stop_(std::make_shared<Stop>()) {
+  // A config not built by health_config() (zero interval: a tight probe loop) is a programming
+  // error, not an operator's.
+  if (config_.interval.count() <= 0 || config_.timeout.count() <= 0 ||
+      config_.failure_threshold == 0 || config_.success_threshold == 0 ||
+      config_.endpoint.empty() || (config_.poll_load && config_.load_interval.count() <= 0)) {
+    std::fprintf(stderr, "kvgate: HealthPlane given an incomplete HealthConfig\n");
+    std::abort();
+  }
+}
 
 HealthPlane::~HealthPlane() {
   stop();
@@ -108,7 +131,10 @@ void HealthPlane::start() {
 }
 
 void HealthPlane::stop() {
-  stopped_->store(true);
+  if (stop_->stopped.exchange(true)) return;
+  asio::post(ctx_, [stop = stop_] {
+    for (asio::steady_timer* t : stop->timers) t->cancel();
+  });
 }
 
 awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
@@ -119,8 +145,10 @@ awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
 }
 
 awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
-  auto stopped = stopped_;
+  auto stop = stop_;
+  const std::atomic<bool>* stopped = &stop->stopped;
   asio::steady_timer timer(ctx_);
+  Stop::Waiting waiting(*stop, timer);
   uint32_t fails = 0, goods = 0;
   // A worker another pool already probes (or a rule took back) may be healthy already: it is then
   // probed at the normal interval, and --health-success-threshold applies after a failure.
@@ -166,8 +194,10 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
 }
 
 awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
-  auto stopped = stopped_;
+  auto stop = stop_;
+  const std::atomic<bool>* stopped = &stop->stopped;
   asio::steady_timer timer(ctx_);
+  Stop::Waiting waiting(*stop, timer);
   auto interval = config_.load_interval;
   uint32_t fails = 0;
   while (!stopped->load()) {

@@ -57,8 +57,11 @@ class HealthPlane {
   asio::io_context& ctx_;
   WorkerRegistry& registry_;
   HealthConfig config_;
-  // Set by stop() from any thread, read by the loops on the control loop.
-  std::shared_ptr<std::atomic<bool>> stopped_;
+  // The stop flag (set by stop() from any thread, read by the loops on the control loop) and
+  // the loops' wait timers, which stop() cancels (on the control loop) so a stopped plane's
+  // loops end at once instead of sleeping out their interval.
+  struct Stop;
+  std::shared_ptr<Stop> stop_;
 };
 
 }  // namespace kvgate

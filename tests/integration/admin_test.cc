@@ -102,10 +102,11 @@ TEST(Admin, RepeatedAuthFailuresAreRefusedForAWhile) {
     if (s == 429) ++refused;
   }
   EXPECT_GE(refused, 2);
-  admin.key = kKey;  // the right key from a refused address waits too
   auto r = admin.call("GET", "/v1/rules");
-  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.status, 429);  // a wrong key from a refused address
   EXPECT_FALSE(r.header("retry-after").empty());
+  admin.key = kKey;  // the operator at the same address is not locked out
+  EXPECT_EQ(admin.call("GET", "/v1/rules").status, 200);
 }
 
 TEST(Admin, BrowsersAndRebindingAreRefused) {
@@ -292,6 +293,11 @@ TEST(Admin, WorkersApiAndFanOutRoutes) {
                                std::to_string(a.cluster.sim(1).port));
   EXPECT_EQ(r.status, 204) << r.body;
   EXPECT_EQ(json_number_field(admin.call("GET", "/workers").body, "total"), 1);
+  r = admin.call("POST", "/workers", R"({"url":")" + u1 + R"(","modle_id":"m"})");
+  EXPECT_EQ(r.status, 400) << r.body;  // a typo never adds the worker somewhere unmeant
+  EXPECT_NE(r.body.find("unknown field"), std::string::npos) << r.body;
+  EXPECT_EQ(admin.call("GET", "/v1/rules/default/inventory").status, 200);
+  EXPECT_EQ(admin.call("POST", "/v1/rules/default/inventory", "{}").status, 405);
   r = admin.call("POST", "/workers", R"({"url":")" + u1 + R"("})");
   EXPECT_EQ(r.status, 201) << r.body;
   EXPECT_EQ(admin.call("POST", "/workers", R"({"url":")" + u1 + R"("})").status, 409);

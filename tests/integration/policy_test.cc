@@ -94,8 +94,10 @@ TEST(Policies, StateBoundsComeFromTheCommandLine) {
                            {{"X-SMG-Routing-Key", key}});
       ASSERT_EQ(r.status, 200) << r.body;
     }
-    EXPECT_EQ(c.metric("kvgate_manual_routing_keys"), 2);
-    EXPECT_EQ(c.metric("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"}"), 1);
+    EXPECT_EQ(c.metric("kvgate_manual_routing_keys{rule=\"default\"}"), 2);
+    EXPECT_EQ(
+        c.metric("kvgate_manual_routing_keys_evicted_total{rule=\"default\",reason=\"capacity\"}"),
+        1);
   }
   {
     auto args = gateway("cache_aware");
@@ -108,8 +110,8 @@ TEST(Policies, StateBoundsComeFromTheCommandLine) {
                                        R"(","text":"hi","sampling_params":{"max_new_tokens":2}})");
       ASSERT_EQ(r.status, 200) << r.body;
     }
-    EXPECT_EQ(c.metric("kvgate_prefix_trees"), 1);
-    EXPECT_EQ(c.metric("kvgate_prefix_tree_overflow_total"), 2);
+    EXPECT_EQ(c.metric("kvgate_prefix_trees{rule=\"default\"}"), 1);
+    EXPECT_EQ(c.metric("kvgate_prefix_tree_overflow_total{rule=\"default\"}"), 2);
   }
 }
 

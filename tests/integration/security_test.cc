@@ -757,6 +757,8 @@ TEST(SecurityApiKey, UnusableKeysAreStartupErrors) {
        {"give --api-key or --api-key-file, not both"}},
       {{"--api-key", "", "--api-key-file", dir / "key"},
        {"give --api-key or --api-key-file, not both"}},
+      {{"--admin-api-key-file", dir / "key"},
+       {"the admin API key is 5 characters long; use at least 16"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> a = {"--worker-urls", w};

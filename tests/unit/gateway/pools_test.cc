@@ -6,6 +6,7 @@
 
 #include "gateway/knobs.h"
 #include "metrics/metrics.h"
+#include "support/process.h"
 
 namespace kvgate {
 namespace {
@@ -59,8 +60,15 @@ TEST_F(PoolsTest, ResolvesByModelThenCatchAllThenMostSpecific) {
   EXPECT_EQ(t->resolve(30000, "/generate", "mistral")->name(), "rest");
   EXPECT_EQ(t->resolve(30000, "/generate", "")->name(), "rest");
 
+  // kvgate listens on one port: a rule naming another is refused (it would never be used).
   auto by_port = make_rule("port", {"http://127.0.0.1:4"});
   by_port.port = 30001;
+  errors = pools_->apply({by_port});
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(rules::format_errors(errors).find("listens for inference on one port (--port 30000)"),
+            std::string::npos)
+      << rules::format_errors(errors);
+  cfg_.port = 30001;  // the table itself resolves by port (requests from 30000 are not its)
   auto by_path = make_rule("path", {"http://127.0.0.1:5"});
   by_path.path_prefix = "/v1/";
   errors =
@@ -200,6 +208,82 @@ TEST_F(PoolsTest, ChangingOnlyEndpointsKeepsWhatThePolicyLearned) {
   r.policy_knobs.cache_threshold = 0.5;  // a policy knob: a new policy
   ASSERT_TRUE(pools_->apply({r}).empty());
   EXPECT_NE(&pools_->table()->pools[0]->policy(), learned);
+}
+
+// Hears of workers; routes to the first.
+class CountingPolicy : public Policy {
+ public:
+  std::string_view name() const override { return "counting"; }
+  Decision select(std::span<Worker* const> available, RouteContext&) override {
+    return {.worker = available[0], .branch = "first"};
+  }
+  void on_workers_changed(const WorkerSet& set) override {
+    ++calls;
+    workers = set.workers.size();
+  }
+  int calls = 0;
+  size_t workers = 0;
+};
+
+TEST_F(PoolsTest, ARefusedChangeLeavesTheServingPolicyUntouched) {
+  CountingPolicy* made = nullptr;
+  pools_->set_policy_override("a", [&] {
+    auto p = std::make_unique<CountingPolicy>();
+    made = p.get();
+    return p;
+  });
+  ASSERT_TRUE(
+      pools_->apply({make_rule("a", {"http://127.0.0.1:1", "http://127.0.0.1:2"})}).empty());
+  CountingPolicy* serving = made;
+  ASSERT_NE(serving, nullptr);
+  EXPECT_EQ(serving->workers, 2u);
+  int calls = serving->calls;
+  // Scaling rule a in, together with a rule that cannot be built: refused as a whole, and the
+  // policy serving a has heard nothing of the worker it would have lost.
+  auto bad = make_rule("b", {"http://no-such-host.invalid:1"}, {"m"});
+  ASSERT_FALSE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"}), bad}).empty());
+  EXPECT_EQ(serving->calls, calls);
+  EXPECT_EQ(serving->workers, 2u);
+  // Accepted alone: the same policy carries on, and hears of its one worker.
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  EXPECT_EQ(&pools_->table()->pools[0]->policy(), serving);
+  EXPECT_EQ(serving->workers, 1u);
+}
+
+TEST_F(PoolsTest, AWorkerTakenBackAndRetiredAgainIsKeptAnotherWhile) {
+  const std::string url = "http://127.0.0.1:1";
+  ASSERT_TRUE(pools_->apply({make_rule("a", {url})}).empty());
+  WorkerPtr first = pools_->table()->pools[0]->workers()->workers[0];
+  ASSERT_TRUE(pools_->apply({}).empty());  // deleted: retired at once (no request holds it)
+  auto since = pools_->recent_since(url);
+  ASSERT_TRUE(since);
+  ASSERT_TRUE(pools_->apply({make_rule("a", {url})}).empty());
+  EXPECT_EQ(pools_->table()->pools[0]->workers()->workers[0], first);  // taken back
+  ASSERT_TRUE(testing::wait_until([&] { return Clock::now() > *since; }));
+  ASSERT_TRUE(pools_->apply({}).empty());  // deleted again: kept a full while from now
+  auto again = pools_->recent_since(url);
+  ASSERT_TRUE(again);
+  EXPECT_GT(*again, *since);
+}
+
+TEST_F(PoolsTest, PolicySeriesCarryTheirRuleAndGoWithIt) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"});
+  auto b = make_rule("b", {"http://127.0.0.1:2"}, {"m"});
+  a.sel = b.sel = "manual";  // registers kvgate_manual_routing_keys{rule} when built
+  ASSERT_TRUE(pools_->apply({a, b}).empty());
+  EXPECT_TRUE(exposes("kvgate_manual_routing_keys{rule=\"a\"} 0"));
+  EXPECT_TRUE(exposes("kvgate_manual_routing_keys{rule=\"b\"} 0"));
+  // A dry run, and a refused change, leave no series of the rules they did not make.
+  auto c = make_rule("c", {"http://127.0.0.1:3"}, {"n"});
+  c.sel = "manual";
+  ASSERT_TRUE(pools_->apply({a, b, c}, true).empty());
+  auto bad = make_rule("d", {"http://no-such-host.invalid:1"}, {"o"});
+  ASSERT_FALSE(pools_->apply({a, b, c, bad}).empty());
+  EXPECT_FALSE(exposes("rule=\"c\""));
+  // A deleted rule's series go with its last pool; the other rule's stay.
+  ASSERT_TRUE(pools_->apply({a}).empty());
+  EXPECT_FALSE(exposes("rule=\"b\""));
+  EXPECT_TRUE(exposes("kvgate_manual_routing_keys{rule=\"a\"} 0"));
 }
 
 TEST_F(PoolsTest, FeaturesNotBuiltAreRefusedByName) {

@@ -153,19 +153,20 @@ TEST(CacheAware, GroundTruthCorrectsTheTree) {
   EXPECT_EQ(m[0], 800u) << "the prompt just computed is held again";
   std::string text = reg.expose();
   std::string url = d1.worker->url();
-  EXPECT_NE(text.find("kvgate_prefix_predicted_tokens_total{worker=\"" + url + "\"} 100"),
+  EXPECT_NE(text.find("kvgate_prefix_predicted_tokens_total{rule=\"\",worker=\"" + url + "\"} 100"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("kvgate_prefix_cached_tokens_total{worker=\"" + url + "\"} 0"),
+  EXPECT_NE(text.find("kvgate_prefix_cached_tokens_total{rule=\"\",worker=\"" + url + "\"} 0"),
             std::string::npos);
-  EXPECT_NE(text.find("kvgate_prefix_tree_corrections_total{worker=\"" + url + "\"} 1"),
+  EXPECT_NE(text.find("kvgate_prefix_tree_corrections_total{rule=\"\",worker=\"" + url + "\"} 1"),
             std::string::npos);
   // A report that matches the prediction corrects nothing.
   Req r3(turn2 + "z");
   Decision d3 = p->select(pool.ptrs, r3.ctx);
   p->on_completed(d3, r3.ctx, Outcome{200, true, 200, 201});
-  EXPECT_NE(reg.expose().find("kvgate_prefix_tree_corrections_total{worker=\"" + url + "\"} 1"),
-            std::string::npos);
+  EXPECT_NE(
+      reg.expose().find("kvgate_prefix_tree_corrections_total{rule=\"\",worker=\"" + url + "\"} 1"),
+      std::string::npos);
 }
 
 // The worker never ran the request (connect failure, 429/503/408, client gone while queued): the
@@ -269,6 +270,7 @@ TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
   PolicyConfig c = config();
   c.max_prefix_trees = 2;
   c.registry = &reg;
+  c.rule = "r";
   auto p = testing::make(c, pool);
   auto& ca = static_cast<CacheAwarePolicy&>(*p);
   auto dispatch = [&](const std::string& model) {
@@ -288,8 +290,8 @@ TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
   EXPECT_EQ(dispatch("model-d").branch, "cache_hit") << "models past the bound share one tree";
   for (int i = 0; i < 100; ++i) dispatch("junk-" + std::to_string(i));
   EXPECT_EQ(ca.tree_count(), 2u);
-  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
-  EXPECT_TRUE(exposed("kvgate_prefix_trees 2")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total{rule=\"r\"} 102")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_trees{rule=\"r\"} 2")) << reg.expose();
 
   std::shared_ptr<prefix::ApproxTree> in_use = ca.tree("model-a");
   // The only worker leaves and another joins: every tree empties, the next eviction removes them.
@@ -299,7 +301,7 @@ TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
   p->on_workers_changed(pool.set());
   p->on_period();
   EXPECT_EQ(ca.tree_count(), 0u);
-  EXPECT_TRUE(exposed("kvgate_prefix_trees 0")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_trees{rule=\"r\"} 0")) << reg.expose();
   EXPECT_TRUE(in_use->empty());
   std::vector<prefix::Slot> slots{2};
   std::vector<size_t> m(1);
@@ -307,7 +309,7 @@ TEST(CacheAware, ModelTreesAreBoundedAndEmptyOnesRemoved) {
   // Room again: the next model gets a tree of its own.
   dispatch("model-e");
   EXPECT_EQ(ca.tree_count(), 1u);
-  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total 102")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_prefix_tree_overflow_total{rule=\"r\"} 102")) << reg.expose();
 }
 
 // Request threads route, record and withdraw on more models than the bound while the control

@@ -37,10 +37,14 @@ TEST_P(PolicyConcurrency, RequestThreadsAndUpkeepAtOnce) {
 
   constexpr int kThreads = 4;
   std::atomic<int> running{kThreads};
+  // The request threads start once the control thread runs (else, on a loaded machine, they
+  // may all finish before its first upkeep: nothing concurrent tested).
+  std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   threads.reserve(kThreads);
   for (int k = 0; k < kThreads; ++k) {
     threads.emplace_back([&, k] {
+      while (!go.load()) std::this_thread::yield();
       for (int i = 0; i < 2000; ++i) {
         Req r("conversation " + std::to_string(i % 23) + " turn " + std::to_string(i % 5),
               "model-" + std::to_string((i + k) % 3));
@@ -60,12 +64,13 @@ TEST_P(PolicyConcurrency, RequestThreadsAndUpkeepAtOnce) {
   }
   // The control thread: upkeep and scrapes, until the request threads are done.
   int periods = 0;
-  while (running.load() > 0) {
+  do {
     p->on_period();
+    go.store(true);
     registry.expose();
     if (periods % 4 == 0) p->on_workers_changed(pool.set());
     ++periods;
-  }
+  } while (running.load() > 0);
   for (auto& t : threads) t.join();
   p->on_period();
   EXPECT_GT(periods, 0);

@@ -121,6 +121,7 @@ TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
   c.seed = 5;
   c.max_routing_keys = 3;
   c.registry = &reg;
+  c.rule = "r";
   auto p = std::make_unique<ManualPolicy>(c);
   auto route = [&](const std::string& key) {
     Req r;
@@ -135,8 +136,8 @@ TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
   EXPECT_EQ(route("a").branch, "occupied_hit");  // b is now the least recently used
   EXPECT_EQ(route("d").branch, "vacant");
   EXPECT_EQ(p->keys(), 3u);
-  EXPECT_TRUE(exposed("kvgate_manual_routing_keys 3")) << reg.expose();
-  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"} 1"))
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys{rule=\"r\"} 3")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{rule=\"r\",reason=\"capacity\"} 1"))
       << reg.expose();
   Decision again = route("a");
   EXPECT_EQ(again.branch, "occupied_hit");
@@ -148,12 +149,13 @@ TEST(Manual, KeysBeyondTheBoundEvictTheLeastRecentlyUsed) {
   EXPECT_EQ(p->keys(), 3u);
   for (int i = 0; i < 1000; ++i) route("flood-" + std::to_string(i));
   EXPECT_EQ(p->keys(), 3u);
-  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"capacity\"} 1003"))
+  EXPECT_TRUE(
+      exposed("kvgate_manual_routing_keys_evicted_total{rule=\"r\",reason=\"capacity\"} 1003"))
       << reg.expose();
   p->expire(Clock::now() + std::chrono::seconds(c.max_idle_secs + 1));
   EXPECT_EQ(p->keys(), 0u);
-  EXPECT_TRUE(exposed("kvgate_manual_routing_keys 0")) << reg.expose();
-  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{reason=\"idle\"} 3"))
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys{rule=\"r\"} 0")) << reg.expose();
+  EXPECT_TRUE(exposed("kvgate_manual_routing_keys_evicted_total{rule=\"r\",reason=\"idle\"} 3"))
       << reg.expose();
 }
 

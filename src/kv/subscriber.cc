@@ -328,7 +328,10 @@ void Subscriber::Impl::open(const SourceSpec& spec) {
         .kv("pub", spec.pub)
         .kv("error", e.what());
   }
-  publish(s);
+  {
+    std::lock_guard lock(mu);
+    published[spec.id] = {spec, s.status};
+  }
   sources.emplace(spec.id, std::move(src));
 }
 
@@ -342,8 +345,9 @@ void Subscriber::Impl::close(Source& s) {
 }
 
 void Subscriber::Impl::publish(const Source& s) {
+  // The spec went in when the source opened; only the counters change after.
   std::lock_guard lock(mu);
-  published[s.spec.id] = {s.spec, s.status};
+  published[s.spec.id].second = s.status;
 }
 
 void Subscriber::Impl::read_monitor(Source& s) {
@@ -395,8 +399,8 @@ void Subscriber::Impl::read_live(Source& s) {
           .kv("frames", total)
           .kv("error", st.message());
     }
-    publish(s);
   }
+  publish(s);  // once per burst: status() readers need not see every message
 }
 
 void Subscriber::Impl::take_live(Source& s, uint64_t seq, Held h, std::string_view topic) {

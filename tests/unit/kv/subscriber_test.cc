@@ -122,15 +122,14 @@ class ScriptedPublisher {
   const std::string& pub() const { return pub_endpoint_; }
   const std::string& replay() const { return replay_endpoint_; }
 
-  // The topic of the next subscription (XPUB hands them up as "\x01" + topic); unsubscriptions
-  // ("\x00" + topic) are skipped. nullopt after `timeout_ms`.
+  // The topic of the next subscription (XPUB hands them up as "\x01" + topic); nullopt after
+  // `timeout_ms`. XPUB reports a topic only when it is new to it.
   std::optional<std::string> wait_subscription(int timeout_ms = 10000) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < end) {
-      Frames f = recv_multipart(pub_, 100);
-      if (f.size() == 1 && !f[0].empty() && f[0][0] == '\x01') return f[0].substr(1);
-    }
-    return std::nullopt;
+    return wait_for('\x01', timeout_ms);
+  }
+  // The topic of the next unsubscription ("\x00" + topic): a topic no connection wants any more.
+  std::optional<std::string> wait_unsubscription(int timeout_ms = 10000) {
+    return wait_for('\x00', timeout_ms);
   }
 
   void send(uint64_t seq, const std::string& topic = "kv") {
@@ -171,6 +170,15 @@ class ScriptedPublisher {
     return std::string(buf);  // "tcp://127.0.0.1:PORT"
   }
 
+  std::optional<std::string> wait_for(char kind, int timeout_ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      Frames f = recv_multipart(pub_, 100);
+      if (f.size() == 1 && !f[0].empty() && f[0][0] == kind) return f[0].substr(1);
+    }
+    return std::nullopt;
+  }
+
   void* ctx_;
   void* pub_ = nullptr;
   void* router_ = nullptr;
@@ -201,6 +209,18 @@ SourceStatus status_of(const Subscriber& sub, SourceId id) {
     if (spec.id == id) return st;
   }
   return {};
+}
+
+// The status once `messages` batches were delivered: status() trails the sink a little (the
+// subscriber publishes it after each burst of messages).
+SourceStatus settled(const Subscriber& sub, SourceId id, uint64_t messages) {
+  SourceStatus st;
+  EXPECT_TRUE(wait_until([&] {
+    st = status_of(sub, id);
+    return st.messages == messages;
+  })) << "messages: "
+      << st.messages;
+  return st;
 }
 
 // Waits until the trace of `source` is `want`; the failure message shows what it was.
@@ -298,11 +318,10 @@ TEST(KvSubscriber, FillsAGapByReplayInOrderExactlyOnce) {
   p.send(7);
   p.send(8);
   EXPECT_TRACE(sink, 1u, "0 1 2 3 4 5 6 7 8");
-  const SourceStatus st = status_of(sub, 1);
+  const SourceStatus st = settled(sub, 1, 9);
   EXPECT_EQ(st.gaps, 1u);
   EXPECT_EQ(st.replayed, 5u);
   EXPECT_EQ(st.resets, 0u);
-  EXPECT_EQ(st.messages, 9u);
   EXPECT_EQ(sink.mismatches(), 0);
 
   // A publisher restart after the live stream caught up is a reset again.
@@ -319,7 +338,7 @@ TEST(KvSubscriber, AGapWithoutReplayEndpointResets) {
   ASSERT_TRUE(p.wait_subscription());
   for (uint64_t q : {0, 1, 3, 4}) p.send(q);
   EXPECT_TRACE(sink, 1u, "0 1 reset:gap_no_replay 3 4");
-  const SourceStatus st = status_of(sub, 1);
+  const SourceStatus st = settled(sub, 1, 4);
   EXPECT_EQ(st.gaps, 1u);
   EXPECT_EQ(st.resets, 1u);
 }
@@ -341,7 +360,7 @@ TEST(KvSubscriber, AReplayMissingBatchesResetsAndGoesOnLive) {
   EXPECT_TRACE(sink, 1u, "0 1 2 reset:replay_failed 5");
   p.send(6);
   EXPECT_TRACE(sink, 1u, "0 1 2 reset:replay_failed 5 6");
-  EXPECT_EQ(status_of(sub, 1).replayed, 0u);
+  EXPECT_EQ(settled(sub, 1, 5).replayed, 0u);
 }
 
 TEST(KvSubscriber, AReplayThatNeverAnswersTimesOut) {
@@ -385,7 +404,7 @@ TEST(KvSubscriber, ARestartResets) {
   ASSERT_TRUE(p.wait_subscription());
   for (uint64_t q : {0, 1, 2, 0, 1}) p.send(q);
   EXPECT_TRACE(sink, 1u, "0 1 2 reset:restart 0 1");
-  const SourceStatus st = status_of(sub, 1);
+  const SourceStatus st = settled(sub, 1, 5);
   EXPECT_EQ(st.gaps, 0u) << "a restart is not a gap";
   EXPECT_EQ(st.resets, 1u);
 }
@@ -404,11 +423,10 @@ TEST(KvSubscriber, MalformedMessagesAreCountedAndSkipped) {
   p.send_frames({"kv", encode_sequence(1), "\xc1"});                      // not msgpack
   p.send(2);
   EXPECT_TRACE(sink, 1u, "0 2");
-  const SourceStatus st = status_of(sub, 1);
+  const SourceStatus st = settled(sub, 1, 2);
   EXPECT_EQ(st.decode_errors, 4u);
   EXPECT_EQ(st.gaps, 0u) << "the bad batch 1 took its place in the sequence";
   EXPECT_EQ(st.resets, 0u);
-  EXPECT_EQ(st.messages, 2u);
 }
 
 TEST(KvSubscriber, AReplayDoesNotHoldUpOtherSources) {
@@ -462,6 +480,8 @@ TEST(KvSubscriber, SetSourcesAddsRemovesAndReplaces) {
 
   sub.set_sources({spec_for(1, a)});  // 2 leaves; 1 is unchanged and keeps its sequence
   EXPECT_TRACE(sink, 2u, "0 reset:removed");
+  // Its SUB is gone: its publisher drops the topic (and will report it anew when 2 comes back).
+  ASSERT_EQ(b.wait_unsubscription(), "kv");
   auto st = sub.status();
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].first.id, 1u);
@@ -653,7 +673,10 @@ TEST(KvSubscriber, SglangShapedPublisherFromPython) {
     expect_sglang_batch(batches[i].first, batches[i].second);
   }
   const SourceStatus st = status_of(sub, 9);
-  EXPECT_EQ(st.gaps, 2u) << "skipped: " << log_line(py, "skip");
+  // Two gaps (two skipped, then one); one when the first replay, served late, already held the
+  // third skipped batch.
+  EXPECT_GE(st.gaps, 1u) << "skipped: " << log_line(py, "skip");
+  EXPECT_LE(st.gaps, 2u) << "skipped: " << log_line(py, "skip");
   EXPECT_GE(st.replayed, 3u) << "the three skipped batches came through the Python ROUTER";
   EXPECT_EQ(st.resets, 0u);
   EXPECT_EQ(st.decode_errors, 0u);

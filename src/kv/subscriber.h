@@ -10,9 +10,22 @@
 //   - a number below the expected one (the publisher restarted, its sequence back near 0): a
 //     reset too, not a storm of gaps;
 //   - the first message of a source: taken as it is (nothing before it is known).
-// A malformed message is counted and skipped; it never stops the thread. Sockets reconnect by
-// themselves with backoff (ZMQ_RECONNECT_IVL .. ZMQ_RECONNECT_IVL_MAX); a socket monitor reports
-// connected / disconnected per source.
+// A malformed message is counted and skipped; it never stops the thread. One whose sequence frame
+// is readable but whose payload is not still takes its place in the sequence (no gap, no replay:
+// a replay would return the same bytes). Sockets reconnect by themselves with backoff
+// (ZMQ_RECONNECT_IVL .. ZMQ_RECONNECT_IVL_MAX); a socket monitor reports connected / disconnected
+// per source.
+//
+// A replay runs inside the poll loop, never blocking it: the DEALER is one more polled socket,
+// other sources keep flowing, and live batches of the replaying source are held (at most max_held,
+// else the replay fails) and delivered after it, duplicates dropped; so are live copies of
+// replayed batches that arrive after the replay (its connection can overtake the live one), until
+// the live stream reaches the expected sequence. The replay fails when it times out
+// (replay_timeout), when a batch is missing from it (the publisher's buffer no longer has it), or
+// when it ends before the batch that revealed the gap.
+//
+// Newer SGLang appends "\0sgl-kv-epoch=<uuid>" to the topic, one uuid per publisher lifetime: an
+// epoch that changes is a restart too, even when the sequence happens to look continuous.
 #pragma once
 
 #include <chrono>
@@ -45,7 +58,7 @@ enum class ResetReason : uint8_t {
 };
 std::string_view to_string(ResetReason r);
 
-// Called on the subscriber's thread, one call at a time.
+// Called on the subscriber's thread, one call at a time; it must not throw.
 class EventSink {
  public:
   virtual ~EventSink() = default;
@@ -72,6 +85,7 @@ struct SubscriberOptions {
   std::chrono::milliseconds reconnect_max{5000};
   std::chrono::milliseconds replay_timeout{2000};
   int rcvhwm = 100000;
+  size_t max_held = 10000;  // live batches held per source while its replay runs
 };
 
 class Subscriber {
@@ -82,10 +96,16 @@ class Subscriber {
   Subscriber& operator=(const Subscriber&) = delete;
 
   // Replaces the set of sources (any thread): new ones are connected, removed ones closed (their
-  // sink gets on_reset(kRemoved)), unchanged ones kept with their sequence.
+  // sink gets on_reset(kRemoved)), unchanged ones kept with their sequence; a source whose spec
+  // changed under the same id is removed and added. Of several specs with one id the last counts.
+  // While stopped the set is only recorded; the thread applies it when it starts.
   void set_sources(std::vector<SourceSpec> sources);
+  // start and stop are for the owner's thread (not concurrent with each other). A stopped
+  // subscriber can start again: its sources kept their sockets and sequences.
   void start();
   void stop();  // joins the thread; no sink call after it returns
+  // The sources last given to set_sources, by id; a source the thread has not opened yet shows a
+  // default status.
   std::vector<std::pair<SourceSpec, SourceStatus>> status() const;
 
  private:

@@ -257,6 +257,15 @@ TEST(Admin, LiveUpdateAndDeleteRecreateUnderLoadFailNoRequest) {
   EXPECT_EQ(
       admin.call("PUT", "/v1/rules/other", rule_json("other", "other-model", {u0, u2})).status,
       200);
+  ASSERT_TRUE(wait_ok(ok.load() + 30));
+  // Scaling out and in (only endpoints change: the policy carries on, in flight and after).
+  EXPECT_EQ(
+      admin.call("PUT", "/v1/rules/other", rule_json("other", "other-model", {u0, u1, u2})).status,
+      200);
+  ASSERT_TRUE(wait_ok(ok.load() + 30));
+  EXPECT_EQ(
+      admin.call("PUT", "/v1/rules/other", rule_json("other", "other-model", {u0, u2})).status,
+      200);
   std::string def = R"({"name":"default","mode":4,"sel":"random","kvEngineType":"sglang",)"
                     R"("endpoints":[{"url":")" +
                     u0 + R"("},{"url":")" + u1 + R"("}]})";

@@ -154,7 +154,8 @@ std::optional<Clock::duration> BatchCore::begin_step(Clock::time_point now) {
       // SGLang matches at most prompt_len - 1 tokens: the last one must be computed for logits.
       RadixCache::Handle h;
       if (setup_.caching && r.prompt_len > 1) {
-        h = cache_.acquire(r.prompt().first(static_cast<size_t>(r.prompt_len - 1)));
+        h = cache_.acquire(r.prompt().first(static_cast<size_t>(r.prompt_len - 1)),
+                           r.seq->request().ns);
       }
       const int64_t need = (r.prompt_len - h.tree_len) + r.max_new;
       if (need > cache_.free_tokens() + cache_.evictable_tokens() - reserved_kv) {

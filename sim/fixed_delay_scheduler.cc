@@ -43,7 +43,8 @@ RadixCache::Handle FixedDelayScheduler::admit(const Sequence& seq) {
   if (seq.request().transferred_cached_tokens) {
     // PD decode: the prompt's KV arrived from the prefill server.
   } else if (setup_.caching && n > 1) {
-    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(n - 1)));
+    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(n - 1)),
+                       seq.request().ns);
   }
   // No admission control here: when even eviction leaves no room the slots are not counted.
   cache_.allocate(h, n - h.tree_len);

@@ -100,6 +100,18 @@ TEST(SimConfig, SglangSpellingsWork) {
   EXPECT_EQ(c.served_model_name, "m");
 }
 
+TEST(SimConfig, LoraPathsImplyEnableLoraAndNameTheAdapters) {
+  SimConfig c;
+  ASSERT_EQ(parse(c, {"--lora-paths", "sql=/a/sql", "/a/chat", "--kv-events-per-page"}), "");
+  EXPECT_TRUE(c.enable_lora) << "SGLang turns LoRA on when adapters are given";
+  EXPECT_EQ(lora_names(c), (std::vector<std::string>{"sql", "/a/chat"}));
+  EXPECT_TRUE(c.kv_events_per_page);
+  SimConfig d;
+  EXPECT_NE(parse(d, {"--lora-paths", "a=/x", "a=/y"}).find("twice"), std::string::npos);
+  SimConfig e;
+  EXPECT_NE(parse(e, {"--lora-paths", "=/x"}).find("needs a name"), std::string::npos);
+}
+
 TEST(SimConfig, InvalidValuesNameTheFlagAndTheFix) {
   struct Case {
     std::vector<std::string> args;

@@ -309,6 +309,16 @@ RankLoad BatchCore::load() const {
   l.used_tokens = cache_.used_tokens();
   l.cached_tokens = cache_.tree_tokens();
   l.max_total_tokens = cache_.capacity();
+  for (const auto& r : waiting_) {
+    l.waiting_tokens += r->prompt_len;
+    const int64_t hit =
+        setup_.caching && r->prompt_len > 1
+            ? cache_.peek_match(r->prompt().first(static_cast<size_t>(r->prompt_len - 1)),
+                                r->seq->request().ns)
+            : 0;
+    l.waiting_uncached_tokens += r->prompt_len - hit;
+  }
+  l.prefilled_tokens = prompt_seen_ - cached_seen_;
   l.cache_hit_rate =
       prompt_seen_ > 0 ? static_cast<double>(cached_seen_) / static_cast<double>(prompt_seen_) : 0;
   return l;

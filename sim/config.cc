@@ -441,7 +441,9 @@ bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::stri
 }
 
 int64_t max_req_input_len(const SimConfig& c) {
-  return std::max<int64_t>(1, std::min(c.context_length - 1, c.max_total_tokens - 1));
+  // SGLang's scheduler: max_req_len = min(context_len - 1, max_total_num_tokens - 1),
+  // max_req_input_len = max_req_len - 5 (it refuses to start when that is not positive).
+  return std::max<int64_t>(1, std::min(c.context_length - 1, c.max_total_tokens - 1) - 5);
 }
 
 std::vector<std::string> lora_names(const SimConfig& c) {

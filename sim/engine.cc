@@ -142,7 +142,10 @@ std::shared_ptr<Sequence> Engine::submit(GenerationRequest request,
 std::vector<RankLoad> Engine::loads() const {
   std::vector<RankLoad> out;
   out.reserve(ranks_.size());
-  for (const auto& r : ranks_) out.push_back(r->load());
+  for (const auto& r : ranks_) {
+    out.push_back(r->load());
+    out.back().max_running_requests = config_.limits.max_running_requests;
+  }
   return out;
 }
 

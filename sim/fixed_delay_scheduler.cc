@@ -166,6 +166,7 @@ RankLoad FixedDelayScheduler::load() const {
   l.used_tokens = cache_.used_tokens();
   l.cached_tokens = cache_.tree_tokens();
   l.max_total_tokens = cache_.capacity();
+  l.prefilled_tokens = prompt_seen_ - cached_seen_;
   l.cache_hit_rate =
       prompt_seen_ > 0 ? static_cast<double>(cached_seen_) / static_cast<double>(prompt_seen_) : 0;
   return l;

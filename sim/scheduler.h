@@ -29,7 +29,14 @@ struct RankLoad {
                               // private slots); unpinned cached pages do not count
   int64_t cached_tokens = 0;  // tokens held by the radix tree (pinned or not)
   int64_t max_total_tokens = 0;
+  int64_t max_running_requests = 0;
   double cache_hit_rate = 0;  // cached / prompt tokens of admitted requests
+  // SGLang's load inquirer: the waiting requests' sequence lengths (num_total_tokens = used +
+  // these) and the part of them not in the cache now.
+  int64_t waiting_tokens = 0;
+  int64_t waiting_uncached_tokens = 0;
+  int64_t prefilled_tokens = 0;  // uncached prompt tokens computed so far (cumulative)
+  int64_t total_tokens() const { return used_tokens + waiting_tokens; }
   double token_usage() const {
     return max_total_tokens > 0 ? static_cast<double>(used_tokens) / max_total_tokens : 0;
   }

@@ -377,6 +377,11 @@ RankLoad BatchScheduler::load() const {
   return core_.load();
 }
 
+int64_t BatchScheduler::waiting() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int64_t>(core_.waiting());
+}
+
 bool BatchScheduler::flush_cache() {
   std::lock_guard lock(mu_);
   return core_.flush_cache();

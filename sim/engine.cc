@@ -107,10 +107,10 @@ std::string Engine::check_queue(std::optional<int64_t> rank, size_t n) const {
   if (config_.max_queued_requests <= 0) return "";
   int64_t waiting = 0;
   if (rank) {
-    waiting = ranks_[static_cast<size_t>(*rank)]->load().waiting;
+    waiting = ranks_[static_cast<size_t>(*rank)]->waiting();
   } else {
     waiting = std::numeric_limits<int64_t>::max();
-    for (const auto& r : ranks_) waiting = std::min(waiting, r->load().waiting);
+    for (const auto& r : ranks_) waiting = std::min(waiting, r->waiting());
   }
   if (waiting + static_cast<int64_t>(n) <= config_.max_queued_requests) return "";
   return "The request queue is full.";

@@ -66,6 +66,9 @@ class Scheduler {
   virtual void submit(std::shared_ptr<Sequence> seq) = 0;
   // A consistent-enough snapshot of the rank's load. Thread-safe.
   virtual RankLoad load() const = 0;
+  // Requests waiting for admission: what load() reports, without the rest of its work (the queue
+  // limit asks it for every request). Thread-safe.
+  virtual int64_t waiting() const { return load().waiting; }
   // Empties the KV cache (publishing AllBlocksCleared). Returns false (and does nothing) while
   // requests run or wait.
   virtual bool flush_cache() = 0;

@@ -154,7 +154,8 @@ std::optional<Clock::duration> BatchCore::begin_step(Clock::time_point now) {
       // SGLang matches at most prompt_len - 1 tokens: the last one must be computed for logits.
       RadixCache::Handle h;
       if (setup_.caching && r.prompt_len > 1) {
-        h = cache_.acquire(r.prompt().first(static_cast<size_t>(r.prompt_len - 1)));
+        h = cache_.acquire(r.prompt().first(static_cast<size_t>(r.prompt_len - 1)),
+                           r.seq->request().ns);
       }
       const int64_t need = (r.prompt_len - h.tree_len) + r.max_new;
       if (need > cache_.free_tokens() + cache_.evictable_tokens() - reserved_kv) {
@@ -308,6 +309,16 @@ RankLoad BatchCore::load() const {
   l.used_tokens = cache_.used_tokens();
   l.cached_tokens = cache_.tree_tokens();
   l.max_total_tokens = cache_.capacity();
+  for (const auto& r : waiting_) {
+    l.waiting_tokens += r->prompt_len;
+    const int64_t hit =
+        setup_.caching && r->prompt_len > 1
+            ? cache_.peek_match(r->prompt().first(static_cast<size_t>(r->prompt_len - 1)),
+                                r->seq->request().ns)
+            : 0;
+    l.waiting_uncached_tokens += r->prompt_len - hit;
+  }
+  l.prefilled_tokens = prompt_seen_ - cached_seen_;
   l.cache_hit_rate =
       prompt_seen_ > 0 ? static_cast<double>(cached_seen_) / static_cast<double>(prompt_seen_) : 0;
   return l;
@@ -364,6 +375,11 @@ void BatchScheduler::submit(std::shared_ptr<Sequence> seq) {
 RankLoad BatchScheduler::load() const {
   std::lock_guard lock(mu_);
   return core_.load();
+}
+
+int64_t BatchScheduler::waiting() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int64_t>(core_.waiting());
 }
 
 bool BatchScheduler::flush_cache() {

@@ -101,6 +101,7 @@ class BatchScheduler final : public Scheduler {
   ~BatchScheduler() override;
   void submit(std::shared_ptr<Sequence> seq) override;
   RankLoad load() const override;
+  int64_t waiting() const override;
   bool flush_cache() override;
   void stop() override;
 

@@ -148,9 +148,22 @@ std::vector<K> build_table() {
        .value_name = "JSON",
        .help =
            "Publish KV events: {\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"topic\":\"\","
-           "\"replay_endpoint\":\"tcp://*:5600\",\"buffer_steps\":10000,\"hwm\":100000}; DP rank r "
-           "uses port + r",
+           "\"replay_endpoint\":\"tcp://*:5600\",\"snapshot_endpoint\":\"tcp://*:5700\","
+           "\"buffer_steps\":10000,\"hwm\":100000}; DP rank r uses port + r; a snapshot endpoint "
+           "adds the epoch to the live topic",
        .field = &C::kv_events_config},
+
+      {.name = "enable-lora",
+       .group = kServer,
+       .help = "Serve LoRA adapters: requests name one with lora_path (or model "
+               "\"BASE:ADAPTER\" on the OpenAI routes); each adapter's prefixes are cached apart",
+       .field = &C::enable_lora},
+      {.name = "lora-paths",
+       .group = kServer,
+       .value_name = "NAME=PATH",
+       .help = "Adapters to serve (NAME=PATH, or PATH as its own name); implies --enable-lora. The "
+               "sim loads nothing: the names are what requests may use",
+       .field = &C::lora_paths},
 
       {.name = "enable-cache-report",
        .group = kOutput,
@@ -261,6 +274,12 @@ std::vector<K> build_table() {
                "(maps with \"type\", sha256_cbor unsigned ids, one event per node)",
        .field = &C::kv_events_format,
        .choices = {"sglang", "vllm"}},
+      {.name = "kv-events-per-page",
+       .group = kSimOther,
+       .help = "sglang format: one BlockStored / BlockRemoved per page, as SGLang builds before "
+               "the merged events (newest builds merge a contiguous run of stored pages into one "
+               "event and send one BlockRemoved per evicted node)",
+       .field = &C::kv_events_per_page},
       {.name = "default-max-new-tokens",
        .group = kSimOther,
        .value_name = "N",
@@ -370,6 +389,17 @@ std::string validate(const SimConfig& c) {
     if (std::string e = parse_kv_events_config(c.kv_events_config, kv); !e.empty()) return e;
     if (std::string e = check_kv_events(kv, c.dp_size); !e.empty()) return e;
   }
+  {
+    std::vector<std::string> names = lora_names(c);
+    for (size_t i = 0; i < c.lora_paths.size(); ++i) {
+      if (names[i].empty()) {
+        return "--lora-paths '" + c.lora_paths[i] + "': the adapter needs a name (NAME=PATH)";
+      }
+      if (std::count(names.begin(), names.end(), names[i]) > 1) {
+        return "--lora-paths names the adapter '" + names[i] + "' twice";
+      }
+    }
+  }
   if (c.disaggregation_mode == "prefill" && c.disaggregation_bootstrap_port != 0 &&
       c.disaggregation_bootstrap_port == c.port) {
     return "--disaggregation-bootstrap-port " + std::to_string(c.disaggregation_bootstrap_port) +
@@ -404,12 +434,26 @@ bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::stri
     };
     out.scheduler = given("ttft-ms") || given("tpot-ms") ? "fixed" : "batch";
   }
+  // SGLang's ServerArgs: adapters given at launch turn LoRA on.
+  if (!out.lora_paths.empty()) out.enable_lora = true;
   error = validate(out);
   return error.empty();
 }
 
 int64_t max_req_input_len(const SimConfig& c) {
-  return std::max<int64_t>(1, std::min(c.context_length - 1, c.max_total_tokens - 1));
+  // SGLang's scheduler: max_req_len = min(context_len - 1, max_total_num_tokens - 1),
+  // max_req_input_len = max_req_len - 5 (it refuses to start when that is not positive).
+  return std::max<int64_t>(1, std::min(c.context_length - 1, c.max_total_tokens - 1) - 5);
+}
+
+std::vector<std::string> lora_names(const SimConfig& c) {
+  std::vector<std::string> out;
+  out.reserve(c.lora_paths.size());
+  for (const auto& p : c.lora_paths) {
+    size_t eq = p.find('=');
+    out.push_back(eq == std::string::npos ? p : p.substr(0, eq));
+  }
+  return out;
 }
 
 }  // namespace kvgate::sim

@@ -34,6 +34,9 @@ struct SimConfig {
   int64_t max_running_requests = 256;
   int64_t max_queued_requests = 0;
   std::string kv_events_config;
+  // LoRA adapters (SGLang's names): --lora-paths NAME=PATH ... implies --enable-lora
+  bool enable_lora = false;
+  std::vector<std::string> lora_paths;
   // Prefill/decode disaggregation (SGLang's names)
   std::string disaggregation_mode = "null";
   int64_t disaggregation_bootstrap_port = 8998;
@@ -46,6 +49,7 @@ struct SimConfig {
   double ttft_ms = 20;
   double tpot_ms = 5;
   std::string kv_events_format = "sglang";
+  bool kv_events_per_page = false;
   double pd_transfer_fixed_ms = 2;
   double pd_transfer_token_us = 5;
   double pd_room_timeout_secs = 30;
@@ -75,7 +79,11 @@ std::string validate(const SimConfig& c);
 bool parse_sim_args(std::span<const std::string> args, SimConfig& out, std::string& error,
                     std::string& help_text);
 
-// The longest prompt the server accepts (SGLang's max_req_input_len).
+// The longest prompt the server accepts (SGLang's max_req_input_len: min(context - 1, max total
+// tokens - 1) - 5).
 int64_t max_req_input_len(const SimConfig& c);
+
+// The adapter names of --lora-paths (NAME=PATH, or PATH naming itself), in order.
+std::vector<std::string> lora_names(const SimConfig& c);
 
 }  // namespace kvgate::sim

@@ -37,6 +37,7 @@ EngineConfig engine_config(const SimConfig& c) {
   e.limits.max_running_requests = c.max_running_requests;
   e.max_queued_requests = c.max_queued_requests;
   e.event_format = c.kv_events_format == "vllm" ? kv::WireFormat::kVllm : kv::WireFormat::kSglang;
+  e.events_per_page = c.kv_events_per_page;
   e.role = c.disaggregation_mode == "prefill"  ? PdRole::kPrefill
            : c.disaggregation_mode == "decode" ? PdRole::kDecode
                                                : PdRole::kNone;
@@ -61,7 +62,9 @@ Engine::Engine(EngineConfig config, const Tokenizer& tokenizer, SimMetrics& metr
                          .capacity = config.max_total_tokens,
                          .events = true,
                          .scheme = vllm ? kv::HashScheme::kVllmSha256Cbor : kv::HashScheme::kSglang,
-                         .group_blocks = vllm};
+                         .grouping = vllm                     ? EventGrouping::kPerNode
+                                     : config.events_per_page ? EventGrouping::kPerPage
+                                                              : EventGrouping::kMerged};
     // A PD decode server does not cache prompts: only the prefill side's events carry blocks.
     s.caching = config.role != PdRole::kDecode;
     s.events =
@@ -96,19 +99,18 @@ void Engine::stop() {
 
 std::string Engine::check_rank(std::optional<int64_t> rank) const {
   if (!rank || (*rank >= 0 && *rank < config_.dp_size)) return "";
-  return "routed_dp_rank " + std::to_string(*rank) + " is out of range: this server has dp_size " +
-         std::to_string(config_.dp_size) + " (ranks 0.." + std::to_string(config_.dp_size - 1) +
-         ")";
+  return "routed_dp_rank=" + std::to_string(*rank) + " out of range [0, " +
+         std::to_string(config_.dp_size) + ")";
 }
 
 std::string Engine::check_queue(std::optional<int64_t> rank, size_t n) const {
   if (config_.max_queued_requests <= 0) return "";
   int64_t waiting = 0;
   if (rank) {
-    waiting = ranks_[static_cast<size_t>(*rank)]->load().waiting;
+    waiting = ranks_[static_cast<size_t>(*rank)]->waiting();
   } else {
     waiting = std::numeric_limits<int64_t>::max();
-    for (const auto& r : ranks_) waiting = std::min(waiting, r->load().waiting);
+    for (const auto& r : ranks_) waiting = std::min(waiting, r->waiting());
   }
   if (waiting + static_cast<int64_t>(n) <= config_.max_queued_requests) return "";
   return "The request queue is full.";
@@ -140,7 +142,10 @@ std::shared_ptr<Sequence> Engine::submit(GenerationRequest request,
 std::vector<RankLoad> Engine::loads() const {
   std::vector<RankLoad> out;
   out.reserve(ranks_.size());
-  for (const auto& r : ranks_) out.push_back(r->load());
+  for (const auto& r : ranks_) {
+    out.push_back(r->load());
+    out.back().max_running_requests = config_.limits.max_running_requests;
+  }
   return out;
 }
 

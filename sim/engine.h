@@ -41,8 +41,10 @@ struct EngineConfig {
   BatchTiming batch;
   BatchLimits limits;
   int64_t max_queued_requests = 0;  // 0: unlimited
-  // KV events: the block hash scheme and event grouping follow the wire format.
+  // KV events: the block hash scheme follows the wire format; vLLM groups per node, SGLang merges
+  // contiguous stores (newest builds) or sends one event per page (older builds).
   kv::WireFormat event_format = kv::WireFormat::kSglang;
+  bool events_per_page = false;
   // PD
   PdRole role = PdRole::kNone;
   std::chrono::nanoseconds transfer_fixed{std::chrono::milliseconds(2)};
@@ -60,12 +62,16 @@ class Engine {
          std::vector<std::unique_ptr<RankEventSink>> sinks = {}, RoomListener* rooms = nullptr);
   ~Engine();
 
-  // "" when `rank` (a request's routed_dp_rank) can be served, else the 400 message.
+  // "" when `rank` (a request's routed_dp_rank) can be served, else the 400 message
+  // (tokenizer_manager.generate_request: rank 0 is ignored with dp_size 1).
   std::string check_rank(std::optional<int64_t> rank) const;
   // "" when `n` more requests may queue (--max-queued-requests), else the 503 message.
   std::string check_queue(std::optional<int64_t> rank, size_t n) const;
   // The rank a request goes to: its routed_dp_rank, else the next in round robin.
   int pick_rank(std::optional<int64_t> routed);
+  // meta_info.dp_rank of a request served by `rank`: -1 (null) with dp_size 1, where SGLang's
+  // scheduler runs without a DP rank.
+  int meta_dp_rank(int rank) const { return config_.dp_size > 1 ? rank : -1; }
   // Starts a generation on its rank; `notifier` is woken whenever it moves. The rank must have
   // passed check_rank. max_new_tokens is clipped so prompt + output fit the KV capacity (and is 1
   // on a PD prefill server, which only prefills).

@@ -43,7 +43,8 @@ RadixCache::Handle FixedDelayScheduler::admit(const Sequence& seq) {
   if (seq.request().transferred_cached_tokens) {
     // PD decode: the prompt's KV arrived from the prefill server.
   } else if (setup_.caching && n > 1) {
-    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(n - 1)));
+    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(n - 1)),
+                       seq.request().ns);
   }
   // No admission control here: when even eviction leaves no room the slots are not counted.
   cache_.allocate(h, n - h.tree_len);
@@ -165,6 +166,7 @@ RankLoad FixedDelayScheduler::load() const {
   l.used_tokens = cache_.used_tokens();
   l.cached_tokens = cache_.tree_tokens();
   l.max_total_tokens = cache_.capacity();
+  l.prefilled_tokens = prompt_seen_ - cached_seen_;
   l.cache_hit_rate =
       prompt_seen_ > 0 ? static_cast<double>(cached_seen_) / static_cast<double>(prompt_seen_) : 0;
   return l;

@@ -2,6 +2,7 @@
 #include "sim/generation.h"
 
 #include <boost/asio/as_tuple.hpp>
+#include <cctype>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -192,9 +193,14 @@ std::vector<OutputView> abort_views(std::span<const std::string> ids,
   return views;
 }
 
+// The rank a request asked for (0 when none; the abort of a request never scheduled reports it).
+int scratch_rank(const ParsedRequest& r) {
+  return static_cast<int>(r.routed_dp_rank.value_or(0));
+}
+
 // The abort of a request before it reached the engine: a full queue, --abort-first-event-rate.
 AbortAnswer abort_before_start(const ParsedRequest& req, int status, std::string message,
-                               bool cache_report) {
+                               bool cache_report, int meta_dp_rank) {
   const FinishReason abort = abort_reason(status, std::move(message));
   std::vector<std::string> ids;
   std::vector<int64_t> prompt_tokens;
@@ -202,8 +208,7 @@ AbortAnswer abort_before_start(const ParsedRequest& req, int status, std::string
     ids.push_back(req.rids[i].empty() ? random_hex_id() : req.rids[i]);
     prompt_tokens.push_back(static_cast<int64_t>(req.prompts[i].size()));
   }
-  auto views =
-      abort_views(ids, prompt_tokens, static_cast<int>(req.routed_dp_rank.value_or(0)), abort, 0.0);
+  auto views = abort_views(ids, prompt_tokens, meta_dp_rank, abort, 0.0);
   return make_abort_answer(req, views, abort, cache_report);
 }
 
@@ -268,6 +273,19 @@ InstantCompletion make_instant_completion(const PseudoText& model, const Tokeniz
   return ic;
 }
 
+// A request header's value (names compare case-insensitively), or nullopt when it is absent.
+std::optional<std::string_view> header_value(const http::Exchange& ex, std::string_view name) {
+  std::optional<std::string_view> out;
+  ex.for_each_header([&](std::string_view k, std::string_view v) {
+    if (out || k.size() != name.size()) return;
+    for (size_t i = 0; i < k.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(k[i])) != name[i]) return;
+    }
+    out = v;
+  });
+  return out;
+}
+
 awaitable<void> respond_error(http::Exchange& ex, Route route, int status,
                               std::string_view message) {
   std::string body;
@@ -289,13 +307,19 @@ GenerationHandler::GenerationHandler(const SimConfig& config, Engine& engine, Fa
               .context_length = config.context_length,
               .max_req_input_len = max_req_input_len(config),
               .default_include_usage = config.stream_response_default_include_usage},
-      instant_(make_instant_completion(engine.model(), engine.tokenizer())) {}
+      instant_(make_instant_completion(engine.model(), engine.tokenizer())),
+      lora_adapters_(lora_names(config)) {}
 
 awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   // Parsed into a per-thread scratch object: nothing below suspends before it is used up or moved.
   thread_local ParsedRequest scratch;
   std::string err =
       parse_request(route, ex.body(), engine_.tokenizer(), chat_template_, limits_, scratch);
+  // The OpenAI routes take the DP rank from an X-Data-Parallel-Rank header before the body's.
+  if (err.empty() && route != Route::kGenerate) {
+    err = apply_dp_rank_header(header_value(ex, "x-data-parallel-rank"), scratch);
+  }
+  if (err.empty()) err = check_loras(scratch, config_.enable_lora, lora_adapters_);
   if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
   if (err.empty() && !config_.instant) err = check_bootstrap(scratch, engine_.role());
   if (!err.empty()) {
@@ -306,7 +330,8 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
     if (std::string full = engine_.check_queue(scratch.routed_dp_rank, scratch.prompts.size());
         !full.empty()) {
       // SGLang's scheduler aborts it (503): a stream still answers 200, with the abort.
-      AbortAnswer a = abort_before_start(scratch, 503, full, config_.enable_cache_report);
+      AbortAnswer a = abort_before_start(scratch, 503, full, config_.enable_cache_report,
+                                         engine_.meta_dp_rank(scratch_rank(scratch)));
       co_await send_abort(ex, a.status, a.stream, a.body, false);
       co_return;
     }
@@ -332,9 +357,9 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   }
   if (aborted) {
     // As SGLang's scheduler aborts a request it cannot serve, before any token.
-    AbortAnswer a =
-        abort_before_start(scratch, 503, "injected abort (kvgate-sim --abort-first-event-rate)",
-                           config_.enable_cache_report);
+    AbortAnswer a = abort_before_start(
+        scratch, 503, "injected abort (kvgate-sim --abort-first-event-rate)",
+        config_.enable_cache_report, engine_.meta_dp_rank(scratch_rank(scratch)));
     co_await send_abort(ex, a.status, a.stream, a.body, false);
     co_return;
   }
@@ -389,13 +414,14 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
       ids.push_back(t.id);
       prompt_tokens.push_back(t.prompt_tokens);
     }
-    auto views = abort_views(ids, prompt_tokens, static_cast<int>(req.routed_dp_rank.value_or(0)),
-                             reason, seconds_between(start, Clock::now()));
+    auto views = abort_views(ids, prompt_tokens, engine_.meta_dp_rank(scratch_rank(req)), reason,
+                             seconds_between(start, Clock::now()));
     return make_abort_answer(req, views, reason, config_.enable_cache_report);
   };
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     Track& t = tracks[i];
     GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
+    g.ns = req.cache_namespace(i);
     Bootstrap b;
     bool has_host = false, has_port = false, has_room = false;
     if (req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room) && has_room &&
@@ -426,7 +452,7 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
       g.transferred_cached_tokens = w.info.cached_tokens;
     }
     t.seq = engine_.submit(std::move(g), notifier);
-    t.dp_rank = t.seq->dp_rank();
+    t.dp_rank = engine_.meta_dp_rank(t.seq->dp_rank());
   }
 
   OpenAIContext c{.id = tracks[0].id,
@@ -468,7 +494,7 @@ void GenerationHandler::instant_outputs(const ParsedRequest& req, const InstantS
                                .text = text,
                                .prompt_tokens = prompt,
                                .completion_tokens = static_cast<int64_t>(shape.total),
-                               .dp_rank = rank,
+                               .dp_rank = engine_.meta_dp_rank(rank),
                                .finish = &shape.finish,
                                .e2e_latency = seconds_between(start, Clock::now())});
   }

@@ -60,6 +60,7 @@ class GenerationHandler {
   const ChatTemplate& chat_template_;
   RequestLimits limits_;
   InstantCompletion instant_;
+  std::vector<std::string> lora_adapters_;  // --lora-paths names
 };
 
 // Error answers in the shape of each route (OpenAI flat error, or /generate's {"error":{}}).

@@ -5,6 +5,8 @@
 
 #include <charconv>
 #include <chrono>
+#include <utility>
+#include <vector>
 
 #include "util/json.h"
 
@@ -13,7 +15,8 @@ namespace {
 
 constexpr std::string_view kFlag = "--kv-events-config: ";
 constexpr std::string_view kKnown =
-    "publisher, endpoint, replay_endpoint, topic, buffer_steps, hwm, max_queue_size";
+    "publisher, endpoint, replay_endpoint, snapshot_endpoint, topic, buffer_steps, hwm, "
+    "max_queue_size";
 
 std::string field_error(std::string_view key, std::string_view what) {
   return std::string(kFlag) + "\"" + std::string(key) + "\" " + std::string(what);
@@ -90,6 +93,11 @@ std::string parse_kv_events_config(std::string_view json, KvEventsSettings& out)
         err = get_string(value, key, out.replay_endpoint);
         if (err.empty()) err = check_endpoint(key, out.replay_endpoint);
       }
+    } else if (key == "snapshot_endpoint") {
+      if (!value.is_null()) {
+        err = get_string(value, key, out.snapshot_endpoint);
+        if (err.empty()) err = check_endpoint(key, out.snapshot_endpoint);
+      }
     } else if (key == "topic") {
       err = get_string(value, key, out.topic);
     } else if (key == "buffer_steps") {
@@ -114,23 +122,39 @@ std::string parse_kv_events_config(std::string_view json, KvEventsSettings& out)
 std::string check_kv_events(const KvEventsSettings& s, int64_t dp_size) {
   if (!s.enabled()) return "";
   std::string host;
-  int64_t pub = 0, replay = 0;
+  int64_t pub = 0;
   split_tcp_endpoint(s.endpoint, host, pub);
   if (pub + dp_size - 1 > 65535) {
     return std::string(kFlag) + "\"endpoint\" port " + std::to_string(pub) + " + " +
            std::to_string(dp_size - 1) + " (one port per DP rank) is past 65535";
   }
-  if (!s.replay_endpoint.empty()) {
-    split_tcp_endpoint(s.replay_endpoint, host, replay);
-    if (replay + dp_size - 1 > 65535) {
-      return std::string(kFlag) + "\"replay_endpoint\" port " + std::to_string(replay) + " + " +
-             std::to_string(dp_size - 1) + " (one port per DP rank) is past 65535";
+  // Every socket kind takes the ports base..base+dp_size-1; no two kinds may overlap.
+  struct Range {
+    std::string_view name;
+    int64_t base;
+  };
+  std::vector<Range> ranges{{"PUB", pub}};
+  for (auto [key, endpoint] :
+       {std::pair<std::string_view, const std::string*>{"replay_endpoint", &s.replay_endpoint},
+        {"snapshot_endpoint", &s.snapshot_endpoint}}) {
+    if (endpoint->empty()) continue;
+    int64_t base = 0;
+    split_tcp_endpoint(*endpoint, host, base);
+    if (base + dp_size - 1 > 65535) {
+      return std::string(kFlag) + "\"" + std::string(key) + "\" port " + std::to_string(base) +
+             " + " + std::to_string(dp_size - 1) + " (one port per DP rank) is past 65535";
     }
-    if (replay < pub + dp_size && pub < replay + dp_size) {
-      return std::string(kFlag) + "the PUB ports " + std::to_string(pub) + ".." +
-             std::to_string(pub + dp_size - 1) + " and the replay ports " + std::to_string(replay) +
-             ".." + std::to_string(replay + dp_size - 1) +
-             " overlap; each DP rank needs one of each";
+    ranges.push_back({key == "replay_endpoint" ? "replay" : "snapshot", base});
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    for (size_t j = i + 1; j < ranges.size(); ++j) {
+      const int64_t a = ranges[i].base, b = ranges[j].base;
+      if (a < b + dp_size && b < a + dp_size) {
+        return std::string(kFlag) + "the " + std::string(ranges[i].name) + " ports " +
+               std::to_string(a) + ".." + std::to_string(a + dp_size - 1) + " and the " +
+               std::string(ranges[j].name) + " ports " + std::to_string(b) + ".." +
+               std::to_string(b + dp_size - 1) + " overlap; each DP rank needs one of each";
+      }
     }
   }
   return "";
@@ -149,7 +173,8 @@ std::string kv_events_descriptor(const KvEventsSettings& s, int64_t page_size, i
   out += ",\"block_size\":" + std::to_string(page_size);
   out += ",\"dp_size\":" + std::to_string(dp_size);
   int64_t replay = 0;
-  if (!s.replay_endpoint.empty() && split_tcp_endpoint(s.replay_endpoint, host, replay)) {
+  std::string replay_host;
+  if (!s.replay_endpoint.empty() && split_tcp_endpoint(s.replay_endpoint, replay_host, replay)) {
     out += ",\"replay_endpoint_port_base\":" + std::to_string(replay);
   }
   out.push_back('}');
@@ -170,7 +195,7 @@ void RankEventSink::publish(std::vector<kv::Event> events) {
   std::string payload;
   payload.reserve(256);
   kv::encode_batch(batch, format_, payload);
-  publisher_->publish(std::move(payload));
+  publisher_->publish(std::move(payload), batch.events);
 }
 
 std::string open_rank_sinks(const KvEventsSettings& s, int64_t dp_size, kv::WireFormat format,
@@ -185,7 +210,12 @@ std::string open_rank_sinks(const KvEventsSettings& s, int64_t dp_size, kv::Wire
         !kv::offset_endpoint(s.replay_endpoint, r, o.replay_endpoint, error)) {
       return error;
     }
+    if (!s.snapshot_endpoint.empty() &&
+        !kv::offset_endpoint(s.snapshot_endpoint, r, o.snapshot_endpoint, error)) {
+      return error;
+    }
     o.topic = s.topic;
+    o.dp_rank = r;  // each rank's publisher draws its own epoch, as SGLang's do
     o.buffer_steps = static_cast<size_t>(s.buffer_steps);
     o.hwm = static_cast<int>(s.hwm);
     auto p = kv::Publisher::create(o, error);

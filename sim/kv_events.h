@@ -19,7 +19,8 @@ namespace kvgate::sim {
 struct KvEventsSettings {
   std::string publisher = "null";  // "zmq" publishes; "null" is SGLang's disabled publisher
   std::string endpoint = "tcp://*:5557";
-  std::string replay_endpoint;  // "" = no replay socket
+  std::string replay_endpoint;    // "" = no replay socket
+  std::string snapshot_endpoint;  // "" = no snapshot socket (and no epoch in the topic)
   std::string topic;
   int64_t buffer_steps = 10000;
   int64_t hwm = 100000;
@@ -38,7 +39,9 @@ bool split_tcp_endpoint(std::string_view endpoint, std::string& host, int64_t& p
 
 // The `kv_events` object of /server_info (newer SGLang builds):
 // {"publisher","endpoint_host","endpoint_port_base","topic","block_size","dp_size"
-//  [,"replay_endpoint_port_base"]}, or "null" when events are off.
+//  [,"replay_endpoint_port_base"]}, or "null" when events are off. "topic" is the configured topic,
+// without the epoch a snapshot endpoint adds to the live topic frame (SGLang's
+// describe_kv_events_publisher reports cfg.topic; subscribers filter by prefix).
 std::string kv_events_descriptor(const KvEventsSettings& s, int64_t page_size, int64_t dp_size);
 
 // One DP rank's publisher: batches of events become msgpack payloads in `format`, sent with the

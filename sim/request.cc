@@ -3,6 +3,9 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <deque>
 
@@ -165,8 +168,67 @@ std::string get_rids(const object& o, ParsedRequest& out) {
 }
 
 std::string get_routing(const object& o, ParsedRequest& out) {
+  // routed_dp_rank wins; data_parallel_rank (deprecated) counts only without it.
   if (auto err = get_int(o, "data_parallel_rank", out.routed_dp_rank); !err.empty()) return err;
   return get_int(o, "routed_dp_rank", out.routed_dp_rank);
+}
+
+// A string per request, or (`per_prompt`, /generate) a list with one string (or null) per prompt.
+std::string get_strings(const object& o, std::string_view key, size_t n, bool per_prompt,
+                        std::vector<std::string>& out) {
+  element e;
+  if (!lookup(o, key, e)) return "";
+  std::string_view s;
+  if (!e.get_string().get(s)) {
+    out.emplace_back(s);
+    return "";
+  }
+  array a;
+  if (!per_prompt || e.get_array().get(a)) {
+    return quoted(key) + (per_prompt ? " must be a string, or a list of strings (one per prompt)"
+                                     : " must be a string");
+  }
+  if (a.size() != n) {
+    return quoted(key) + " must be a string, or a list of " + std::to_string(n) +
+           " (one per prompt)";
+  }
+  for (element item : a) {
+    if (item.is_null()) {
+      out.emplace_back();
+    } else if (!item.get_string().get(s)) {
+      out.emplace_back(s);
+    } else {
+      return quoted(key) + " must hold strings";
+    }
+  }
+  return "";
+}
+
+// SGLang's OpenAIServingBase._parse_model_parameter: "base-model:adapter" names a LoRA adapter,
+// which wins over lora_path.
+void adapter_from_model(std::string_view model, std::vector<std::string>& loras) {
+  size_t colon = model.find(':');
+  if (colon == std::string_view::npos) return;
+  std::string_view adapter = model.substr(colon + 1);
+  while (!adapter.empty() && std::isspace(static_cast<unsigned char>(adapter.front()))) {
+    adapter.remove_prefix(1);
+  }
+  while (!adapter.empty() && std::isspace(static_cast<unsigned char>(adapter.back()))) {
+    adapter.remove_suffix(1);
+  }
+  if (adapter.empty()) return;
+  loras.assign(1, std::string(adapter));
+}
+
+std::string get_namespace(const object& o, Route route, ParsedRequest& out) {
+  const size_t n = out.prompts.size();
+  const bool per_prompt = route == Route::kGenerate;
+  if (auto err = get_strings(o, "cache_salt", n, per_prompt, out.cache_salts); !err.empty()) {
+    return err;
+  }
+  if (auto err = get_strings(o, "lora_path", n, true, out.loras); !err.empty()) return err;
+  if (route != Route::kGenerate) adapter_from_model(out.model, out.loras);
+  return "";
 }
 
 // bootstrap_host / bootstrap_port / bootstrap_room: a value, or a list with one per prompt.
@@ -416,9 +478,20 @@ void ParsedRequest::clear() {
   sampling.stop.clear();
   sampling.stop_token_ids.clear();
   routed_dp_rank.reset();
+  cache_salts.clear();
+  loras.clear();
   bootstrap_hosts.clear();
   bootstrap_ports.clear();
   bootstrap_rooms.clear();
+}
+
+CacheNamespace ParsedRequest::cache_namespace(size_t i) const {
+  auto pick = [i](const std::vector<std::string>& v) -> const std::string& {
+    static const std::string kNone;
+    if (v.empty()) return kNone;
+    return v.size() == 1 ? v[0] : v[i];
+  };
+  return CacheNamespace{.cache_salt = pick(cache_salts), .lora = pick(loras)};
 }
 
 bool ParsedRequest::bootstrap(size_t i, std::string& host, int64_t& port, uint64_t& room,
@@ -469,10 +542,62 @@ std::string parse_request(Route route, std::string& body, const Tokenizer& token
   }
   if (e.empty()) e = get_rids(o, out);
   if (e.empty()) e = get_routing(o, out);
+  if (e.empty()) e = get_namespace(o, route, out);
   if (e.empty()) e = get_bootstrap(o, out);
   if (!e.empty()) return e;
   out.sampling.max_new_tokens = max_new.value_or(limits.default_max_new_tokens);
   return check_lengths(out, limits);
+}
+
+std::string apply_dp_rank_header(std::optional<std::string_view> value, ParsedRequest& out) {
+  if (!value) return "";
+  // Python's int(): surrounding whitespace, an optional sign, digits.
+  std::string_view v = *value;
+  while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+  while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+  std::string_view digits = v;
+  if (!digits.empty() && (digits.front() == '+' || digits.front() == '-')) digits.remove_prefix(1);
+  int64_t rank = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
+  if (digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size()) {
+    return "Invalid X-Data-Parallel-Rank header: must be an integer, got '" + std::string(*value) +
+           "'";
+  }
+  out.routed_dp_rank = v.front() == '-' ? -rank : rank;
+  return "";
+}
+
+std::string check_loras(const ParsedRequest& r, bool enable_lora,
+                        std::span<const std::string> adapters) {
+  const std::string* first = nullptr;
+  for (const auto& l : r.loras) {
+    if (!l.empty()) {
+      first = &l;
+      break;
+    }
+  }
+  if (!first) return "";
+  if (!enable_lora) {
+    return "LoRA adapter '" + *first +
+           "' was requested, but LoRA is not enabled. Please launch the server with "
+           "--enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter "
+           "endpoint.";
+  }
+  for (const auto& l : r.loras) {
+    if (l.empty() || std::find(adapters.begin(), adapters.end(), l) != adapters.end()) continue;
+    // The message names every served adapter as Python prints the registry's dict_keys.
+    std::string message = "Got LoRA adapter that has never been loaded: " + l;
+    message += "\nAll loaded adapters: dict_keys([";
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      if (i) message += ", ";
+      message += "'";
+      message += adapters[i];
+      message += "'";
+    }
+    message += "]).";
+    return message;
+  }
+  return "";
 }
 
 }  // namespace kvgate::sim

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sim/chat_template.h"
@@ -27,7 +29,14 @@ struct ParsedRequest {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> rids;  // one per prompt; "" = the server makes one up
   SamplingParams sampling;
+  // routed_dp_rank, else its deprecated alias data_parallel_rank (OpenAI routes: the
+  // X-Data-Parallel-Rank header overrides both, see apply_dp_rank_header).
   std::optional<int64_t> routed_dp_rank;
+  // cache_salt and LoRA adapter (lora_path; on the OpenAI routes the model "BASE:ADAPTER" wins
+  // over lora_path): each empty (absent), one value for every prompt, or one per prompt of a batch
+  // ("" where a prompt has none).
+  std::vector<std::string> cache_salts;
+  std::vector<std::string> loras;
   // PD fields (SGLang's bootstrap_host/port/room): each empty (absent), one value for every
   // prompt, or one per prompt of a batch.
   std::vector<std::string> bootstrap_hosts;
@@ -37,6 +46,9 @@ struct ParsedRequest {
   // The bootstrap fields of prompt `i` (absent ones left empty / 0); false when none was given.
   bool bootstrap(size_t i, std::string& host, int64_t& port, uint64_t& room, bool& has_host,
                  bool& has_port, bool& has_room) const;
+
+  // The cache namespace of prompt `i`.
+  CacheNamespace cache_namespace(size_t i) const;
 
   // Empties the request (the strings and outer vectors keep their capacity).
   void clear();
@@ -53,5 +65,15 @@ struct RequestLimits {
 std::string parse_request(Route route, std::string& body, const Tokenizer& tokenizer,
                           const ChatTemplate& chat_template, const RequestLimits& limits,
                           ParsedRequest& out);
+
+// SGLang's serving_base.extract_routed_dp_rank_from_header: on the OpenAI routes the value of an
+// X-Data-Parallel-Rank header (`value`; absent: nullopt) overrides the body's rank. Returns "" or
+// the 400 message for a value that is not an integer.
+std::string apply_dp_rank_header(std::optional<std::string_view> value, ParsedRequest& out);
+
+// SGLang's tokenizer_manager._validate_and_resolve_lora: "" when every adapter the request names is
+// served (`enable_lora` and one of `adapters`), else the 400 message.
+std::string check_loras(const ParsedRequest& r, bool enable_lora,
+                        std::span<const std::string> adapters);
 
 }  // namespace kvgate::sim

@@ -173,7 +173,11 @@ void append_generate_object(std::string& out, const OutputView& o, int index) {
   out.append(R"(,"cached_tokens":)");
   append_int(out, o.cached_tokens);
   out.append(R"(,"cached_tokens_details":null,"dp_rank":)");
-  append_int(out, o.dp_rank);
+  if (o.dp_rank < 0) {
+    out.append("null");
+  } else {
+    append_int(out, o.dp_rank);
+  }
   if (o.e2e_latency >= 0) {
     out.append(R"(,"e2e_latency":)");
     append_double(out, o.e2e_latency);

@@ -20,7 +20,8 @@ struct OutputView {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
-  int dp_rank = 0;
+  int dp_rank =
+      0;  // meta_info.dp_rank; < 0: null (SGLang's scheduler has no DP rank with dp_size 1)
   const FinishReason* finish = nullptr;  // null while running
   double e2e_latency = -1;               // written when >= 0 (the last chunk, whole answers)
 };

@@ -29,7 +29,14 @@ struct RankLoad {
                               // private slots); unpinned cached pages do not count
   int64_t cached_tokens = 0;  // tokens held by the radix tree (pinned or not)
   int64_t max_total_tokens = 0;
+  int64_t max_running_requests = 0;
   double cache_hit_rate = 0;  // cached / prompt tokens of admitted requests
+  // SGLang's load inquirer: the waiting requests' sequence lengths (num_total_tokens = used +
+  // these) and the part of them not in the cache now.
+  int64_t waiting_tokens = 0;
+  int64_t waiting_uncached_tokens = 0;
+  int64_t prefilled_tokens = 0;  // uncached prompt tokens computed so far (cumulative)
+  int64_t total_tokens() const { return used_tokens + waiting_tokens; }
   double token_usage() const {
     return max_total_tokens > 0 ? static_cast<double>(used_tokens) / max_total_tokens : 0;
   }
@@ -59,6 +66,9 @@ class Scheduler {
   virtual void submit(std::shared_ptr<Sequence> seq) = 0;
   // A consistent-enough snapshot of the rank's load. Thread-safe.
   virtual RankLoad load() const = 0;
+  // Requests waiting for admission: what load() reports, without the rest of its work (the queue
+  // limit asks it for every request). Thread-safe.
+  virtual int64_t waiting() const { return load().waiting; }
   // Empties the KV cache (publishing AllBlocksCleared). Returns false (and does nothing) while
   // requests run or wait.
   virtual bool flush_cache() = 0;

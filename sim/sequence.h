@@ -16,6 +16,7 @@
 
 #include "http/io.h"
 #include "sim/pseudo_text.h"
+#include "sim/radix_cache.h"
 
 namespace kvgate::sim {
 
@@ -38,6 +39,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::string rid;
   std::optional<int64_t> routed_dp_rank;
+  CacheNamespace ns;  // cache_salt and LoRA adapter: the request's prefix namespace
   std::optional<Bootstrap> bootstrap;
   // Decode side of PD: the prompt's KV arrived from the prefill server, which found this many
   // tokens in its cache (reported as this request's cached_tokens). The scheduler skips prefill.

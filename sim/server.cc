@@ -40,6 +40,11 @@ awaitable<void> method_not_allowed(http::Exchange& ex) {
   co_await ex.respond(405, kJson, R"({"detail":"Method Not Allowed"})");
 }
 
+// Python's time.perf_counter(): seconds on a monotonic clock.
+double monotonic_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -81,6 +86,17 @@ awaitable<void> SimServer::handle(http::Exchange& ex) {
     co_await flush_cache(ex);
   } else if (path == "/sim/faults") {
     co_await sim_faults(ex);
+  } else if (path == "/v1/loads" && method_ok(m, Method::kGet)) {
+    const std::string_view target = ex.target();
+    const size_t q = target.find('?');
+    LoadsAnswer a = v1_loads(
+        config_, engine_.loads(),
+        q == std::string_view::npos ? std::string_view() : target.substr(q + 1), unix_now());
+    if (a.prometheus) {
+      co_await ex.respond(a.status, kMetrics, a.body);
+    } else {
+      co_await ex.respond(a.status, kJson, a.body);
+    }
   } else if (std::string body; !info_body(path, body)) {
     co_await ex.respond(404, kJson, R"({"detail":"Not Found"})");
   } else if (!method_ok(m, Method::kGet)) {
@@ -97,9 +113,9 @@ bool SimServer::info_body(std::string_view path, std::string& body) {
   } else if (path == "/get_model_info" || path == "/model_info") {
     body = model_info_json(config_);
   } else if (path == "/get_load") {
-    body = get_load_json(engine_.loads());
+    body = get_load_json(engine_.loads(), monotonic_now());
   } else if (path == "/v1/loads") {
-    body = v1_loads_json(engine_.loads(), unix_now());
+    body = v1_loads(config_, engine_.loads(), {}, unix_now()).body;  // another method: 405
   } else if (path == "/v1/models") {
     body = models_json(config_, static_cast<int64_t>(std::time(nullptr)));
   } else {

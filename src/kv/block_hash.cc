@@ -10,6 +10,8 @@
 namespace kvgate::kv {
 namespace {
 
+using namespace std::string_view_literals;
+
 // SHA-256 with the algorithm fetched once per thread: OpenSSL 3's one-shot SHA256() fetches it
 // (under a lock) on every call, which cost more than the hash itself for one-token pages.
 struct Sha256 {
@@ -65,6 +67,15 @@ void cbor_head(std::vector<uint8_t>& out, uint8_t major, uint64_t arg) {
   }
 }
 
+// SHA-256(domain || text): the seeds of SGLang's namespaces.
+Digest domain_digest(std::string_view domain, std::string_view text) {
+  auto& buf = scratch();
+  buf.reserve(domain.size() + text.size());
+  for (char ch : domain) buf.push_back(static_cast<uint8_t>(ch));
+  for (char ch : text) buf.push_back(static_cast<uint8_t>(ch));
+  return sha256(buf);
+}
+
 }  // namespace
 
 std::string_view to_string(HashScheme s) {
@@ -93,6 +104,22 @@ Digest sglang_page_digest(const Digest* parent, std::span<const int32_t> tokens)
 
 uint64_t sglang_block_id(const Digest& d) {
   return load_be64(d.data());
+}
+
+Digest sglang_salt_seed(std::string_view cache_salt) {
+  return domain_digest("sglang-cache-salt-v1\0"sv, cache_salt);
+}
+
+Digest sglang_lora_seed(std::string_view lora_name) {
+  return domain_digest("sglang-kv-event-lora-v1\0"sv, lora_name);
+}
+
+uint64_t sglang_lora_block_id(const Digest& lora_seed, uint64_t id) {
+  auto& buf = scratch();
+  buf.reserve(40);
+  for (uint8_t b : lora_seed) buf.push_back(b);
+  for (int s = 56; s >= 0; s -= 8) buf.push_back(static_cast<uint8_t>(id >> s));
+  return load_be64(sha256(buf).data());
 }
 
 Digest vllm_none_hash(std::string_view seed) {
@@ -139,9 +166,9 @@ uint64_t BlockHasher::id(const Digest& d) const {
 }
 
 void BlockHasher::chain_ids(std::span<const int32_t> tokens, size_t page_size,
-                            std::span<uint64_t> out) const {
+                            std::span<uint64_t> out, const Digest* seed) const {
   Digest prev{};
-  const Digest* parent = nullptr;
+  const Digest* parent = seed;
   const size_t pages = page_size ? tokens.size() / page_size : 0;
   for (size_t i = 0; i < pages && i < out.size(); ++i) {
     prev = page(parent, tokens.subspan(i * page_size, page_size));

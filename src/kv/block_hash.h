@@ -2,6 +2,13 @@
 // block is one full page of token ids; its hash chains over every page before it.
 //   SGLang: digest = SHA-256(parent digest (absent for the first page) || each token as uint32
 //           little-endian); the published id is the first 8 digest bytes big-endian, as int64.
+//   SGLang namespaces (newest builds): a request's cache_salt seeds the chain, i.e. the first
+//   page's
+//           parent digest is SHA-256("sglang-cache-salt-v1\0" || salt) (mem_cache/utils.py
+//           compute_node_event_hash_values); a LoRA adapter then mixes every published id (the
+//           parent ids too) with SHA-256("sglang-kv-event-lora-v1\0" || adapter name): the id
+//           becomes the first 8 bytes, big-endian, of SHA-256(lora seed || id as 8 bytes
+//           big-endian) (mem_cache/events.py kv_event_lora_seed / namespace_event_block_hash).
 //   vLLM sha256_cbor: digest = SHA-256(canonical CBOR [parent digest, [tokens...], null]); the
 //           first page's parent is NONE_HASH = sha256_cbor(seed) (seed: PYTHONHASHSEED, else
 //           "vllm-none-hash"); the published id is the last 8 digest bytes big-endian, unsigned.
@@ -34,6 +41,12 @@ inline int64_t as_signed(uint64_t id) {
 Digest sglang_page_digest(const Digest* parent, std::span<const int32_t> tokens);
 // The int64 SGLang publishes for a digest (its bit pattern as uint64_t).
 uint64_t sglang_block_id(const Digest& d);
+// The chain seed of a salted SGLang request: the parent digest of its first page.
+Digest sglang_salt_seed(std::string_view cache_salt);
+// The seed a LoRA adapter's name gives SGLang's published ids.
+Digest sglang_lora_seed(std::string_view lora_name);
+// A published id mixed with a LoRA seed.
+uint64_t sglang_lora_block_id(const Digest& lora_seed, uint64_t id);
 
 // vLLM's NONE_HASH for a seed: sha256(cbor(text seed)).
 Digest vllm_none_hash(std::string_view seed);
@@ -54,8 +67,10 @@ class BlockHasher {
   Digest page(const Digest* parent, std::span<const int32_t> tokens) const;
   // The published id of a digest.
   uint64_t id(const Digest& d) const;
-  // Ids of every full page of `tokens` (a trailing partial page is ignored).
-  void chain_ids(std::span<const int32_t> tokens, size_t page_size, std::span<uint64_t> out) const;
+  // Ids of every full page of `tokens` (a trailing partial page is ignored). `seed`, when given,
+  // is the parent digest of the first page (SGLang's salted chains).
+  void chain_ids(std::span<const int32_t> tokens, size_t page_size, std::span<uint64_t> out,
+                 const Digest* seed = nullptr) const;
 
  private:
   HashScheme scheme_;

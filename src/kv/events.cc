@@ -76,7 +76,10 @@ void put_tokens(Writer& w, const std::vector<int32_t>& tokens) {
 
 void encode_sglang(Writer& w, const Event& e) {
   if (const auto* s = std::get_if<BlockStored>(&e)) {
-    w.array(s->medium == Medium::kNone ? 6 : 7);
+    // SGLang's BlockStoredWithMetadata: the metadata map is an 8th element, present only for a
+    // salted request's blocks (so unsalted events keep their 7-element shape).
+    const bool metadata = s->cache_salt.has_value();
+    w.array(metadata ? 8 : s->medium == Medium::kNone ? 6 : 7);
     w.str("BlockStored");
     put_ids(w, s->block_hashes, WireFormat::kSglang);
     if (s->parent_block_hash) {
@@ -87,7 +90,12 @@ void encode_sglang(Writer& w, const Event& e) {
     put_tokens(w, s->token_ids);
     w.sint(s->block_size);
     w.opt_sint(s->lora_id);
-    if (s->medium != Medium::kNone) w.medium(s->medium);
+    if (metadata || s->medium != Medium::kNone) w.medium(s->medium);
+    if (metadata) {
+      w.map(1);
+      w.str("cache_salt");
+      w.str(*s->cache_salt);
+    }
   } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
     w.array(r->medium == Medium::kNone ? 2 : 3);
     w.str("BlockRemoved");
@@ -368,6 +376,35 @@ DecodeError read_medium(Reader& r, Medium& out) {
   return DecodeError::kNone;
 }
 
+DecodeError read_salt(Reader& r, std::optional<std::string>& out) {
+  if (r.nil()) return DecodeError::kNone;
+  if (r.peek() != MP_STR || r.at_end()) return DecodeError::kBadEvent;
+  std::string_view s;
+  if (auto e = r.bytes(s); e != DecodeError::kNone) return e;
+  out.emplace(s);
+  return DecodeError::kNone;
+}
+
+// SGLang's BlockStoredMetadata: a map whose "cache_salt" names the block's namespace. Other keys
+// (session_id, ... in other builds) are skipped; so is an element that is not a map at all (the
+// position holds other fields in other engines' positional shapes).
+DecodeError read_metadata(Reader& r, std::optional<std::string>& salt) {
+  if (r.peek() != MP_MAP || r.at_end()) return r.skip();
+  uint32_t n = 0;
+  if (auto e = r.map(n); e != DecodeError::kNone) return e;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string_view key;
+    if (r.peek() == MP_STR && !r.at_end()) {
+      if (auto e = r.bytes(key); e != DecodeError::kNone) return e;
+    } else if (auto e = r.skip(); e != DecodeError::kNone) {
+      return e;
+    }
+    DecodeError e = key == "cache_salt" ? read_salt(r, salt) : r.skip();
+    if (e != DecodeError::kNone) return e;
+  }
+  return DecodeError::kNone;
+}
+
 enum class Kind { kStored, kRemoved, kCleared, kUnknown };
 
 Kind kind_of(std::string_view tag) {
@@ -377,7 +414,8 @@ Kind kind_of(std::string_view tag) {
   return Kind::kUnknown;
 }
 
-// ["BlockStored", hashes, parent, token_ids, block_size, lora_id?, medium?, ...ignored]
+// ["BlockStored", hashes, parent, token_ids, block_size, lora_id?, medium?, metadata?,
+//  ...ignored]
 Failure positional_stored(Reader& r, uint32_t fields, BlockStored& s) {
   if (fields < 4) return {DecodeError::kBadEvent, "BlockStored: fewer than 4 fields"};
   KV_TRY(read_hashes(r, s.block_hashes), "BlockStored.block_hashes");
@@ -386,7 +424,8 @@ Failure positional_stored(Reader& r, uint32_t fields, BlockStored& s) {
   KV_TRY(read_int(r, s.block_size), "BlockStored.block_size");
   if (fields > 4) KV_TRY(read_opt_int(r, s.lora_id), "BlockStored.lora_id");
   if (fields > 5) KV_TRY(read_medium(r, s.medium), "BlockStored.medium");
-  for (uint32_t i = 6; i < fields; ++i) KV_TRY(r.skip(), "BlockStored: trailing field");
+  if (fields > 6) KV_TRY(read_metadata(r, s.cache_salt), "BlockStored.metadata");
+  for (uint32_t i = 7; i < fields; ++i) KV_TRY(r.skip(), "BlockStored: trailing field");
   return kOk;
 }
 
@@ -482,6 +521,10 @@ Failure map_event(Reader& r, EventBatch& out) {
       KV_TRY(read_opt_int(r, s.lora_id), "BlockStored.lora_id");
     } else if (kind == Kind::kStored && key == "medium") {
       KV_TRY(read_medium(r, s.medium), "BlockStored.medium");
+    } else if (kind == Kind::kStored && key == "cache_salt") {
+      KV_TRY(read_salt(r, s.cache_salt), "BlockStored.cache_salt");
+    } else if (kind == Kind::kStored && key == "metadata") {
+      KV_TRY(read_metadata(r, s.cache_salt), "BlockStored.metadata");
     } else if (kind == Kind::kRemoved && key == "block_hashes") {
       KV_TRY(read_hashes(r, b.block_hashes), "BlockRemoved.block_hashes");
       hashes = true;

@@ -3,6 +3,9 @@
 // "type" tag), and one decoder that accepts both, skips unknown trailing fields, map keys and event
 // types, and never reads past its input: every failure is an error code, never a crash or a throw.
 //
+// SGLang's BlockStored: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]
+// plus, for a salted request's blocks only, an 8th element {"cache_salt": salt}.
+//
 // A publisher message is three ZMQ frames [topic, sequence as 8 bytes big-endian, payload]; a
 // replay reply is [sequence, payload] after the ROUTER envelope, ending with sequence -1 and an
 // empty payload.
@@ -33,8 +36,10 @@ struct BlockStored {
   int64_t block_size = 0;
   std::optional<int64_t> lora_id;
   Medium medium = Medium::kNone;
-  // The namespace of the chain, from the event's metadata element (SGLang: an 8th element, a map
-  // that may hold "cache_salt"): blocks stored for a salted request match only the same salt.
+  // The namespace of the chain, from the event's metadata element: SGLang (BlockStoredWithMetadata,
+  // disaggregation/kv_events.py) sends an 8th element, the map {"cache_salt": salt}, only for the
+  // blocks of a salted request; those blocks match only requests with the same salt. Map-shaped
+  // events may carry "cache_salt" as a key of their own (or of a "metadata" map).
   std::optional<std::string> cache_salt;
 };
 

@@ -122,5 +122,57 @@ TEST(BlockHash, PartialPagesAreNotHashed) {
   EXPECT_EQ(ids[2], 0u) << "37 tokens hold two full pages of 16";
 }
 
+// SGLang's namespaced ids (mem_cache/utils.py, mem_cache/events.py), written out in Python: the
+// salt seeds the chain, the adapter's name mixes every published id.
+std::vector<std::string> namespaced_reference(const std::vector<int32_t>& tokens, int page,
+                                              const std::string& salt, const std::string& lora) {
+  return testing::python_words(R"(
+import hashlib
+tokens = )" + py_list(tokens) +
+                               R"(
+page = )" + std::to_string(page) +
+                               R"(
+salt, lora = ")" + salt + R"(", ")" +
+                               lora +
+                               R"("
+prev = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest() if salt else None
+seed = hashlib.sha256(b"sglang-kv-event-lora-v1\0" + lora.encode()).digest() if lora else None
+out = []
+for i in range(0, len(tokens) // page * page, page):
+    h = hashlib.sha256()
+    if prev is not None:
+        h.update(prev)
+    for t in tokens[i:i + page]:
+        h.update(t.to_bytes(4, "little", signed=False))
+    prev = h.digest()
+    v = int.from_bytes(prev[:8], "big", signed=True)
+    if seed is not None:
+        v = int.from_bytes(hashlib.sha256(seed + v.to_bytes(8, "big", signed=True)).digest()[:8],
+                           "big", signed=True)
+    out.append(v)
+print(" ".join(str(x) for x in out))
+)");
+}
+
+TEST(BlockHash, SglangSaltSeedsAndLoraMixesTheChain) {
+  for (const auto& [salt, lora] : std::vector<std::pair<std::string, std::string>>{
+           {"tenant-a", ""}, {"", "adapter-a"}, {"tenant-a", "adapter-a"}, {"ü", ""}}) {
+    auto ref = namespaced_reference(kTokens, 4, salt, lora);
+    BlockHasher h(HashScheme::kSglang);
+    std::vector<uint64_t> ids(kTokens.size() / 4);
+    const Digest seed = sglang_salt_seed(salt);
+    h.chain_ids(kTokens, 4, ids, salt.empty() ? nullptr : &seed);
+    if (!lora.empty()) {
+      const Digest ls = sglang_lora_seed(lora);
+      for (auto& id : ids) id = sglang_lora_block_id(ls, id);
+    }
+    ASSERT_EQ(ref.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(std::to_string(as_signed(ids[i])), ref[i])
+          << "salt '" << salt << "' lora '" << lora << "' block " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvgate::kv

@@ -91,6 +91,7 @@ void expect_same(const EventBatch& a, const EventBatch& b) {
       EXPECT_EQ(s->block_size, t.block_size);
       EXPECT_EQ(s->lora_id, t.lora_id);
       EXPECT_EQ(s->medium, t.medium);
+      EXPECT_EQ(s->cache_salt, t.cache_salt);
     } else if (const auto* r = std::get_if<BlockRemoved>(&a.events[i])) {
       const auto& t = std::get<BlockRemoved>(b.events[i]);
       EXPECT_EQ(r->block_hashes, t.block_hashes);
@@ -169,7 +170,73 @@ TEST(KvEvents, DecodesShortArraysAndIgnoresExtraFields) {
   const auto& c = std::get<BlockStored>(b.events[1]);
   EXPECT_EQ(c.parent_block_hash, static_cast<uint64_t>(-5));
   EXPECT_EQ(c.medium, Medium::kCpuPinned);
+  EXPECT_EQ(c.cache_salt, std::optional<std::string>("x"));
+  EXPECT_FALSE(a.cache_salt);
   EXPECT_EQ(std::get<BlockRemoved>(b.events[2]).medium, Medium::kNone);
+}
+
+TEST(KvEvents, SglangMetadataElementCarriesTheSalt) {
+  // SGLang's BlockStoredWithMetadata: the 7 fields, then {"cache_salt": salt}; unsalted events
+  // keep 7 elements.
+  EventBatch b;
+  b.ts = 0.5;
+  b.dp_rank = 0;
+  BlockStored s = stored({1, 2}, std::nullopt, {7, 8}, 1);
+  s.cache_salt = "tenant-a";
+  b.events.emplace_back(s);
+  std::string payload;
+  encode_batch(b, WireFormat::kSglang, payload);
+  Mp want;
+  want.arr(3).f64(0.5).arr(1).arr(8);
+  std::string expected = want.s;
+  expected +=
+      "\xab"
+      "BlockStored";
+  expected += "\x92\x01\x02\xc0\x92\x07\x08\x01\xc0\xa3GPU";
+  expected +=
+      "\x81\xaa"
+      "cache_salt\xa8tenant-a";
+  expected += '\x00';
+  EXPECT_EQ(payload, expected);
+  EventBatch back;
+  ASSERT_TRUE(decode_batch(payload, back).ok());
+  EXPECT_EQ(std::get<BlockStored>(back.events[0]).cache_salt,
+            std::optional<std::string>("tenant-a"));
+}
+
+TEST(KvEvents, MetadataUnknownKeysNilsAndOtherShapesAreTolerated) {
+  Mp m;
+  m.arr(3).f64(1.0).arr(5);
+  // Unknown keys around the salt (another build's session_id), one not even a string key.
+  m.arr(8).str("BlockStored").arr(1).u(1).nil().arr(1).u(5).u(1).nil().str("GPU");
+  m.map(3).str("session_id").str("s-1").u(7).arr(0).str("cache_salt").str("t");
+  // A nil salt: no namespace.
+  m.arr(8).str("BlockStored").arr(1).u(2).nil().arr(1).u(5).u(1).nil().str("GPU");
+  m.map(1).str("cache_salt").nil();
+  // An 8th element that is no map (another engine's positional field): skipped.
+  m.arr(8).str("BlockStored").arr(1).u(3).nil().arr(1).u(5).u(1).nil().str("GPU").str("lora-x");
+  // Map-shaped events: a cache_salt key, or a metadata map.
+  m.map(5).str("type").str("BlockStored").str("block_hashes").arr(1).u(4).str("token_ids");
+  m.arr(1).u(5).str("block_size").u(1).str("cache_salt").str("m");
+  m.map(5).str("type").str("BlockStored").str("block_hashes").arr(1).u(5).str("token_ids");
+  m.arr(1).u(5).str("block_size").u(1).str("metadata").map(1).str("cache_salt").str("n");
+  m.nil();  // attn_dp_rank
+  EventBatch b;
+  auto st = decode_batch(m.s, b);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(b.events.size(), 5u);
+  auto salt = [&](size_t i) { return std::get<BlockStored>(b.events[i]).cache_salt; };
+  EXPECT_EQ(salt(0), std::optional<std::string>("t"));
+  EXPECT_FALSE(salt(1));
+  EXPECT_FALSE(salt(2));
+  EXPECT_EQ(salt(3), std::optional<std::string>("m"));
+  EXPECT_EQ(salt(4), std::optional<std::string>("n"));
+
+  Mp bad;
+  bad.arr(2).f64(1.0).arr(1);
+  bad.arr(8).str("BlockStored").arr(1).u(1).nil().arr(1).u(5).u(1).nil().str("GPU");
+  bad.map(1).str("cache_salt").u(3);
+  EXPECT_EQ(decode_batch(bad.s, b).error, DecodeError::kBadEvent) << "a salt must be a string";
 }
 
 TEST(KvEvents, DecodesMapsWithTheTagAnywhereAndUnknownEvents) {

@@ -90,7 +90,7 @@ TEST(SimConfig, ParsesEveryKindOfFlag) {
   EXPECT_EQ(c.tokenizer_path, "models/qwen3");
   EXPECT_EQ(c.context_length, 4096);
   EXPECT_EQ(c.max_total_tokens, 8192);
-  EXPECT_EQ(max_req_input_len(c), 4095);
+  EXPECT_EQ(max_req_input_len(c), 4090) << "min(4096 - 1, 8192 - 1) - 5, as SGLang";
 }
 
 TEST(SimConfig, SglangSpellingsWork) {
@@ -98,6 +98,18 @@ TEST(SimConfig, SglangSpellingsWork) {
   ASSERT_EQ(parse(c, {"--random-seed", "7", "--served_model_name", "m"}), "");
   EXPECT_EQ(c.seed, 7);
   EXPECT_EQ(c.served_model_name, "m");
+}
+
+TEST(SimConfig, LoraPathsImplyEnableLoraAndNameTheAdapters) {
+  SimConfig c;
+  ASSERT_EQ(parse(c, {"--lora-paths", "sql=/a/sql", "/a/chat", "--kv-events-per-page"}), "");
+  EXPECT_TRUE(c.enable_lora) << "SGLang turns LoRA on when adapters are given";
+  EXPECT_EQ(lora_names(c), (std::vector<std::string>{"sql", "/a/chat"}));
+  EXPECT_TRUE(c.kv_events_per_page);
+  SimConfig d;
+  EXPECT_NE(parse(d, {"--lora-paths", "a=/x", "a=/y"}).find("twice"), std::string::npos);
+  SimConfig e;
+  EXPECT_NE(parse(e, {"--lora-paths", "=/x"}).find("needs a name"), std::string::npos);
 }
 
 TEST(SimConfig, InvalidValuesNameTheFlagAndTheFix) {

@@ -211,14 +211,19 @@ std::vector<std::pair<uint64_t, std::string>> replay(Zmq& z, int port, uint64_t 
 
 using testing::py_list;
 
-// SGLang's ids of every full page (hashlib, chained raw digests, first 8 bytes signed).
-std::vector<int64_t> sglang_ids(const std::vector<int32_t>& tokens, int page) {
+// SGLang's ids of every full page (hashlib, chained raw digests, first 8 bytes signed); a salted
+// chain starts from SHA-256("sglang-cache-salt-v1\0" + salt).
+std::vector<int64_t> sglang_ids(const std::vector<int32_t>& tokens, int page,
+                                const std::string& salt = "") {
   auto words = testing::python_words(R"(
 import hashlib
 t = )" + py_list(tokens) +
                                      R"(
+salt = ")" + salt + R"("
 p, prev, out = )" + std::to_string(page) +
                                      R"(, b"", []
+if salt:
+    prev = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest()
 for i in range(0, len(t) // p * p, p):
     prev = hashlib.sha256(prev + b"".join(x.to_bytes(4, "little") for x in t[i:i + p])).digest()
     out.append(int.from_bytes(prev[:8], "big", signed=True))
@@ -300,8 +305,9 @@ std::string tag(const V& e) {
 
 TEST(SimKvWire, SglangFramesHashesEvictionFlushReplayAndRanks) {
   const int pub = free_port_range(4), rep = pub + 2;
+  // Older SGLang builds: one event per page (the newest merge them, see the next test).
   Sim s({"--dp-size", "2", "--page-size", "4", "--max-total-tokens", "64", "--time-scale", "0.01",
-         "--kv-events-config",
+         "--kv-events-per-page", "--kv-events-config",
          R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(pub) +
              R"(","replay_endpoint":"tcp://*:)" + std::to_string(rep) +
              R"(","topic":"kv","buffer_steps":100})"});
@@ -447,6 +453,62 @@ TEST(SimKvWire, VllmShapeUsesMapsAndSha256CborIds) {
   EXPECT_EQ(e.at("block_size").as_int(), 4);
   EXPECT_EQ(e.at("medium").s, "GPU");
   EXPECT_TRUE(e.has("lora_id"));
+}
+
+// The newest SGLang: contiguous stores merged into one BlockStored, the salt in the 8th (metadata)
+// element, and with a snapshot endpoint the epoch in the live topic.
+TEST(SimKvWire, MergedStoresSaltMetadataAndEpochTopic) {
+  const int pub = free_port_range(4);
+  const std::string config = R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(pub) +
+                             R"(","snapshot_endpoint":"tcp://*:)" + std::to_string(pub + 2) +
+                             R"(","topic":"kv"})";
+  Sim s({"--page-size", "4", "--time-scale", "0.01", "--kv-events-config", config});
+  testing::HttpClient c(s.port);
+  Zmq z;
+  void* sub = z.connect(ZMQ_SUB, pub);
+  Frames f;
+  for (int i = 0; i < 200 && f.empty(); ++i) {
+    ASSERT_EQ(c.post("/flush_cache", "").status, 200);
+    f = recv_multipart(sub, 20);
+  }
+  ASSERT_EQ(f.size(), 3u);
+  const std::string prefix = std::string("kv") + '\0' + "sgl-kv-epoch=";
+  ASSERT_EQ(f[0].substr(0, prefix.size()), prefix) << "the live topic carries the epoch";
+  const std::string epoch = f[0].substr(prefix.size());
+  EXPECT_EQ(epoch.size(), 32u) << "uuid4().hex";
+  while (!recv_multipart(sub, 50).empty()) {
+  }
+  // /server_info shows the configured topic (subscribers filter by prefix).
+  testing::HttpClient info(s.port);
+  auto body = info.get("/server_info").body;
+  EXPECT_NE(body.find(R"("topic":"kv","block_size":4)"), std::string::npos) << body;
+
+  const auto a = ids_from(10, 18);
+  std::string req = R"({"input_ids":)" + py_list(a) +
+                    R"(,"sampling_params":{"max_new_tokens":1},"cache_salt":"tenant-a"})";
+  ASSERT_EQ(c.post("/generate", req).status, 200);
+  V stored;
+  for (int i = 0; i < 20 && stored.t == V::kNil; ++i) {
+    f = recv_multipart(sub, 3000);
+    ASSERT_EQ(f.size(), 3u);
+    EXPECT_EQ(f[0], prefix + epoch) << "one epoch per publisher lifetime";
+    for (const V& e : sglang_batch(f[2]).events) {
+      if (tag(e) == "BlockStored") stored = e;
+    }
+  }
+  ASSERT_EQ(stored.t, V::kArr);
+  ASSERT_EQ(stored.a.size(), 8u) << "7 fields and the metadata map";
+  std::vector<int64_t> ids;
+  for (const V& h : stored.a[1].a) ids.push_back(h.as_int());
+  EXPECT_EQ(ids, sglang_ids(a, 4, "tenant-a")) << "one event for the 4 full pages, salt-seeded";
+  EXPECT_NE(ids, sglang_ids(a, 4));
+  EXPECT_EQ(stored.a[2].t, V::kNil);
+  EXPECT_EQ(stored.a[3].a.size(), 16u) << "n x page_size tokens";
+  EXPECT_EQ(stored.a[4].as_int(), 4);
+  const V& meta = stored.a[7];
+  ASSERT_EQ(meta.t, V::kMap);
+  ASSERT_EQ(meta.keys.size(), 1u);
+  EXPECT_EQ(meta.at("cache_salt").s, "tenant-a");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Tests for sim/radix_cache: hits, misses, partial pages, splits, LRU eviction of unlocked leaves,
-// pinning by running requests, KV accounting, and the KV events (SGLang per page, vLLM per node)
-// whose ids must equal the chained block hashes of the cached sequence.
+// pinning by running requests, KV accounting, namespaces (cache_salt, LoRA), and the KV events
+// (SGLang merged or per page, vLLM per node) whose ids must equal the chained block hashes of the
+// cached sequence (seeded by the salt, mixed with the adapter's seed).
 #include "sim/radix_cache.h"
 
 #include <gtest/gtest.h>
@@ -156,15 +157,22 @@ struct Seen {
   }
 };
 
-std::vector<uint64_t> chain(const std::vector<int32_t>& tokens, size_t page, kv::HashScheme s) {
+std::vector<uint64_t> chain(const std::vector<int32_t>& tokens, size_t page, kv::HashScheme s,
+                            const kv::Digest* seed = nullptr) {
   kv::BlockHasher h(s);
   std::vector<uint64_t> ids(tokens.size() / page);
-  h.chain_ids(tokens, page, ids);
+  h.chain_ids(tokens, page, ids, seed);
   return ids;
 }
 
+RadixCacheConfig per_page(int64_t page, int64_t capacity) {
+  RadixCacheConfig c = cfg(page, capacity, true);
+  c.grouping = EventGrouping::kPerPage;
+  return c;
+}
+
 TEST(RadixCache, SglangEventsOnePerPageWithChainedHashes) {
-  RadixCache c(cfg(2, 100, true));
+  RadixCache c(per_page(2, 100));
   auto sys = seq(1, 4);
   auto a = cat(sys, seq(50, 4));
   auto b = cat(sys, seq(60, 5));
@@ -187,7 +195,7 @@ TEST(RadixCache, EvictionRemovesExactlyWhatWasStored) {
   for (bool vllm : {false, true}) {
     RadixCacheConfig conf = cfg(2, 12, true);
     conf.scheme = vllm ? kv::HashScheme::kVllmSha256Cbor : kv::HashScheme::kSglang;
-    conf.group_blocks = vllm;
+    conf.grouping = vllm ? EventGrouping::kPerNode : EventGrouping::kPerPage;
     RadixCache c(conf);
     Seen ev;
     auto a = seq(1, 8), b = seq(100, 8);
@@ -210,7 +218,7 @@ TEST(RadixCache, EvictionRemovesExactlyWhatWasStored) {
 TEST(RadixCache, VllmGroupsOneEventPerNode) {
   RadixCacheConfig conf = cfg(2, 100, true);
   conf.scheme = kv::HashScheme::kVllmSha256Cbor;
-  conf.group_blocks = true;
+  conf.grouping = EventGrouping::kPerNode;
   RadixCache c(conf);
   auto a = seq(1, 9);
   serve(c, a);
@@ -220,6 +228,131 @@ TEST(RadixCache, VllmGroupsOneEventPerNode) {
   EXPECT_EQ(s.block_hashes, chain(a, 2, kv::HashScheme::kVllmSha256Cbor));
   EXPECT_EQ(s.token_ids, seq(1, 8));
   EXPECT_EQ(s.block_size, 2);
+}
+
+TEST(RadixCache, SglangMergesContiguousStoresAndRemovesPerNode) {
+  RadixCache c(cfg(2, 12, true));  // kMerged, the default: the newest SGLang
+  auto a = seq(1, 8);
+  serve(c, a);
+  auto events = c.take_events();
+  ASSERT_EQ(events.size(), 1u) << "one BlockStored for the 4 contiguous pages";
+  const auto& s = std::get<kv::BlockStored>(events[0]);
+  EXPECT_EQ(s.block_hashes, chain(a, 2, kv::HashScheme::kSglang));
+  EXPECT_EQ(s.token_ids, a) << "n hashes, n x page tokens";
+  EXPECT_EQ(s.block_size, 2);
+  EXPECT_FALSE(s.parent_block_hash);
+  EXPECT_FALSE(s.cache_salt);
+
+  // Two requests stored in one step, each under the root: no chain links them, two events.
+  auto b = seq(100, 4), d = seq(200, 4);
+  c.reset();
+  (void)c.take_events();
+  serve(c, b);
+  serve(c, d);
+  events = c.take_events();
+  ASSERT_EQ(events.size(), 2u);
+  // A store continuing the previous event's chain joins it: [b] then b's extension in one event.
+  c.reset();
+  (void)c.take_events();
+  serve(c, b);
+  serve(c, cat(b, seq(300, 4)));
+  events = c.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(std::get<kv::BlockStored>(events[0]).block_hashes,
+            chain(cat(b, seq(300, 4)), 2, kv::HashScheme::kSglang));
+
+  // Eviction: one BlockRemoved per node, and the removals of one step merge into one event.
+  c.reset();
+  (void)c.take_events();
+  serve(c, seq(1, 4));
+  serve(c, seq(50, 4));
+  serve(c, seq(70, 4));
+  (void)c.take_events();
+  ASSERT_EQ(c.evict(8), 8);
+  events = c.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  const auto& r = std::get<kv::BlockRemoved>(events[0]);
+  auto one = chain(seq(1, 4), 2, kv::HashScheme::kSglang);
+  auto two = chain(seq(50, 4), 2, kv::HashScheme::kSglang);
+  EXPECT_EQ(r.block_hashes, (std::vector<uint64_t>{one[0], one[1], two[0], two[1]}))
+      << "the two least recently used nodes, oldest first";
+  EXPECT_EQ(r.medium, kv::Medium::kGpu);
+}
+
+TEST(RadixCache, PerPageGroupingSplitsStoresAndRemovals) {
+  RadixCache c(per_page(2, 8));
+  serve(c, seq(1, 8));
+  auto events = c.take_events();
+  EXPECT_EQ(events.size(), 4u) << "one BlockStored per page";
+  ASSERT_EQ(c.evict(8), 8);
+  events = c.take_events();
+  ASSERT_EQ(events.size(), 4u) << "one BlockRemoved per page";
+  for (const auto& e : events) EXPECT_EQ(std::get<kv::BlockRemoved>(e).block_hashes.size(), 1u);
+}
+
+TEST(RadixCache, SaltsAndAdaptersKeepTheirOwnNamespaces) {
+  RadixCache c(cfg(2, 1000));
+  auto a = seq(1, 9);
+  const CacheNamespace salted{.cache_salt = "tenant-a"};
+  const CacheNamespace other{.cache_salt = "tenant-b"};
+  const CacheNamespace lora{.lora = "sql-adapter"};
+  serve(c, a);
+  EXPECT_EQ(c.peek_match(a), 8);
+  EXPECT_EQ(c.peek_match(a, salted), 0) << "a salted request never matches an unsalted prefix";
+  EXPECT_EQ(c.peek_match(a, lora), 0);
+  auto h = c.acquire(std::span(a).first(8), salted);
+  EXPECT_EQ(h.tree_len, 0);
+  ASSERT_TRUE(c.allocate(h, 9));
+  c.release(h, a, true);
+  EXPECT_EQ(c.peek_match(a, salted), 8);
+  EXPECT_EQ(c.peek_match(a, other), 0) << "nor another salt's";
+  EXPECT_EQ(c.tree_tokens(), 16) << "the same pages, cached twice";
+  EXPECT_EQ(c.namespace_count(), 1u);
+  // An empty salt is no salt (SGLang normalises it to None).
+  EXPECT_EQ(c.peek_match(a, CacheNamespace{}), 8);
+  // A namespace whose pages are all evicted is forgotten.
+  ASSERT_EQ(c.evict(16), 16);
+  EXPECT_EQ(c.namespace_count(), 0u);
+  EXPECT_EQ(c.node_count(), 0u);
+}
+
+TEST(RadixCache, SaltedAndAdapterEventsSeedAndMixTheChain) {
+  RadixCache c(cfg(2, 1000, true));
+  auto a = seq(1, 8);
+  const CacheNamespace salted{.cache_salt = "tenant-a"};
+  auto h = c.acquire(std::span(a).first(7), salted);
+  ASSERT_TRUE(c.allocate(h, 8));
+  c.release(h, a, true);
+  auto events = c.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  const auto& s = std::get<kv::BlockStored>(events[0]);
+  const kv::Digest seed = kv::sglang_salt_seed("tenant-a");
+  EXPECT_EQ(s.block_hashes, chain(a, 2, kv::HashScheme::kSglang, &seed));
+  EXPECT_NE(s.block_hashes, chain(a, 2, kv::HashScheme::kSglang));
+  EXPECT_FALSE(s.parent_block_hash) << "still nil under the namespace's root";
+  EXPECT_EQ(s.cache_salt, std::optional<std::string>("tenant-a")) << "the metadata element";
+
+  // A LoRA adapter mixes every published id (parents too) with its seed.
+  const CacheNamespace lora{.lora = "sql"};
+  auto pre = seq(500, 4);
+  h = c.acquire(std::span(pre).first(3), lora);
+  ASSERT_TRUE(c.allocate(h, 4));
+  c.release(h, pre, true);
+  auto ext = cat(pre, seq(600, 2));
+  h = c.acquire(std::span(ext).first(5), lora);
+  ASSERT_EQ(h.tree_len, 4);
+  ASSERT_TRUE(c.allocate(h, 2));
+  c.release(h, ext, true);
+  events = c.take_events();
+  ASSERT_EQ(events.size(), 1u) << "the extension continues the adapter's chain: merged";
+  const auto& l = std::get<kv::BlockStored>(events[0]);
+  const kv::Digest lseed = kv::sglang_lora_seed("sql");
+  std::vector<uint64_t> want;
+  for (uint64_t id : chain(ext, 2, kv::HashScheme::kSglang)) {
+    want.push_back(kv::sglang_lora_block_id(lseed, id));
+  }
+  EXPECT_EQ(l.block_hashes, want);
+  EXPECT_FALSE(l.cache_salt) << "an adapter adds no metadata element";
 }
 
 }  // namespace

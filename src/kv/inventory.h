@@ -32,7 +32,9 @@ namespace kvgate::kv {
 using SourceId = uint32_t;
 using BlockKey = uint64_t;
 
-// The seed of a chain: 0 without salt and adapter.
+// The seed of a chain: 0 without salt and adapter; otherwise a 64-bit hash of both (XXH3 over the
+// salt's bytes, seeded by XXH3 of a fixed header holding which of the two are present and the LoRA
+// id), never 0. An empty salt differs from no salt, LoRA id 0 from no LoRA id.
 uint64_t chain_seed(std::optional<std::string_view> cache_salt, std::optional<int64_t> lora_id);
 // Appends kvgate's key of each full page of `tokens` (a trailing partial page has none).
 void chain_keys(std::span<const int32_t> tokens, size_t page_size, uint64_t seed,
@@ -41,18 +43,20 @@ void chain_keys(std::span<const int32_t> tokens, size_t page_size, uint64_t seed
 struct InventoryOptions {
   size_t page_size = 16;
   // Nodes kept at most; past it the least recently stored or matched leaves are pruned (a pruned
-  // block is a miss, never a wrong hit).
+  // block is a miss, never a wrong hit; its ids are forgotten). Recency is counted in batches.
   size_t max_blocks = size_t{4} << 20;
-  // A page a source holds only in another tier (CPU, disk...) counts this much of a GPU page.
+  // A page a source holds only in another tier (CPU, disk...) counts this much of a GPU page
+  // (see SourceMatch::pages). 0: other tiers are not counted at all.
   double other_tier_weight = 0;
 };
 
 // What one batch did to the inventory (the event plane counts it in metrics).
 struct ApplyStats {
-  uint32_t stored = 0;   // blocks added for the source
+  uint32_t stored = 0;   // blocks of BlockStored events applied (one already held counts again)
   uint32_t removed = 0;  // blocks removed from the source
   uint32_t cleared = 0;  // AllBlocksCleared events
-  // A BlockStored whose parent the source never stored (events missed): its blocks are skipped.
+  // A BlockStored whose parent the source never stored (events missed): its blocks are skipped,
+  // and those of its ids the source held are forgotten (they now name blocks it cannot place).
   uint32_t orphans = 0;
   // A BlockStored whose block_size is not the inventory's page size, or whose token_ids do not
   // hold block_size tokens per hash: skipped (the pool's page size is wrong for this engine).
@@ -61,11 +65,17 @@ struct ApplyStats {
   uint32_t unknown_removals = 0;
 };
 
-// How much of a request one source holds.
+// How much of a request one source holds. With G = gpu_pages and A = the count of leading pages
+// the source holds in any tier (A >= G):
+//   other_tier_weight w > 0: pages = G + w x (A - G): every page after the GPU run counts w, even
+//     one that is on GPU again past a page that is not (the engine must load the gap first);
+//   w = 0: pages = G, and other tiers are ignored (a source holding page 0 only on CPU is not
+//     listed).
+// GPU here means medium GPU or none (what an engine with one tier sends).
 struct SourceMatch {
   SourceId source = 0;
   uint32_t gpu_pages = 0;  // leading pages held on GPU
-  double pages = 0;        // gpu_pages, then other-tier leading pages x other_tier_weight
+  double pages = 0;        // G + w x (A - G), above
 };
 
 class Inventory {
@@ -83,7 +93,8 @@ class Inventory {
   void remove_source(SourceId source);  // the same, for a source leaving the pool
 
   // Reader side: for the chain `keys` of a request, every source holding at least its first page
-  // (in any tier counted), in `out` (cleared first), and the longest gpu_pages among them.
+  // (in any tier counted), in `out` (cleared first; sorted by source), and the longest gpu_pages
+  // among them. Allocates nothing once `out` and the thread are warm.
   size_t match(std::span<const BlockKey> keys, std::vector<SourceMatch>& out) const;
 
   // Size, for metrics and the inventory view.

@@ -19,6 +19,7 @@ using C = GatewayConfig;
 
 constexpr std::string_view kWorkers = "Workers and listener";
 constexpr std::string_view kRouting = "Routing policy";
+constexpr std::string_view kKvExact = "KV-exact routing (kv_exact)";
 constexpr std::string_view kPd = "Prefill/decode disaggregation";
 constexpr std::string_view kRequests = "Request handling";
 constexpr std::string_view kClients = "Client connections";
@@ -210,6 +211,69 @@ const std::vector<K>& table() {
          .help = "bucket: length bands are refitted from this window of requests",
          .field = &C::bucket_refit_secs,
          .min = 1},
+        {.name = "kv-fallback-policy",
+         .group = kKvExact,
+         .value_name = "NAME",
+         .help = "kv_exact: the policy that routes misses (no page cached anywhere, no "
+                 "subscriber trusted yet, a request without tokens); a rule's sel",
+         .field = &C::kv_fallback_policy,
+         .choices = policy_names()},
+        {.name = "kv-block-size",
+         .group = kKvExact,
+         .value_name = "N",
+         .help = "kv_exact: the engines' KV page size in tokens (SGLang --page-size); a rule's "
+                 "kvBlockSize",
+         .field = &C::kv_block_size,
+         .min = 1,
+         .max = 4096},
+        {.name = "kv-zmq-port",
+         .group = kKvExact,
+         .value_name = "PORT",
+         .help = "kv_exact: the KV event publisher port of DP rank 0 (rank r: PORT + r); a "
+                 "rule's kvZmqPort",
+         .field = &C::kv_zmq_port,
+         .min = 1,
+         .max = 65535},
+        {.name = "kv-dp-rank-count",
+         .group = kKvExact,
+         .value_name = "N",
+         .help = "kv_exact: data-parallel ranks per engine, each publishing its own events; a "
+                 "rule's kvDpRankCount",
+         .field = &C::kv_dp_rank_count,
+         .min = 1,
+         .max = 8},
+        {.name = "kv-warmup-secs",
+         .group = kKvExact,
+         .value_name = "SECS",
+         .help = "kv_exact: a rank is trusted once its subscriber has been connected this long, "
+                 "or holds blocks; until then misses go to the fallback; a rule's kvWarmupSec",
+         .field = &C::kv_warmup_secs,
+         .min = 0,
+         .max = 3600},
+        {.name = "kv-load-tokens",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "kv_exact: what one request active on a rank costs, in prompt tokens to prefill "
+                 "(weighs load against cached prefix)",
+         .field = &C::kv_load_tokens,
+         .min = 0,
+         .max = 1e7},
+        {.name = "kv-other-tier-weight",
+         .group = kRouting,
+         .value_name = "W",
+         .help = "kv_exact: a page held only in another tier (CPU, disk) counts this much of a GPU "
+                 "page (0: not a hit)",
+         .field = &C::kv_other_tier_weight,
+         .min = 0,
+         .max = 1},
+        {.name = "kv-max-blocks",
+         .group = kRouting,
+         .value_name = "N",
+         .help = "kv_exact: blocks the inventory of a rule holds at most (past it the coldest "
+                 "are forgotten: a miss, never a wrong hit)",
+         .field = &C::kv_max_blocks,
+         .min = 1024,
+         .max = 1e9},
         {.name = "dp-aware",
          .group = kRouting,
          .help = "Treat each data-parallel rank of a worker as its own target (refused at startup "
@@ -667,7 +731,18 @@ std::string validate(const GatewayConfig& c) {
     }
   }
   std::string err;
-  if (!make_policy(policy_config(c), err)) return "--policy: " + err;
+  if (c.policy == "kv_exact") {
+    if (!make_policy(policy_config(c, c.kv_fallback_policy), err)) {
+      return "--kv-fallback-policy: " + err;
+    }
+    if (c.tokenizer_path.empty() && c.model_path.empty()) {
+      return "--policy kv_exact matches the engines' pages of token ids, so kvgate must tokenize "
+             "prompts as they do: give --tokenizer-path (the model's directory, with "
+             "tokenizer.json)";
+    }
+  } else if (!make_policy(policy_config(c), err)) {
+    return "--policy: " + err;
+  }
   if (c.retry_max_backoff_ms < c.retry_initial_backoff_ms) {
     return "--retry-max-backoff-ms (" + std::to_string(c.retry_max_backoff_ms) +
            ") is below --retry-initial-backoff-ms (" + std::to_string(c.retry_initial_backoff_ms) +

@@ -38,6 +38,15 @@ struct GatewayConfig {
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;
   int64_t bucket_refit_secs = 5;
+  // kv_exact (--policy kv_exact; a rule's kvExactMode 3 and kv* fields)
+  std::string kv_fallback_policy = "round_robin";
+  int64_t kv_block_size = 16;
+  int64_t kv_zmq_port = 5557;
+  int64_t kv_dp_rank_count = 1;
+  int64_t kv_warmup_secs = 30;
+  double kv_load_tokens = 512;
+  double kv_other_tier_weight = 0;
+  int64_t kv_max_blocks = 4194304;
   bool dp_aware = false;
   int64_t policy_seed = 0;
   // PD disaggregation

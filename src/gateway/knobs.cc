@@ -21,6 +21,10 @@ PolicyConfig policy_config(const GatewayConfig& k, std::string_view sel) {
   pc.chwbl_key_chars = k.chwbl_key_chars;
   pc.chwbl_load_factor = k.chwbl_load_factor;
   pc.bucket_refit_secs = k.bucket_refit_secs;
+  // kv_exact's cost weights and bounds (Pool::build adds the rule's kv fields and enables it).
+  pc.kv.load_tokens = k.kv_load_tokens;
+  pc.kv.other_tier_weight = k.kv_other_tier_weight;
+  pc.kv.max_blocks = static_cast<size_t>(k.kv_max_blocks);
   return pc;
 }
 

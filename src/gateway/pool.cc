@@ -23,6 +23,7 @@ void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
 
 void remove_worker_metrics(std::string_view url, metrics::Registry& registry) {
   registry.remove_series("worker", url);
+  registry.remove_series("endpoint", url);  // kv_exact's per (endpoint, rank) series
 }
 
 struct Pool::Upkeep {
@@ -34,8 +35,7 @@ struct Pool::Upkeep {
 Pool::Pool(const rules::Rule& rule, const PoolEnv& env) : rule_(rule), env_(env) {}
 
 Pool::~Pool() {
-  if (upkeep_) upkeep_->stopped = true;
-  if (health_) health_->stop();
+  stop();
 }
 
 std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
@@ -60,6 +60,18 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     PolicyConfig pc = policy_config(rule.policy_knobs, rule.sel);
     pc.registry = env.policy_metrics ? env.registry : nullptr;
     pc.rule = rule.name;
+    if (rule.kv_exact_mode == 3) {
+      pc.kv.enabled = true;
+      pc.kv.page_size = rule.kv_block_size;
+      pc.kv.dp_ranks = rule.kv_dp_rank_count;
+      pc.kv.zmq_port = rule.kv_zmq_port;
+      pc.kv.warmup = std::chrono::seconds(rule.kv_warmup_sec);
+      for (const auto& ep : rule.endpoints) {
+        if (!ep.kv_zmq_port) continue;
+        http::Target t;
+        if (http::parse_url(ep.url, t).empty()) pc.kv.endpoint_ports[t.url] = *ep.kv_zmq_port;
+      }
+    }
     policy = make_policy(pc, error);
     if (!policy) return fail("sel: " + error);
   }
@@ -119,6 +131,7 @@ metrics::Counter* Pool::selected(const Worker& w) const {
 void Pool::start() {
   if (started_) return;
   started_ = true;
+  policy_->start();
   HealthConfig hc = env_.health;
   hc.poll_load = policy_->uses_reported_load();
   health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
@@ -144,6 +157,9 @@ void Pool::start() {
 }
 
 void Pool::stop() {
+  if (!started_ || stopped_) return;
+  stopped_ = true;
+  policy_->stop();
   if (health_) health_->stop();
   if (upkeep_) {
     upkeep_->stopped = true;

@@ -114,6 +114,7 @@ class Pool {
   struct Upkeep;
   std::shared_ptr<Upkeep> upkeep_;
   bool started_ = false;
+  bool stopped_ = false;
 };
 
 // The breaker and health settings of the command line / config file.

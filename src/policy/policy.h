@@ -29,8 +29,12 @@ struct RouteContext {
 struct Decision {
   Worker* worker = nullptr;
   std::optional<int> dp_rank;
-  std::string_view branch;     // static string: why this worker
-  size_t predicted_chars = 0;  // prefix the policy expects the worker to hold (cache_aware)
+  std::string_view branch;      // static string: why this worker
+  size_t predicted_chars = 0;   // prefix the policy expects the worker to hold (cache_aware)
+  size_t predicted_tokens = 0;  // prompt tokens the policy expects cached there (kv_exact)
+  // A policy that let another decide (kv_exact's fallback) keeps that one's branch here, to
+  // give the decision back to it in on_dispatched / on_completed.
+  std::string_view inner_branch;
 };
 
 // How one dispatched attempt ended. The gateway calls on_completed() exactly once for every
@@ -67,6 +71,11 @@ class Policy {
   // control thread, concurrently with select().
   virtual std::chrono::milliseconds period() const { return std::chrono::milliseconds(0); }
   virtual void on_period() {}
+  // Background work of the policy's own (kv_exact's event subscriber), from the control thread.
+  // Balanced per pool: a policy kept by a rule's new pool is started by it before the old pool
+  // stops it, so it must count.
+  virtual void start() {}
+  virtual void stop() {}
 };
 
 }  // namespace kvgate

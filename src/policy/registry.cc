@@ -7,6 +7,7 @@
 #include "policy/cache_aware.h"
 #include "policy/chwbl.h"
 #include "policy/consistent_hashing.h"
+#include "policy/kv_exact.h"
 #include "policy/manual.h"
 #include "policy/power_of_two.h"
 #include "policy/prefix_hash.h"
@@ -35,12 +36,32 @@ std::span<const PolicyInfo> all_policies() {
        [](const PolicyConfig& c) { return std::make_unique<BucketPolicy>(c); }},
       {"chwbl", "consistent hashing with bounded loads",
        [](const PolicyConfig& c) { return std::make_unique<ChwblPolicy>(c); }},
-      {"kv_exact", "exact KV-event inventory, longest real prefix match", {}},
+      // Built over a fallback by make_policy (kv.enabled), never by name: not a `sel`.
+      {"kv_exact", "the engines' KV events: route to the (endpoint, rank) holding the prefix", {}},
   };
   return kPolicies;
 }
 
 std::unique_ptr<Policy> make_policy(const PolicyConfig& config, std::string& error) {
+  if (config.kv.enabled) {
+    // kv_exact over the fallback `name` names.
+    PolicyConfig inner = config;
+    inner.kv.enabled = false;
+    if (inner.name == "kv_exact") {
+      error =
+          "kv_exact needs a fallback policy for misses (sel / --kv-fallback-policy), not itself";
+      return nullptr;
+    }
+    auto fallback = make_policy(inner, error);
+    if (!fallback) return nullptr;
+    return std::make_unique<KvExactPolicy>(config, std::move(fallback));
+  }
+  if (config.name == "kv_exact") {
+    error =
+        "kv_exact is turned on by a rule's kvExactMode 3 (or --policy kv_exact for the "
+        "command line's rule), with sel naming the fallback policy";
+    return nullptr;
+  }
   std::string built;
   for (const auto& p : all_policies()) {
     if (p.factory) built += (built.empty() ? "" : ", ") + std::string(p.name);

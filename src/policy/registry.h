@@ -3,7 +3,9 @@
 // too, so asking for one fails at startup with a message instead of a silent fallback.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +40,19 @@ struct PolicyConfig {
   double chwbl_load_factor = 0;
   // bucket
   int64_t bucket_refit_secs = 0;
+  // kv_exact (a kvExactMode 3 rule): its events and inventory; `name` is then the fallback.
+  struct KvExact {
+    bool enabled = false;
+    int64_t page_size = 0;  // kvBlockSize: the engines' page size
+    int64_t dp_ranks = 0;   // kvDpRankCount
+    int64_t zmq_port = 0;   // kvZmqPort: rank 0's publisher port (rank r: + r)
+    std::map<std::string, int64_t, std::less<>> endpoint_ports;  // an endpoint's own kvZmqPort
+    std::chrono::seconds warmup{0};                              // kvWarmupSec
+    double load_tokens = 0;  // cost of one active request, in prefill tokens
+    double other_tier_weight = 0;
+    size_t max_blocks = 0;
+    bool operator==(const KvExact&) const = default;
+  } kv;
   // Where policies register their own metrics (null in unit tests that do not look, and for
   // policies built for a dry run), and the rule (pool) their series are labelled with.
   metrics::Registry* registry = nullptr;

@@ -253,6 +253,12 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     } else if (key == "rid") {
       std::string_view r;
       if (!value.get_string().get(r)) out.rid = r;
+    } else if (key == "cache_salt") {
+      // SGLang keeps a salted request's prefixes in their own namespace (kv_exact keys by it).
+      std::string_view salt;
+      if (!value.get_string().get(salt)) out.cache_salt = salt;
+    } else if (key == "lora_path") {
+      out.names_lora = !value.is_null();
     } else if (key == "stream_options") {
       bool u = false;
       if (!value["include_usage"].get_bool().get(u)) out.include_usage = u;

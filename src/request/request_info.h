@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,9 @@ struct RequestInfo {
   bool stream = false;
   std::string rid;             // SGLang "rid" when given as a string
   bool include_usage = false;  // stream_options.include_usage
+  // SGLang's cache_salt: the request's prefixes live in their own namespace.
+  std::optional<std::string> cache_salt;
+  bool names_lora = false;  // lora_path given: the engine caches under the adapter's namespace
   // Filled only when parse options ask for it (a policy routes on content):
   // chat: every message in order as "role\ncontent\n" (text parts of list contents, tool calls as
   // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:

@@ -537,9 +537,17 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
     if (!sel_ok) {
       bool known = std::any_of(all_policies().begin(), all_policies().end(),
                                [&](const PolicyInfo& p) { return p.name == r.sel; });
-      err("sel", json_quote(r.sel),
-          (known ? "not available in this build yet" : "unknown policy") +
-              std::string("; choose one of: ") + join(built) + " (or 0 = round_robin, 8 = chwbl)");
+      if (r.sel == "kv_exact") {
+        err("sel", json_quote(r.sel),
+            "kv_exact is turned on by kvExactMode 3; sel names the policy for its misses: choose "
+            "one of: " +
+                join(built) + " (or 0 = round_robin, 8 = chwbl)");
+      } else {
+        err("sel", json_quote(r.sel),
+            (known ? "not available in this build yet" : "unknown policy") +
+                std::string("; choose one of: ") + join(built) +
+                " (or 0 = round_robin, 8 = chwbl)");
+      }
     }
   }
 
@@ -918,9 +926,9 @@ std::string not_built(const Rule& rule) {
     return "prefill/decode pools (endpoints with roles) are not built in this version of kvgate; "
            "list the workers without roles";
   }
-  if (rule.kv_exact_mode != 0) {
-    return "kvExactMode " + std::to_string(rule.kv_exact_mode) +
-           " (kv_exact routing) is not built in this version of kvgate; set kvExactMode 0";
+  if (rule.kv_exact_mode == 1) {
+    return "kvExactMode 1 (kv_exact over prefill/decode) is not built in this version of kvgate; "
+           "set kvExactMode 0";
   }
   return "";
 }
@@ -1032,6 +1040,14 @@ Rule rule_from_flags(const GatewayConfig& c) {
         p.bootstrap_port ? std::optional<int64_t>(*p.bootstrap_port) : std::nullopt);
   }
   for (const auto& d : c.decode) add(d, Role::kDecode, std::nullopt);
+  r.kv_block_size = c.kv_block_size;
+  r.kv_zmq_port = c.kv_zmq_port;
+  r.kv_dp_rank_count = c.kv_dp_rank_count;
+  r.kv_warmup_sec = c.kv_warmup_secs;
+  if (c.policy == "kv_exact") {  // the command line's way to say kvExactMode 3
+    r.kv_exact_mode = 3;
+    r.sel = c.kv_fallback_policy;
+  }
   return r;
 }
 

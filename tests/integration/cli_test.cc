@@ -30,10 +30,10 @@ TEST(Cli, InvalidValueFails) {
       << r.output;
 }
 
-TEST(Cli, UnbuiltPolicyFailsAtStartup) {
+TEST(Cli, KvExactWithoutATokenizerFailsAtStartup) {
   auto r = run("kvgate", {"--worker-urls", "http://127.0.0.1:1", "--policy", "kv_exact"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.output.find("not available in this build yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("give --tokenizer-path"), std::string::npos) << r.output;
 }
 
 TEST(Cli, MissingTokenizerIsAStartupError) {

@@ -45,6 +45,25 @@ int free_port() {
   return port;
 }
 
+int free_ports(int n) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int base = free_port();
+    if (base + n - 1 > 65535) continue;
+    bool all = true;
+    for (int i = 0; i < n && all; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(static_cast<uint16_t>(base + i));
+      all = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+    }
+    if (all) return base;
+  }
+  throw std::runtime_error("free_ports: no run of free ports found");
+}
+
 bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
   auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {

@@ -15,6 +15,9 @@ namespace kvgate::testing {
 std::string bin_dir();
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
+// The first of `n` consecutive ports free on every address (a KV event publisher binds one per
+// DP rank on tcp://*:base+rank).
+int free_ports(int n);
 // Waits until `cond` holds, polling every 10 ms, up to `timeout`. Returns whether it held.
 bool wait_until(const std::function<bool()>& cond,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10));

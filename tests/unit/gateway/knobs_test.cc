@@ -66,36 +66,16 @@ bool change(const flags::Knob<GatewayConfig>& k, GatewayConfig& c) {
 
 // Knobs read straight from GatewayConfig by the binary (listeners, admission, files, logs...) or
 // by a rule, not by a module config built in gateway/knobs.
-const std::set<std::string, std::less<>> kReadDirectly = {"worker-urls",
-                                                          "log-dir",
-                                                          "log-level",
-                                                          "config",
-                                                          "admin-host",
-                                                          "admin-port",
-                                                          "admin-api-key",
-                                                          "admin-api-key-file",
-                                                          "expose-server-info",
-                                                          "prometheus-port",
-                                                          "prometheus-host",
-                                                          "prometheus-duration-buckets",
-                                                          "request-id-headers",
-                                                          "request-timeout-secs",
-                                                          "shutdown-grace-period-secs",
-                                                          "api-key",
-                                                          "api-key-file",
-                                                          "allow-target-worker-header",
-                                                          "max-connections",
-                                                          "worker-ca-cert-path",
-                                                          "worker-client-cert-path",
-                                                          "worker-client-key-path",
-                                                          "tokenizer-path",
-                                                          "model-path",
-                                                          "debug-headers",
-                                                          "threads",
-                                                          "max-concurrent-requests",
-                                                          "queue-size",
-                                                          "queue-timeout-secs",
-                                                          "backend"};
+const std::set<std::string, std::less<>> kReadDirectly = {
+    "worker-urls", "log-dir", "log-level", "config", "admin-host", "admin-port", "admin-api-key",
+    "admin-api-key-file", "expose-server-info", "prometheus-port", "prometheus-host",
+    "prometheus-duration-buckets", "request-id-headers", "request-timeout-secs",
+    "shutdown-grace-period-secs", "api-key", "api-key-file", "allow-target-worker-header",
+    "max-connections", "worker-ca-cert-path", "worker-client-cert-path", "worker-client-key-path",
+    "tokenizer-path", "model-path", "debug-headers", "threads", "max-concurrent-requests",
+    "queue-size", "queue-timeout-secs", "backend",
+    // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields
+    "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-dp-rank-count", "kv-warmup-secs"};
 // sgl-model-gateway's knobs kvgate accepts and does not use: their help must say so.
 const std::set<std::string, std::less<>> kAcceptedUnused = {
     "worker-startup-timeout-secs", "worker-startup-check-interval", "cb-window-duration-secs"};

@@ -38,8 +38,7 @@ TEST(Registry, UnbuiltAndUnknownPoliciesAreClearErrors) {
   std::string err;
   c.name = "kv_exact";
   EXPECT_FALSE(make_policy(c, err));
-  EXPECT_NE(err.find("not available in this build yet"), std::string::npos) << err;
-  EXPECT_NE(err.find("round_robin"), std::string::npos) << err;
+  EXPECT_NE(err.find("turned on by a rule's kvExactMode 3"), std::string::npos) << err;
   c.name = "fastest";
   EXPECT_FALSE(make_policy(c, err));
   EXPECT_NE(err.find("unknown policy 'fastest'"), std::string::npos) << err;

@@ -214,7 +214,7 @@ TEST(ConfigFile, ShapesOfTheFile) {
       {"worker-urls: http://127.0.0.1:1\nselector: [a]\n",
        "gw.yaml:2: selector: not supported by kvgate: Kubernetes discovery is not built"},
       {"worker-urls: [http://127.0.0.1:1]\npolicy: kv_exact\n",
-       "gw.yaml:2: --policy: policy 'kv_exact'"},
+       "gw.yaml:2: --policy kv_exact matches the engines' pages of token ids"},
       {"worker-urls: [http://127.0.0.1:1]\nlog-level: loud\n",
        "gw.yaml:2: log-level: \"loud\": not a valid value; choose one of: debug, info, warn, "
        "error"},

@@ -205,7 +205,8 @@ TEST(RuleValidation, EveryRejectedShapeSaysWhatToDo) {
       {with(kPool, R"({"mode": 0, "sel": "random", "models": ["m"]})"), "models", "[...]",
        "set mode: 4, or remove models"},
       {with(kPool, R"({"sel": "kv_exact"})"), "sel", "\"kv_exact\"",
-       "not available in this build yet; choose one of: round_robin"},
+       "kv_exact is turned on by kvExactMode 3; sel names the policy for its misses: choose one "
+       "of: round_robin"},
       {with(kPool, R"({"sel": "fastest"})"), "sel", "\"fastest\"", "unknown policy; choose one of"},
       {with(kPool, R"({"sel": 3})"), "sel", "3", "only 0 (round_robin) and 8 (chwbl)"},
       {with(kPool, R"({"name": "a b"})"), "name", "\"a b\"", "A-Z a-z 0-9 _ . -"},

@@ -131,7 +131,11 @@ TEST(Validate, RequiresWorkersAndBuiltPolicy) {
   c.worker_urls = {"http://127.0.0.1:1"};
   EXPECT_EQ(validate(c), "");  // cache_aware, the default
   c.policy = "kv_exact";
-  EXPECT_NE(validate(c).find("not available in this build yet"), std::string::npos);
+  EXPECT_NE(validate(c).find("give --tokenizer-path"), std::string::npos);
+  c.tokenizer_path = "/models/x";
+  c.kv_fallback_policy = "fastest";
+  EXPECT_NE(validate(c).find("--kv-fallback-policy: unknown policy"), std::string::npos);
+  c.tokenizer_path.clear();
   c.policy = "round_robin";
   EXPECT_EQ(validate(c), "");
   c.worker_urls = {"http://127.0.0.1:1", "http://127.0.0.1:1/"};

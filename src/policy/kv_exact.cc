@@ -1,0 +1,396 @@
+// policy/kv_exact: see kv_exact.h.
+#include "policy/kv_exact.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "policy/registry.h"
+#include "util/log.h"
+
+namespace kvgate {
+namespace {
+
+// FNV-1a: the tie-break hash of a source, the same in every kvgate (from its URL and rank).
+uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ULL) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+std::string zmq_endpoint(const std::string& host, int64_t port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+struct KvExactPolicy::Source {
+  kv::SourceId id = 0;
+  WorkerPtr worker;
+  int rank = 0;
+  std::string url;
+  uint64_t tiebreak = 0;
+  std::atomic<int64_t> active{0};           // requests dispatched here, not completed
+  std::atomic<int64_t> pending_prefill{0};  // their prompt tokens not cached here
+  std::atomic<bool> ready{false};           // trusted (kvWarmupSec, or holding blocks)
+};
+
+struct KvExactPolicy::Sources {
+  std::vector<std::shared_ptr<Source>> all;
+  std::unordered_map<uint64_t, std::vector<Source*>> by_worker;  // worker id -> by rank
+  const Source* find(uint64_t worker, int rank) const {
+    auto it = by_worker.find(worker);
+    if (it == by_worker.end() || rank < 0 || static_cast<size_t>(rank) >= it->second.size()) {
+      return nullptr;
+    }
+    return it->second[static_cast<size_t>(rank)];
+  }
+};
+
+namespace {
+
+kv::InventoryOptions inventory_options(const PolicyConfig& c) {
+  kv::InventoryOptions o;
+  o.page_size = static_cast<size_t>(std::max<int64_t>(1, c.kv.page_size));
+  if (c.kv.max_blocks > 0) o.max_blocks = c.kv.max_blocks;
+  o.other_tier_weight = c.kv.other_tier_weight;
+  return o;
+}
+
+// Adds `delta` to a load counter, never below 0: a completion of a dispatch made to a source
+// that was removed and added again meanwhile must not drive the new one negative.
+void add_clamped(std::atomic<int64_t>& a, int64_t delta) {
+  int64_t v = a.load(std::memory_order_relaxed);
+  while (!a.compare_exchange_weak(v, std::max<int64_t>(0, v + delta), std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy> fallback)
+    : rule_(config.rule),
+      page_size_(std::max<int64_t>(1, config.kv.page_size)),
+      dp_ranks_(std::max<int64_t>(1, config.kv.dp_ranks)),
+      zmq_port_(config.kv.zmq_port),
+      endpoint_ports_(config.kv.endpoint_ports),
+      warmup_(config.kv.warmup),
+      load_tokens_(config.kv.load_tokens),
+      fallback_(std::move(fallback)),
+      inventory_(inventory_options(config)),
+      subscriber_(kv::SubscriberOptions{}, *this),
+      sources_(std::make_shared<const Sources>()) {
+  if (config.registry) {
+    auto& r = *config.registry;
+    hits_ = &r.counter("kvgate_kv_exact_hits_total",
+                       "kv_exact: requests routed to an (endpoint, rank) holding their prefix",
+                       {"rule"})
+                 .with({rule_});
+    misses_ = &r.counter("kvgate_kv_exact_misses_total",
+                         "kv_exact: requests the fallback policy routed, by why: miss (no page "
+                         "held anywhere), not_ready (no subscriber trusted yet), no_tokens, lora",
+                         {"rule", "reason"});
+    events_ = &r.counter("kvgate_kv_events_total", "KV events applied, by type",
+                         {"rule", "endpoint", "rank", "type"});
+    connected_ = &r.gauge("kvgate_kv_subscriber_connected",
+                          "1 while the event subscriber of the (endpoint, rank) is connected",
+                          {"rule", "endpoint", "rank"});
+    blocks_ = &r.gauge("kvgate_kv_blocks", "Blocks the inventory holds per (endpoint, rank, tier)",
+                       {"rule", "endpoint", "rank", "medium"});
+    resets_ = &r.counter("kvgate_kv_resyncs_total",
+                         "Sources forgotten and rebuilt from new events, by why: gap_no_replay, "
+                         "replay_failed, restart, removed",
+                         {"rule", "reason"});
+    orphans_ = &r.counter("kvgate_kv_orphan_blocks_total",
+                          "Stored blocks skipped because their parent was never seen (events "
+                          "missed)",
+                          {"rule"})
+                    .with({rule_});
+    page_size_mismatches_ =
+        &r.counter("kvgate_kv_page_size_mismatches_total",
+                   "Stored events skipped because their block size is not the rule's "
+                   "kvBlockSize: set kvBlockSize to the engine's --page-size",
+                   {"rule"})
+             .with({rule_});
+    predicted_tokens_ = &r.counter("kvgate_kv_exact_predicted_tokens_total",
+                                   "kv_exact: prompt tokens it expected cached where it routed "
+                                   "(counted when the worker reports cached_tokens)",
+                                   {"rule"})
+                             .with({rule_});
+    cached_tokens_ = &r.counter("kvgate_kv_exact_cached_tokens_total",
+                                "kv_exact: prompt tokens the workers reported cached", {"rule"})
+                          .with({rule_});
+  }
+}
+
+KvExactPolicy::~KvExactPolicy() {
+  subscriber_.stop();
+}
+
+ParseOptions KvExactPolicy::parse_options() const {
+  ParseOptions o = fallback_->parse_options();
+  o.want_text = true;
+  o.want_tokens = true;
+  o.max_tokens = 0;  // every page counts
+  return o;
+}
+
+bool KvExactPolicy::ready(kv::SourceId s) const {
+  auto src = sources_.load();
+  for (const auto& p : src->all) {
+    if (p->id == s) return p->ready.load(std::memory_order_relaxed);
+  }
+  return false;
+}
+
+Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteContext& ctx,
+                                  std::string_view why, const Sources& sources) {
+  Decision inner = fallback_->select(available, ctx);
+  Decision d = inner;
+  if (!inner.worker) return d;
+  d.inner_branch = inner.branch;
+  d.branch = why;
+  d.predicted_tokens = 0;
+  if (misses_) misses_->with({rule_, why.substr(9)}).inc();  // "kv_exact_" dropped
+  if (dp_ranks_ > 1) {
+    // The fallback chose the worker; the rank with the least prefill queued there takes it.
+    int best = 0;
+    int64_t best_load = std::numeric_limits<int64_t>::max();
+    for (int r = 0; r < dp_ranks_; ++r) {
+      const Source* s = sources.find(inner.worker->id(), r);
+      int64_t load = s ? s->pending_prefill.load(std::memory_order_relaxed) +
+                             s->active.load(std::memory_order_relaxed)
+                       : 0;
+      if (load < best_load) {
+        best_load = load;
+        best = r;
+      }
+    }
+    d.dp_rank = best;
+  }
+  return d;
+}
+
+Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  auto sources = sources_.load();
+  const RequestInfo& req = *ctx.request;
+  if (req.names_lora) return fall_back(available, ctx, "kv_exact_lora", *sources);
+  if (req.tokens.empty()) return fall_back(available, ctx, "kv_exact_no_tokens", *sources);
+
+  thread_local std::vector<kv::BlockKey> keys;
+  thread_local std::vector<kv::SourceMatch> matches;
+  keys.clear();
+  std::optional<std::string_view> salt;
+  if (req.cache_salt) salt = *req.cache_salt;
+  kv::chain_keys(req.tokens, static_cast<size_t>(page_size_), kv::chain_seed(salt, std::nullopt),
+                 keys);
+  inventory_.match(keys, matches);
+
+  const auto tokens = static_cast<int64_t>(req.tokens.size());
+  const uint64_t request_hash = keys.empty() ? 0 : keys.front();
+  const Source* best = nullptr;
+  double best_cost = 0;
+  int64_t best_active = 0;
+  uint64_t best_tie = 0;
+  int64_t best_cached = 0;
+  int64_t longest = 0;
+  bool any_ready = false;
+  for (Worker* w : available) {
+    auto it = sources->by_worker.find(w->id());
+    if (it == sources->by_worker.end()) continue;
+    for (const Source* s : it->second) {
+      if (!s->ready.load(std::memory_order_relaxed)) continue;
+      any_ready = true;
+      int64_t cached = 0;
+      for (const auto& m : matches) {
+        if (m.source == s->id) {
+          cached = static_cast<int64_t>(m.pages * static_cast<double>(page_size_));
+          break;
+        }
+      }
+      longest = std::max(longest, cached);
+      int64_t active = s->active.load(std::memory_order_relaxed);
+      double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
+                    static_cast<double>(s->pending_prefill.load(std::memory_order_relaxed)) +
+                    load_tokens_ * static_cast<double>(active);
+      uint64_t tie = mix(request_hash ^ s->tiebreak);
+      bool better = best == nullptr || cost < best_cost ||
+                    (cost == best_cost &&
+                     (active < best_active || (active == best_active && tie < best_tie)));
+      if (better) {
+        best = s;
+        best_cost = cost;
+        best_active = active;
+        best_tie = tie;
+        best_cached = cached;
+      }
+    }
+  }
+  if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", *sources);
+  if (longest == 0 || best == nullptr) return fall_back(available, ctx, "kv_exact_miss", *sources);
+  if (hits_) hits_->inc();
+  Decision d;
+  d.worker = best->worker.get();
+  if (dp_ranks_ > 1) d.dp_rank = best->rank;
+  d.branch = best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
+  d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
+  return d;
+}
+
+void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
+  auto sources = sources_.load();
+  auto tokens = static_cast<int64_t>(ctx.request->tokens.size());
+  if (const Source* s = sources->find(d.worker->id(), d.dp_rank.value_or(0))) {
+    auto* src = const_cast<Source*>(s);
+    src->active.fetch_add(1, std::memory_order_relaxed);
+    src->pending_prefill.fetch_add(tokens - static_cast<int64_t>(d.predicted_tokens),
+                                   std::memory_order_relaxed);
+  }
+  if (!d.inner_branch.empty()) {
+    Decision inner = d;
+    inner.branch = d.inner_branch;
+    inner.inner_branch = {};
+    fallback_->on_dispatched(inner, ctx);
+  }
+}
+
+void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) {
+  auto sources = sources_.load();
+  auto tokens = static_cast<int64_t>(ctx.request->tokens.size());
+  if (const Source* s = sources->find(d.worker->id(), d.dp_rank.value_or(0))) {
+    auto* src = const_cast<Source*>(s);
+    add_clamped(src->active, -1);
+    add_clamped(src->pending_prefill, -(tokens - static_cast<int64_t>(d.predicted_tokens)));
+  }
+  if (o.cached_tokens && d.inner_branch.empty()) {
+    if (predicted_tokens_) predicted_tokens_->inc(d.predicted_tokens);
+    if (cached_tokens_)
+      cached_tokens_->inc(static_cast<uint64_t>(std::max<int64_t>(0, *o.cached_tokens)));
+  }
+  if (!d.inner_branch.empty()) {
+    Decision inner = d;
+    inner.branch = d.inner_branch;
+    inner.inner_branch = {};
+    fallback_->on_completed(inner, ctx, o);
+  }
+}
+
+void KvExactPolicy::on_workers_changed(const WorkerSet& set) {
+  fallback_->on_workers_changed(set);
+  std::lock_guard lock(change_mu_);
+  auto old = sources_.load();
+  std::map<kv::SourceId, std::shared_ptr<Source>> kept;
+  for (const auto& s : old->all) kept[s->id] = s;
+  auto next = std::make_shared<Sources>();
+  std::vector<kv::SourceSpec> specs;
+  std::map<std::pair<uint64_t, int>, kv::SourceId> ids;
+  for (const auto& w : set.workers) {
+    auto& ranks = next->by_worker[w->id()];
+    int64_t base = zmq_port_;
+    if (auto it = endpoint_ports_.find(w->url()); it != endpoint_ports_.end()) base = it->second;
+    for (int r = 0; r < dp_ranks_; ++r) {
+      auto key = std::make_pair(w->id(), r);
+      kv::SourceId id = 0;
+      if (auto it = ids_.find(key); it != ids_.end()) {
+        id = it->second;
+      } else {
+        id = next_id_++;
+      }
+      ids[key] = id;
+      std::shared_ptr<Source> s;
+      if (auto it = kept.find(id); it != kept.end()) {
+        s = it->second;
+      } else {
+        s = std::make_shared<Source>();
+        s->id = id;
+        s->worker = w;
+        s->rank = r;
+        s->url = w->url();
+        s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
+      }
+      ranks.push_back(s.get());
+      next->all.push_back(s);
+      kv::SourceSpec spec;
+      spec.id = id;
+      spec.endpoint = w->url();
+      spec.rank = r;
+      spec.pub = zmq_endpoint(w->target().host, base + r);
+      specs.push_back(std::move(spec));
+    }
+  }
+  ids_ = std::move(ids);
+  sources_.store(next);
+  subscriber_.set_sources(std::move(specs));  // removed sources are reset (and forgotten)
+}
+
+void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
+  kv::ApplyStats st = inventory_.apply(source, batch);
+  if (orphans_ && st.orphans) orphans_->inc(st.orphans);
+  if (page_size_mismatches_ && st.page_size_mismatches) {
+    page_size_mismatches_->inc(st.page_size_mismatches);
+  }
+  if (!events_) return;
+  // Labels per source: looked up once per batch (the subscriber's thread).
+  auto sources = sources_.load();
+  for (const auto& s : sources->all) {
+    if (s->id != source) continue;
+    std::string rank = std::to_string(s->rank);
+    if (st.stored) events_->with({rule_, s->url, rank, "stored"}).inc(st.stored);
+    if (st.removed) events_->with({rule_, s->url, rank, "removed"}).inc(st.removed);
+    if (st.cleared) events_->with({rule_, s->url, rank, "cleared"}).inc(st.cleared);
+    break;
+  }
+}
+
+void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
+  if (why == kv::ResetReason::kRemoved) {
+    inventory_.remove_source(source);
+  } else {
+    inventory_.clear(source);
+  }
+  if (resets_) resets_->with({rule_, kv::to_string(why)}).inc();
+}
+
+void KvExactPolicy::on_period() {
+  fallback_->on_period();  // (its own period is not honoured finer than kv_exact's)
+  auto sources = sources_.load();
+  std::unordered_map<kv::SourceId, kv::SourceStatus> status;
+  for (auto& [spec, st] : subscriber_.status()) status[spec.id] = st;
+  auto now = std::chrono::system_clock::now();
+  for (const auto& s : sources->all) {
+    auto it = status.find(s->id);
+    bool connected = it != status.end() && it->second.connected;
+    bool warm = connected && now - it->second.connected_since >= warmup_;
+    size_t gpu = inventory_.blocks(s->id, true), other = inventory_.blocks(s->id, false);
+    s->ready.store(warm || gpu + other > 0, std::memory_order_relaxed);
+    if (connected_) {
+      std::string rank = std::to_string(s->rank);
+      connected_->with({rule_, s->url, rank}).set(connected ? 1 : 0);
+      blocks_->with({rule_, s->url, rank, "gpu"}).set(static_cast<double>(gpu));
+      blocks_->with({rule_, s->url, rank, "other"}).set(static_cast<double>(other));
+    }
+  }
+}
+
+void KvExactPolicy::start() {
+  std::lock_guard lock(change_mu_);
+  if (starts_++ == 0) subscriber_.start();
+}
+
+void KvExactPolicy::stop() {
+  std::lock_guard lock(change_mu_);
+  if (starts_ > 0 && --starts_ == 0) subscriber_.stop();
+}
+
+}  // namespace kvgate

@@ -1,0 +1,97 @@
+// policy/kv_exact: routing on what the engines really cache. The pool's endpoints publish their
+// KV events over ZeroMQ (one publisher per DP rank); a kv::Subscriber of the policy's own follows
+// every (endpoint, rank) and a kv::Inventory holds what each one stores, keyed by kvgate's chained
+// block keys. A request's tokens (rendered and tokenized as the engine does) are keyed the same
+// way and matched; the (endpoint, rank) with the lowest cost wins:
+//   cost = tokens it would prefill for this request (those not cached there)
+//        + prefill tokens already dispatched there and not finished
+//        + load_tokens x requests active there
+// Ties go to the less loaded, then to a hash of the request and the source (deterministic: two
+// gateways with the same inventory choose the same). No page matched anywhere, a request without
+// tokens, or no source ready (its subscriber connected for kvWarmupSec, or holding blocks): the
+// fallback policy chooses (the rule's sel), and the branch says why (kv_exact_miss,
+// kv_exact_not_ready, kv_exact_no_tokens, kv_exact_lora), never silently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kv/inventory.h"
+#include "kv/subscriber.h"
+#include "metrics/metrics.h"
+#include "policy/policy.h"
+#include "util/shared_snapshot.h"
+
+namespace kvgate {
+
+struct PolicyConfig;
+
+class KvExactPolicy final : public Policy, private kv::EventSink {
+ public:
+  // `fallback` decides misses; it hears on_dispatched/on_completed for its own decisions only.
+  KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy> fallback);
+  ~KvExactPolicy() override;
+
+  std::string_view name() const override { return "kv_exact"; }
+  Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
+  void on_dispatched(const Decision& d, RouteContext& ctx) override;
+  void on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) override;
+  void on_workers_changed(const WorkerSet& set) override;
+  ParseOptions parse_options() const override;
+  bool uses_reported_load() const override { return fallback_->uses_reported_load(); }
+  bool wants_usage() const override { return true; }
+  std::chrono::milliseconds period() const override { return std::chrono::seconds(1); }
+  void on_period() override;
+  void start() override;
+  void stop() override;
+
+  // For tests and the inventory view.
+  const kv::Inventory& inventory() const { return inventory_; }
+  std::vector<std::pair<kv::SourceSpec, kv::SourceStatus>> sources() const {
+    return subscriber_.status();
+  }
+  bool ready(kv::SourceId s) const;
+
+ private:
+  struct Source;  // per (endpoint, rank): load counters, readiness
+  struct Sources;
+  void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
+  void on_reset(kv::SourceId source, kv::ResetReason why) override;
+  Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
+                     const Sources& sources);
+
+  std::string rule_;
+  int64_t page_size_;
+  int64_t dp_ranks_;
+  int64_t zmq_port_;
+  std::map<std::string, int64_t, std::less<>> endpoint_ports_;  // url -> its rank-0 port
+  std::chrono::seconds warmup_;
+  double load_tokens_;
+  std::unique_ptr<Policy> fallback_;
+  kv::Inventory inventory_;
+  kv::Subscriber subscriber_;
+  SharedSnapshot<const Sources> sources_;
+  std::mutex change_mu_;  // on_workers_changed / on_period (control thread) vs start/stop
+  std::map<std::pair<uint64_t, int>, kv::SourceId> ids_;  // (worker id, rank) -> source
+  kv::SourceId next_id_ = 1;
+  int starts_ = 0;  // start/stop are balanced per pool; a kept policy serves two pools a moment
+
+  // Metrics (null without a registry).
+  metrics::Counter* hits_ = nullptr;
+  metrics::CounterFamily* misses_ = nullptr;
+  metrics::CounterFamily* events_ = nullptr;
+  metrics::GaugeFamily* connected_ = nullptr;
+  metrics::GaugeFamily* blocks_ = nullptr;
+  metrics::CounterFamily* resets_ = nullptr;
+  metrics::Counter* orphans_ = nullptr;
+  metrics::Counter* page_size_mismatches_ = nullptr;
+  metrics::Counter* predicted_tokens_ = nullptr;
+  metrics::Counter* cached_tokens_ = nullptr;
+};
+
+}  // namespace kvgate

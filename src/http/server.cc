@@ -99,6 +99,10 @@ struct Server::Shared {
   std::unique_ptr<ssl::context> tls;
   std::vector<asio::io_context*> contexts;
   std::vector<std::unique_ptr<SessionNode>> sessions;  // list heads, one per context
+  // Contexts that have seen stop() (closed their acceptor, sorted their idle connections): until
+  // all have, the server counts as busy (a connection whose request just arrived may still look
+  // idle there).
+  std::atomic<size_t> stopped_contexts{0};
 };
 
 namespace {
@@ -819,11 +823,18 @@ void Server::stop() {
     asio::post(acceptors_[i]->get_executor(), [a = acceptors_[i].get(), srv = shared_, i] {
       boost::system::error_code ignored;
       a->close(ignored);
-      // Idle keep-alive connections close now; the others close after their exchange.
+      // Idle keep-alive connections close now; the others close after their exchange. One whose
+      // next request has arrived (bytes wait unread) is busy from now on: its request is read and
+      // answered (with connection: close), and shutdown waits for it.
       SessionNode& head = *srv->sessions[i];
       for (SessionNode* n = head.next; n != &head; n = n->next) {
-        if (n->idle) n->socket->cancel(ignored);
+        if (!n->idle) continue;
+        if (n->socket->available(ignored) > 0 && !ignored) {
+          set_idle(*srv, *n, false);
+        }
+        n->socket->cancel(ignored);
       }
+      srv->stopped_contexts.fetch_add(1, std::memory_order_release);
     });
   }
 }
@@ -846,8 +857,13 @@ void Server::close_all() {
 }
 
 int64_t Server::busy_connections() const {
-  return shared_->stats.connections.load(std::memory_order_relaxed) -
-         shared_->stats.idle.load(std::memory_order_relaxed);
+  int64_t busy = shared_->stats.connections.load(std::memory_order_relaxed) -
+                 shared_->stats.idle.load(std::memory_order_relaxed);
+  if (shared_->stopping.load(std::memory_order_relaxed) &&
+      shared_->stopped_contexts.load(std::memory_order_acquire) < acceptors_.size()) {
+    return std::max<int64_t>(busy, 1);  // stop() not yet seen everywhere
+  }
+  return busy;
 }
 
 const ServerStats& Server::stats() const {

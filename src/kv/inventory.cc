@@ -1087,7 +1087,7 @@ struct Inventory::Impl {
 
   size_t bytes() const {
     size_t b = sizeof(Impl) + table.bytes() + slab.bytes() + heap_holder_bytes +
-               touched.capacity() * sizeof(HeapEntry);
+               touched.capacity() * sizeof(HeapEntry) + scratch_keys.capacity() * sizeof(BlockKey);
     for (const auto& [id, st] : sources) {
       // An unordered_map node is a pointer, the pair and a cached hash; a bucket is a pointer.
       b += sizeof(SourceState) + 4 * sizeof(void*) + st->ids.bytes() +

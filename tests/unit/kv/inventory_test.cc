@@ -323,6 +323,28 @@ TEST(Inventory, SourcesShareNodes) {
   EXPECT_EQ(out.size(), 1u);
 }
 
+TEST(Inventory, SourceIdsOfAnySize) {
+  // Past 2^24 a lone holder does not fit the key table's summary: the walk reads the node.
+  constexpr SourceId kBig = 0xfffffff0u;
+  Inventory inv(opts(size_t{1} << 20, 0.5));
+  inv.apply(kBig, batch({stored({11, 12}, std::nullopt, pages({1, 2}))}));
+  inv.apply(kBig, batch({stored({13}, 12, pages({3}), Medium::kCpuPinned)}));
+  inv.apply(1u << 24, batch({stored({11}, std::nullopt, pages({1}))}));
+  std::vector<SourceMatch> out;
+  EXPECT_EQ(inv.match(keys(pages({1, 2, 3})), out), 2u);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].source, 1u << 24);
+  EXPECT_EQ(out[0].gpu_pages, 1u);
+  EXPECT_EQ(out[1].source, kBig);
+  EXPECT_EQ(out[1].gpu_pages, 2u);
+  EXPECT_DOUBLE_EQ(out[1].pages, 2.5);
+  EXPECT_EQ(inv.blocks(kBig, true), 2u);
+  EXPECT_EQ(inv.blocks(kBig, false), 1u);
+  inv.remove_source(kBig);
+  inv.remove_source(1u << 24);
+  EXPECT_EQ(inv.nodes(), 0u);
+}
+
 TEST(Inventory, OneSourceTwoTiers) {
   Inventory inv(opts(size_t{1} << 20, 0.5));
   inv.apply(1, batch({stored({11, 12}, std::nullopt, pages({1, 2}), Medium::kGpu),

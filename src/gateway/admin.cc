@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "policy/kv_exact.h"
 #include "util/log.h"
 #include "workers/health.h"
 
@@ -125,6 +126,45 @@ constexpr int kMaxBodyDepth = 32;  // a rule nests 4 levels
 
 // Parses a rule body; `name` (from the path) is filled in when the body has none, and must agree
 // when it has one.
+// The read-only view of a kv_exact rule's inventory: per (endpoint, rank) what its subscriber
+// and the inventory know.
+Json inventory_json(const std::string& name, const rules::Rule& rule, const KvExactPolicy& kv) {
+  const kv::Inventory& inv = kv.inventory();
+  Json sources = Json::array();
+  auto now = std::chrono::system_clock::now();
+  for (const auto& [spec, st] : kv.sources()) {
+    Json s{{"endpoint", spec.endpoint},
+           {"rank", spec.rank},
+           {"publisher", spec.pub},
+           {"connected", st.connected},
+           {"trusted", kv.ready(spec.id)},
+           {"blocks_gpu", inv.blocks(spec.id, true)},
+           {"blocks_other", inv.blocks(spec.id, false)},
+           {"batches", st.messages},
+           {"decode_errors", st.decode_errors},
+           {"gaps", st.gaps},
+           {"replayed", st.replayed},
+           {"resyncs", st.resets},
+           {"reconnects", st.reconnects}};
+    if (st.messages > 0) {
+      s["last_seq"] = st.last_seq;
+      s["last_event_age_secs"] = std::chrono::duration<double>(now - st.last_message).count();
+    } else {
+      s["last_seq"] = nullptr;
+      s["last_event_age_secs"] = nullptr;
+    }
+    sources.push_back(std::move(s));
+  }
+  return Json{{"rule", name},
+              {"kvExactMode", rule.kv_exact_mode},
+              {"pageSize", rule.kv_block_size},
+              {"inventory",
+               {{"nodes", inv.nodes()},
+                {"bytes", inv.bytes()},
+                {"pruned", inv.pruned()},
+                {"sources", std::move(sources)}}}};
+}
+
 std::optional<rules::Rule> parse_rule(std::string_view body, std::string_view name,
                                       const GatewayConfig& base,
                                       std::vector<rules::FieldError>& errors) {
@@ -416,13 +456,20 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
       co_return;
     }
-    Json out{{"rule", name},
-             {"kvExactMode", rule->kv_exact_mode},
-             {"inventory", nullptr},
-             {"message",
-              "kv_exact routing is off for this rule (kvExactMode 0): no "
-              "block inventory is kept"}};
-    co_await reply(ex, 200, out);
+    auto table = pools_.table();
+    const Pool* pool = table->find(name);
+    const auto* kv = pool ? dynamic_cast<const KvExactPolicy*>(&pool->policy()) : nullptr;
+    if (!kv) {
+      Json off{{"rule", name},
+               {"kvExactMode", rule->kv_exact_mode},
+               {"inventory", nullptr},
+               {"message",
+                "kv_exact routing is off for this rule (kvExactMode 0): no "
+                "block inventory is kept"}};
+      co_await reply(ex, 200, off);
+      co_return;
+    }
+    co_await reply(ex, 200, inventory_json(name, *rule, *kv));
     co_return;
   }
   if (!sub.empty()) {

@@ -83,6 +83,7 @@ class Pool {
   std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
   WorkerRegistry& registry() { return registry_; }
   Policy& policy() { return *policy_; }
+  const Policy& policy() const { return *policy_; }
   std::shared_ptr<Policy> shared_policy() const { return policy_; }
   // What the request path must read of bodies for this pool (mode 4), with its tokenizer.
   const ParseOptions& parse_options() const { return parse_options_; }

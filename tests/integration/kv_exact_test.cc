@@ -49,11 +49,13 @@ struct KvCluster {
     config = dir.write("kvgate.yaml", yaml);
     port = free_port();
     metrics_port = free_port();
+    admin_port = free_port();
     gateway = std::make_unique<Process>(
-        "kvgate", std::vector<std::string>{"--config", config, "--host", "127.0.0.1", "--port",
-                                           std::to_string(port), "--prometheus-host", "127.0.0.1",
-                                           "--prometheus-port", std::to_string(metrics_port),
-                                           "--admin-port", "0", "--debug-headers"});
+        "kvgate",
+        std::vector<std::string>{"--config", config, "--host", "127.0.0.1", "--port",
+                                 std::to_string(port), "--prometheus-host", "127.0.0.1",
+                                 "--prometheus-port", std::to_string(metrics_port), "--admin-port",
+                                 std::to_string(admin_port), "--debug-headers"});
   }
   double metric(const std::string& series) {
     HttpClient c(metrics_port);
@@ -84,6 +86,7 @@ struct KvCluster {
   std::string config;
   int port = 0;
   int metrics_port = 0;
+  int admin_port = 0;
   std::unique_ptr<Process> gateway;
 };
 
@@ -95,6 +98,52 @@ std::string chat(const std::vector<std::string>& turns) {
             turns[i] + R"("})";
   }
   return body + "]}";
+}
+
+// Multi-turn chats through kvgate at `port`: the share of later turns' prompt tokens the servers
+// reported cached.
+double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4) {
+  HttpClient client(port);
+  std::vector<std::vector<std::string>> turns(static_cast<size_t>(conversations));
+  double cached = 0, prompt = 0;
+  for (int t = 0; t < turns_per; ++t) {
+    for (int conv = 0; conv < conversations; ++conv) {
+      auto& history = turns[static_cast<size_t>(conv)];
+      std::string msg = "chat " + std::to_string(conv) + " turn " + std::to_string(t);
+      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      history.push_back(msg);
+      auto r = client.post("/v1/chat/completions", chat(history));
+      EXPECT_EQ(r.status, 200) << r.body;
+      if (t > 0) {
+        cached += std::max(0.0, json_number_field(r.body, "cached_tokens"));
+        prompt += std::max(0.0, json_number_field(r.body, "prompt_tokens"));
+      }
+      history.push_back("reply " + std::to_string(t) + " of chat " + std::to_string(conv));
+    }
+  }
+  return prompt > 0 ? cached / prompt : 0;
+}
+
+// The engines' own DP controller splits a conversation over its ranks: cache_aware, which only
+// chooses the server, loses half its hits; kv_exact chooses the rank too.
+TEST(KvExact, BeatsCacheAwareWhenEnginesRunTwoDpRanks) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  std::string tok = models_dir() + "/qwen3";
+  double kv = 0, ca = 0;
+  {
+    KvCluster c(3, tok);
+    ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+    kv = conversation_hit_rate(c.port);
+  }
+  {
+    Cluster c(3,
+              {"--page-size", "16", "--dp-size", "2", "--tokenizer-path", tok,
+               "--enable-cache-report", "--time-scale", "0"},
+              {"--policy", "cache_aware", "--tokenizer-path", tok});
+    ca = conversation_hit_rate(c.port());
+  }
+  std::cout << "hit rate with --dp-size 2: kv_exact " << kv << ", cache_aware " << ca << "\n";
+  EXPECT_GE(kv, 1.3 * ca) << "kv_exact " << kv << " cache_aware " << ca;
 }
 
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
@@ -131,6 +180,20 @@ TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   EXPECT_GE(hits, later_turns * 3 / 4) << c.gateway->log();
   EXPECT_GT(cached / prompt, 0.5);
   EXPECT_EQ(c.metric("kvgate_kv_page_size_mismatches_total{rule=\"default\"}"), 0);
+  // The inventory view (admin listener): every (server, rank), connected, most holding blocks.
+  HttpClient admin(c.admin_port);
+  auto inv = admin.get("/v1/rules/default/inventory");
+  ASSERT_EQ(inv.status, 200) << inv.body;
+  size_t sources = 0, connected = 0;
+  for (size_t at = 0; (at = inv.body.find("\"endpoint\"", at)) != std::string::npos; ++at) {
+    ++sources;
+  }
+  for (size_t at = 0; (at = inv.body.find("\"connected\":true", at)) != std::string::npos; ++at) {
+    ++connected;
+  }
+  EXPECT_EQ(sources, 3u * KvCluster::kRanks) << inv.body;
+  EXPECT_EQ(connected, sources) << inv.body;
+  EXPECT_GT(json_number_field(inv.body, "nodes"), 0) << inv.body;
 }
 
 }  // namespace

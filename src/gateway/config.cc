@@ -274,6 +274,15 @@ const std::vector<K>& table() {
          .field = &C::kv_max_blocks,
          .min = 1024,
          .max = 1e9},
+        {.name = "kv-predict-ttl-ms",
+         .group = kRouting,
+         .value_name = "MS",
+         .help = "kv_exact: a request's pages count as held where it was sent for this long, "
+                 "until the engine's events say so (a burst sharing a new prefix lands together); "
+                 "0: off",
+         .field = &C::kv_predict_ttl_ms,
+         .min = 0,
+         .max = 60000},
         {.name = "dp-aware",
          .group = kRouting,
          .help = "Treat each data-parallel rank of a worker as its own target (refused at startup "

@@ -25,6 +25,7 @@ PolicyConfig policy_config(const GatewayConfig& k, std::string_view sel) {
   pc.kv.load_tokens = k.kv_load_tokens;
   pc.kv.other_tier_weight = k.kv_other_tier_weight;
   pc.kv.max_blocks = static_cast<size_t>(k.kv_max_blocks);
+  pc.kv.predict_ttl = std::chrono::milliseconds(k.kv_predict_ttl_ms);
   return pc;
 }
 

@@ -583,16 +583,24 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
 
   for (;;) {
     if (buffer.size() == 0) {
-      if (srv.stopping.load(std::memory_order_relaxed)) break;
+      constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
+      bool arrived = false;  // shutting down, and a request's bytes are here already
+      if (srv.stopping.load(std::memory_order_relaxed)) {
+        // Shutting down: no next request is waited for, but one whose bytes have arrived (on a
+        // connection accepted just before, or between two requests) is read and answered, and
+        // the connection counts as busy meanwhile (shutdown waits for it).
+        boost::system::error_code aec;
+        if (!kPlain || socket.available(aec) == 0 || aec) break;
+        arrived = true;
+      }
       // Waiting for the next request. First with the read buffer (most keep-alive requests follow
       // within moments, and a read is the cheapest wait: no extra system call); a connection idle
       // longer than kKeepBufferFor gives its buffers back and waits for readability alone (an
       // epoll_ctl per wait, only paid by connections that were idle anyway).
       // (TLS connections keep theirs: cancelling a TLS read may leave a record half-read.)
-      constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
       buffer.reserve(kReadBufferSize);
       auto idle_until = Clock::now() + cfg.idle_timeout;
-      set_idle(srv, node, true);
+      set_idle(srv, node, !arrived);
       deadline.expires_at(kPlain ? std::min(idle_until, Clock::now() + kKeepBufferFor)
                                  : idle_until);
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kReadBufferSize), kTuple);

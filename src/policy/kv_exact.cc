@@ -88,6 +88,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       warmup_(config.kv.warmup),
       load_tokens_(config.kv.load_tokens),
       fallback_(std::move(fallback)),
+      predict_ttl_(config.kv.predict_ttl),
       inventory_(inventory_options(config)),
       subscriber_(kv::SubscriberOptions{}, *this),
       sources_(std::make_shared<const Sources>()) {
@@ -196,6 +197,20 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   kv::chain_keys(req.tokens, static_cast<size_t>(page_size_), kv::chain_seed(salt, std::nullopt),
                  keys);
   inventory_.match(keys, matches);
+  // Pages predicted where earlier requests were just sent: the leading run of one source.
+  kv::SourceId predicted_source = 0;
+  int64_t predicted_pages = 0;
+  if (predict_ttl_.count() > 0 && !keys.empty()) {
+    auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(predict_mu_);
+    for (kv::BlockKey k : keys) {
+      auto it = predicted_.find(k);
+      if (it == predicted_.end() || it->second.expires < now) break;
+      if (predicted_pages == 0) predicted_source = it->second.source;
+      if (it->second.source != predicted_source) break;
+      ++predicted_pages;
+    }
+  }
 
   const auto tokens = static_cast<int64_t>(req.tokens.size());
   const uint64_t request_hash = keys.empty() ? 0 : keys.front();
@@ -219,11 +234,18 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
           break;
         }
       }
+      int64_t pending = s->pending_prefill.load(std::memory_order_relaxed);
+      if (s->id == predicted_source) {
+        // The prefix is being prefilled there for the requests just sent: this one waits for
+        // that work instead of doing it again, so it is counted once, not as queued prefill too.
+        int64_t predicted = predicted_pages * page_size_;
+        cached = std::max(cached, predicted);
+        pending = std::max<int64_t>(0, pending - predicted);
+      }
       longest = std::max(longest, cached);
       int64_t active = s->active.load(std::memory_order_relaxed);
       double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
-                    static_cast<double>(s->pending_prefill.load(std::memory_order_relaxed)) +
-                    load_tokens_ * static_cast<double>(active);
+                    static_cast<double>(pending) + load_tokens_ * static_cast<double>(active);
       uint64_t tie = mix(request_hash ^ s->tiebreak);
       bool better = best == nullptr || cost < best_cost ||
                     (cost == best_cost &&
@@ -250,12 +272,29 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
 
 void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   auto sources = sources_.load();
-  auto tokens = static_cast<int64_t>(ctx.request->tokens.size());
+  const RequestInfo& req = *ctx.request;
+  auto tokens = static_cast<int64_t>(req.tokens.size());
   if (const Source* s = sources->find(d.worker->id(), d.dp_rank.value_or(0))) {
     auto* src = const_cast<Source*>(s);
     src->active.fetch_add(1, std::memory_order_relaxed);
     src->pending_prefill.fetch_add(tokens - static_cast<int64_t>(d.predicted_tokens),
                                    std::memory_order_relaxed);
+    if (predict_ttl_.count() > 0 && !req.tokens.empty() && !req.names_lora) {
+      thread_local std::vector<kv::BlockKey> keys;
+      keys.clear();
+      std::optional<std::string_view> salt;
+      if (req.cache_salt) salt = *req.cache_salt;
+      kv::chain_keys(req.tokens, static_cast<size_t>(page_size_),
+                     kv::chain_seed(salt, std::nullopt), keys);
+      auto expires = std::chrono::steady_clock::now() + predict_ttl_;
+      std::lock_guard lock(predict_mu_);
+      if (predicted_.size() + keys.size() > kMaxPredicted) {
+        auto now = std::chrono::steady_clock::now();
+        std::erase_if(predicted_, [&](const auto& e) { return e.second.expires < now; });
+        if (predicted_.size() + keys.size() > kMaxPredicted) predicted_.clear();  // the bound
+      }
+      for (kv::BlockKey k : keys) predicted_[k] = Prediction{s->id, expires};
+    }
   }
   if (!d.inner_branch.empty()) {
     Decision inner = d;
@@ -364,6 +403,11 @@ void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
 
 void KvExactPolicy::on_period() {
   fallback_->on_period();  // (its own period is not honoured finer than kv_exact's)
+  if (predict_ttl_.count() > 0) {
+    auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(predict_mu_);
+    std::erase_if(predicted_, [&](const auto& e) { return e.second.expires < now; });
+  }
   auto sources = sources_.load();
   std::unordered_map<kv::SourceId, kv::SourceStatus> status;
   for (auto& [spec, st] : subscriber_.status()) status[spec.id] = st;

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kv/inventory.h"
@@ -73,6 +74,16 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   std::chrono::seconds warmup_;
   double load_tokens_;
   std::unique_ptr<Policy> fallback_;
+  // Predict on route: the pages of each dispatched request, as held by its (endpoint, rank)
+  // until they expire (the engine's events then say the truth). Last dispatch wins a page.
+  struct Prediction {
+    kv::SourceId source = 0;
+    std::chrono::steady_clock::time_point expires;
+  };
+  static constexpr size_t kMaxPredicted = 1 << 18;
+  std::chrono::milliseconds predict_ttl_;
+  mutable std::mutex predict_mu_;
+  std::unordered_map<kv::BlockKey, Prediction> predicted_;
   kv::Inventory inventory_;
   kv::Subscriber subscriber_;
   SharedSnapshot<const Sources> sources_;

@@ -51,6 +51,7 @@ struct PolicyConfig {
     double load_tokens = 0;  // cost of one active request, in prefill tokens
     double other_tier_weight = 0;
     size_t max_blocks = 0;
+    std::chrono::milliseconds predict_ttl{0};  // predict on route; 0: off
     bool operator==(const KvExact&) const = default;
   } kv;
   // Where policies register their own metrics (null in unit tests that do not look, and for

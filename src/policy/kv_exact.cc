@@ -45,6 +45,9 @@ struct KvExactPolicy::Source {
   std::atomic<int64_t> active{0};           // requests dispatched here, not completed
   std::atomic<int64_t> pending_prefill{0};  // their prompt tokens not cached here
   std::atomic<bool> ready{false};           // trusted (kvWarmupSec, or holding blocks)
+  // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
+  // with a warning and a metric, instead of silently missing.
+  std::atomic<bool> page_size_mismatch{false};
 };
 
 struct KvExactPolicy::Sources {
@@ -60,6 +63,10 @@ struct KvExactPolicy::Sources {
 };
 
 namespace {
+
+// Consecutive zero-hit lookups (against a non-empty inventory) that fire the watchdog.
+constexpr int64_t kZeroHitWatchdog = 50;
+log::RateLimit kLogWatchdog(1, std::chrono::seconds(60));
 
 kv::InventoryOptions inventory_options(const PolicyConfig& c) {
   kv::InventoryOptions o;
@@ -129,6 +136,16 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                                    "(counted when the worker reports cached_tokens)",
                                    {"rule"})
                              .with({rule_});
+    watchdog_ = &r.counter("kvgate_kv_exact_zero_hit_watchdog_total",
+                           "kv_exact: times 50 lookups in a row matched nothing while the "
+                           "inventory held blocks (a wrong kvBlockSize, tokenizer or chat "
+                           "template, or requests sharing no prefix)",
+                           {"rule"})
+                     .with({rule_});
+    excluded_ = &r.gauge("kvgate_kv_source_excluded",
+                         "kv_exact: 1 when the (endpoint, rank) is left out of kv_exact routing: "
+                         "page_size (its events' block size is not kvBlockSize)",
+                         {"rule", "endpoint", "rank", "reason"});
     cached_tokens_ = &r.counter("kvgate_kv_exact_cached_tokens_total",
                                 "kv_exact: prompt tokens the workers reported cached", {"rule"})
                           .with({rule_});
@@ -260,7 +277,22 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     }
   }
   if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", *sources);
-  if (longest == 0 || best == nullptr) return fall_back(available, ctx, "kv_exact_miss", *sources);
+  if (longest == 0 || best == nullptr) {
+    if (inventory_.nodes() > 0 &&
+        zero_hits_.fetch_add(1, std::memory_order_relaxed) + 1 == kZeroHitWatchdog) {
+      zero_hits_.store(0, std::memory_order_relaxed);
+      if (watchdog_) watchdog_->inc();
+      log::warn(kLogWatchdog,
+                "kv_exact: 50 lookups in a row matched no cached page although the inventory "
+                "holds blocks; check that kvBlockSize is the engines' --page-size, that "
+                "tokenizerPath is the served model's (same chat template), or whether requests "
+                "share prefixes at all")
+          .kv("rule", rule_)
+          .kv("blocks", inventory_.nodes());
+    }
+    return fall_back(available, ctx, "kv_exact_miss", *sources);
+  }
+  zero_hits_.store(0, std::memory_order_relaxed);
   if (hits_) hits_->inc();
   Decision d;
   d.worker = best->worker.get();
@@ -376,8 +408,26 @@ void KvExactPolicy::on_workers_changed(const WorkerSet& set) {
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
-  if (page_size_mismatches_ && st.page_size_mismatches) {
-    page_size_mismatches_->inc(st.page_size_mismatches);
+  if (st.page_size_mismatches) {
+    if (page_size_mismatches_) page_size_mismatches_->inc(st.page_size_mismatches);
+    auto sources = sources_.load();
+    for (const auto& s : sources->all) {
+      if (s->id != source || s->page_size_mismatch.exchange(true)) continue;
+      int64_t theirs = 0;
+      for (const auto& e : batch.events) {
+        if (const auto* stored = std::get_if<kv::BlockStored>(&e)) theirs = stored->block_size;
+      }
+      s->ready.store(false, std::memory_order_relaxed);
+      log::warn(
+          "kv_exact: an engine publishes pages of another size than the rule's kvBlockSize; "
+          "this rank is left out of kv_exact routing until it matches (set kvBlockSize to "
+          "the engine's --page-size)")
+          .kv("rule", rule_)
+          .kv("endpoint", s->url)
+          .kv("rank", s->rank)
+          .kv("engine_block_size", theirs)
+          .kv("kvBlockSize", page_size_);
+    }
   }
   if (!events_) return;
   // Labels per source: looked up once per batch (the subscriber's thread).
@@ -398,6 +448,13 @@ void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
   } else {
     inventory_.clear(source);
   }
+  if (why == kv::ResetReason::kRestart) {
+    // A restarted engine may run with the right page size now: it is judged by its new events.
+    auto sources = sources_.load();
+    for (const auto& s : sources->all) {
+      if (s->id == source) s->page_size_mismatch.store(false, std::memory_order_relaxed);
+    }
+  }
   if (resets_) resets_->with({rule_, kv::to_string(why)}).inc();
 }
 
@@ -417,9 +474,11 @@ void KvExactPolicy::on_period() {
     bool connected = it != status.end() && it->second.connected;
     bool warm = connected && now - it->second.connected_since >= warmup_;
     size_t gpu = inventory_.blocks(s->id, true), other = inventory_.blocks(s->id, false);
-    s->ready.store(warm || gpu + other > 0, std::memory_order_relaxed);
+    bool excluded = s->page_size_mismatch.load(std::memory_order_relaxed);
+    s->ready.store(!excluded && (warm || gpu + other > 0), std::memory_order_relaxed);
     if (connected_) {
       std::string rank = std::to_string(s->rank);
+      excluded_->with({rule_, s->url, rank, "page_size"}).set(excluded ? 1 : 0);
       connected_->with({rule_, s->url, rank}).set(connected ? 1 : 0);
       blocks_->with({rule_, s->url, rank, "gpu"}).set(static_cast<double>(gpu));
       blocks_->with({rule_, s->url, rank, "other"}).set(static_cast<double>(other));

@@ -103,6 +103,10 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   metrics::Counter* page_size_mismatches_ = nullptr;
   metrics::Counter* predicted_tokens_ = nullptr;
   metrics::Counter* cached_tokens_ = nullptr;
+  metrics::Counter* watchdog_ = nullptr;
+  metrics::GaugeFamily* excluded_ = nullptr;
+  // Zero-hit watchdog: lookups in a row that matched nothing while the inventory held blocks.
+  std::atomic<int64_t> zero_hits_{0};
 };
 
 }  // namespace kvgate

@@ -196,6 +196,32 @@ TEST(KvExact, ABurstSharingANewPrefixLandsTogetherWithPredictOnRoute) {
   EXPECT_GE(scattered.size(), 3u);  // every one a miss: the fallback's round robin
 }
 
+// An engine whose pages are not kvBlockSize long is named and left out, not silently missed.
+TEST(KvExact, APageSizeMismatchIsDetectedAndNamed) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "", {"--page-size", "32"});
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  HttpClient client(c.port);
+  std::string text = "a prompt long enough to fill several pages of thirty-two tokens:";
+  for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
+  for (int i = 0; i < 2; ++i) {  // the fallback's round robin over the ranks: both store pages
+    auto r = client.post("/generate",
+                         R"({"text":")" + text + R"(","sampling_params":{"max_new_tokens":1}})");
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  std::string series = "kvgate_kv_source_excluded{rule=\"default\",endpoint=\"" + c.sims[0].url() +
+                       "\",rank=\"0\",reason=\"page_size\"}";
+  EXPECT_TRUE(wait_until([&] { return c.metric(series) == 1; })) << c.gateway->log();
+  EXPECT_GT(c.metric("kvgate_kv_page_size_mismatches_total{rule=\"default\"}"), 0);
+  EXPECT_NE(c.gateway->log().find("engine_block_size=32"), std::string::npos) << c.gateway->log();
+  // Once excluded, the rank is not chosen on its (wrong) pages, nor on pages predicted there.
+  auto r = client.post("/generate",
+                       R"({"text":")" + text + R"(","sampling_params":{"max_new_tokens":1}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
+      << r.header("x-kvgate-route");
+}
+
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   KVGATE_REQUIRE_MODEL("qwen3");
   KvCluster c(3, models_dir() + "/qwen3");

@@ -66,6 +66,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
       pc.kv.dp_ranks = rule.kv_dp_rank_count;
       pc.kv.zmq_port = rule.kv_zmq_port;
       pc.kv.warmup = std::chrono::seconds(rule.kv_warmup_sec);
+      pc.kv.hash_algo = rule.kv_hash_algo;
       for (const auto& ep : rule.endpoints) {
         if (!ep.kv_zmq_port) continue;
         http::Target t;

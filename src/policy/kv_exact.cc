@@ -99,6 +99,12 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       inventory_(inventory_options(config)),
       subscriber_(kv::SubscriberOptions{}, *this),
       sources_(std::make_shared<const Sources>()) {
+  if (config.kv.hash_algo == "sha256_sglang") {
+    hasher_ = std::make_unique<kv::BlockHasher>(kv::HashScheme::kSglang);
+  } else if (config.kv.hash_algo == "sha256_cbor") {
+    hasher_ =
+        std::make_unique<kv::BlockHasher>(kv::HashScheme::kVllmSha256Cbor, kv::vllm_default_seed());
+  }
   if (config.registry) {
     auto& r = *config.registry;
     hits_ = &r.counter("kvgate_kv_exact_hits_total",
@@ -142,6 +148,16 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                            "template, or requests sharing no prefix)",
                            {"rule"})
                      .with({rule_});
+    hash_checked_ = &r.counter("kvgate_kv_hash_checked_total",
+                               "kv_exact: stored blocks whose engine id was recomputed from their "
+                               "tokens (blocks of chains that start in the event)",
+                               {"rule"})
+                         .with({rule_});
+    hash_mismatches_ = &r.counter("kvgate_kv_hash_mismatches_total",
+                                  "kv_exact: recomputed ids that differ from the engine's: another "
+                                  "engine build, hash (kvHashAlgo) or page size",
+                                  {"rule"})
+                            .with({rule_});
     excluded_ = &r.gauge("kvgate_kv_source_excluded",
                          "kv_exact: 1 when the (endpoint, rank) is left out of kv_exact routing: "
                          "page_size (its events' block size is not kvBlockSize)",
@@ -407,6 +423,7 @@ void KvExactPolicy::on_workers_changed(const WorkerSet& set) {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
+  if (hasher_) check_hashes(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
   if (st.page_size_mismatches) {
     if (page_size_mismatches_) page_size_mismatches_->inc(st.page_size_mismatches);
@@ -439,6 +456,51 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
     if (st.removed) events_->with({rule_, s->url, rank, "removed"}).inc(st.removed);
     if (st.cleared) events_->with({rule_, s->url, rank, "cleared"}).inc(st.cleared);
     break;
+  }
+}
+
+// Hash parity: for a stored chain that starts in the event (no parent, no LoRA), the engine's ids
+// follow from its tokens; any difference means kvgate and the engine do not agree on the hash,
+// the page size or the engine build, and says so at once.
+void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batch) {
+  uint64_t checked = 0, mismatched = 0;
+  std::vector<uint64_t> ids;
+  for (const auto& e : batch.events) {
+    const auto* s = std::get_if<kv::BlockStored>(&e);
+    if (!s || s->parent_block_hash || s->lora_id || s->block_hashes.empty() ||
+        s->block_size != page_size_ ||
+        s->token_ids.size() != s->block_hashes.size() * static_cast<size_t>(page_size_)) {
+      continue;
+    }
+    std::optional<kv::Digest> seed;
+    if (s->cache_salt) {
+      if (hasher_->scheme() != kv::HashScheme::kSglang) continue;
+      seed = kv::sglang_salt_seed(*s->cache_salt);
+    }
+    ids.assign(s->block_hashes.size(), 0);
+    hasher_->chain_ids(s->token_ids, static_cast<size_t>(page_size_), ids, seed ? &*seed : nullptr);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ++checked;
+      if (ids[i] != s->block_hashes[i]) ++mismatched;
+    }
+  }
+  if (hash_checked_ && checked) hash_checked_->inc(checked);
+  if (!mismatched) return;
+  if (hash_mismatches_) hash_mismatches_->inc(mismatched);
+  if (!hash_warned_.exchange(true)) {
+    std::string url;
+    for (const auto& s : sources_.load()->all) {
+      if (s->id == source) url = s->url;
+    }
+    log::warn(
+        "kv_exact: the engine's block ids are not the ones its tokens hash to with "
+        "kvHashAlgo; kvgate keys pages itself, so routing still works, but the engine may "
+        "run another build, hash or page size than the rule says: check kvEngineType, "
+        "kvHashAlgo and kvBlockSize")
+        .kv("rule", rule_)
+        .kv("endpoint", url)
+        .kv("kvHashAlgo",
+            hasher_->scheme() == kv::HashScheme::kSglang ? "sha256_sglang" : "sha256_cbor");
   }
 }
 

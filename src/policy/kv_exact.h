@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/block_hash.h"
 #include "kv/inventory.h"
 #include "kv/subscriber.h"
 #include "metrics/metrics.h"
@@ -63,6 +64,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   struct Sources;
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
+  void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
                      const Sources& sources);
 
@@ -104,6 +106,11 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   metrics::Counter* predicted_tokens_ = nullptr;
   metrics::Counter* cached_tokens_ = nullptr;
   metrics::Counter* watchdog_ = nullptr;
+  metrics::Counter* hash_checked_ = nullptr;
+  metrics::Counter* hash_mismatches_ = nullptr;
+  // Hash parity: the engine's ids recomputed from the tokens of root events (parent nil).
+  std::unique_ptr<kv::BlockHasher> hasher_;
+  std::atomic<bool> hash_warned_{false};
   metrics::GaugeFamily* excluded_ = nullptr;
   // Zero-hit watchdog: lookups in a row that matched nothing while the inventory held blocks.
   std::atomic<int64_t> zero_hits_{0};

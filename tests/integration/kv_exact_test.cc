@@ -222,6 +222,20 @@ TEST(KvExact, APageSizeMismatchIsDetectedAndNamed) {
       << r.header("x-kvgate-route");
 }
 
+// An engine hashing blocks another way than the rule says (here vLLM's sha256_cbor under a rule
+// for SGLang) is named at once; routing itself still works (kvgate keys pages itself).
+TEST(KvExact, AnotherEnginesBlockHashIsDetected) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "", {"--kv-events-format", "vllm"});
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  double rate = conversation_hit_rate(c.port, 3, 3);
+  EXPECT_TRUE(wait_until([&] {
+    return c.metric("kvgate_kv_hash_mismatches_total{rule=\"default\"}") > 0;
+  })) << c.gateway->log();
+  EXPECT_NE(c.gateway->log().find("the engine's block ids are not the ones"), std::string::npos);
+  EXPECT_GT(rate, 0.5);
+}
+
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   KVGATE_REQUIRE_MODEL("qwen3");
   KvCluster c(3, models_dir() + "/qwen3");
@@ -256,6 +270,9 @@ TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   EXPECT_GE(hits, later_turns * 3 / 4) << c.gateway->log();
   EXPECT_GT(cached / prompt, 0.5);
   EXPECT_EQ(c.metric("kvgate_kv_page_size_mismatches_total{rule=\"default\"}"), 0);
+  // Hash parity: the engines' ids were recomputed from their tokens, and all agreed.
+  EXPECT_GT(c.metric("kvgate_kv_hash_checked_total{rule=\"default\"}"), 0);
+  EXPECT_EQ(c.metric("kvgate_kv_hash_mismatches_total{rule=\"default\"}"), 0);
   // The inventory view (admin listener): every (server, rank), connected, most holding blocks.
   HttpClient admin(c.admin_port);
   auto inv = admin.get("/v1/rules/default/inventory");

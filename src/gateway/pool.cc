@@ -135,6 +135,7 @@ void Pool::start() {
   policy_->start();
   HealthConfig hc = env_.health;
   hc.poll_load = policy_->uses_reported_load();
+  hc.fetch_kv_events = policy_->wants_kv_events();
   health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
   health_->start();
   auto period = policy_->period();

@@ -197,18 +197,17 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
   d.branch = why;
   d.predicted_tokens = 0;
   if (misses_) misses_->with({rule_, why.substr(9)}).inc();  // "kv_exact_" dropped
-  if (dp_ranks_ > 1) {
+  auto it = sources.by_worker.find(inner.worker->id());
+  if (it != sources.by_worker.end() && it->second.size() > 1) {
     // The fallback chose the worker; the rank with the least prefill queued there takes it.
     int best = 0;
     int64_t best_load = std::numeric_limits<int64_t>::max();
-    for (int r = 0; r < dp_ranks_; ++r) {
-      const Source* s = sources.find(inner.worker->id(), r);
-      int64_t load = s ? s->pending_prefill.load(std::memory_order_relaxed) +
-                             s->active.load(std::memory_order_relaxed)
-                       : 0;
+    for (const Source* s : it->second) {
+      int64_t load = s->pending_prefill.load(std::memory_order_relaxed) +
+                     s->active.load(std::memory_order_relaxed);
       if (load < best_load) {
         best_load = load;
-        best = r;
+        best = s->rank;
       }
     }
     d.dp_rank = best;
@@ -312,7 +311,10 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   if (hits_) hits_->inc();
   Decision d;
   d.worker = best->worker.get();
-  if (dp_ranks_ > 1) d.dp_rank = best->rank;
+  if (auto it = sources->by_worker.find(d.worker->id());
+      it != sources->by_worker.end() && it->second.size() > 1) {
+    d.dp_rank = best->rank;
+  }
   d.branch = best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
   d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
   return d;
@@ -376,17 +378,66 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
 void KvExactPolicy::on_workers_changed(const WorkerSet& set) {
   fallback_->on_workers_changed(set);
   std::lock_guard lock(change_mu_);
+  workers_ = set.workers;
+  rebuild_sources();
+}
+
+void KvExactPolicy::rebuild_sources() {
   auto old = sources_.load();
   std::map<kv::SourceId, std::shared_ptr<Source>> kept;
   for (const auto& s : old->all) kept[s->id] = s;
   auto next = std::make_shared<Sources>();
   std::vector<kv::SourceSpec> specs;
   std::map<std::pair<uint64_t, int>, kv::SourceId> ids;
-  for (const auto& w : set.workers) {
-    auto& ranks = next->by_worker[w->id()];
+  std::map<uint64_t, std::optional<KvEventsInfo>> built_from;
+  auto warn_once = [&](const WorkerPtr& w, std::string_view kind) -> bool {
+    return warned_.insert(w->url() + "#" + std::string(kind)).second;
+  };
+  for (const auto& w : workers_) {
+    // Where the worker's ranks publish: its own /server_info (kv_events) when it told us, else the
+    // rule (kvZmqPort, an endpoint's own kvZmqPort, kvDpRankCount).
+    std::optional<KvEventsInfo> info = w->kv_events();
+    built_from[w->id()] = info;
     int64_t base = zmq_port_;
     if (auto it = endpoint_ports_.find(w->url()); it != endpoint_ports_.end()) base = it->second;
-    for (int r = 0; r < dp_ranks_; ++r) {
+    int64_t ranks = dp_ranks_;
+    std::string host = w->target().host;
+    std::string topic;
+    std::optional<int64_t> replay;
+    bool wrong_page_size = false;
+    if (info) {
+      base = info->port_base;
+      ranks = info->dp_size;
+      topic = info->topic;
+      replay = info->replay_port_base;
+      if (!info->host.empty() && info->host != "*" && info->host != "0.0.0.0" &&
+          info->host != "::") {
+        host = info->host;
+      }
+      if (info->dp_size != dp_ranks_ && warn_once(w, "dp_size")) {
+        log::warn("kv_exact: the engine runs another number of DP ranks than kvDpRankCount; "
+                  "kvgate follows every rank the engine reports (fix kvDpRankCount to silence "
+                  "this)")
+            .kv("rule", rule_)
+            .kv("endpoint", w->url())
+            .kv("engine_dp_size", info->dp_size)
+            .kv("kvDpRankCount", dp_ranks_);
+      }
+      if (info->block_size > 0 && info->block_size != page_size_) {
+        wrong_page_size = true;
+        if (warn_once(w, "page_size")) {
+          log::warn("kv_exact: the engine's page size (from its /server_info) is not the rule's "
+                    "kvBlockSize; its ranks are left out of kv_exact routing until it matches "
+                    "(set kvBlockSize to the engine's --page-size)")
+              .kv("rule", rule_)
+              .kv("endpoint", w->url())
+              .kv("engine_block_size", info->block_size)
+              .kv("kvBlockSize", page_size_);
+        }
+      }
+    }
+    auto& list = next->by_worker[w->id()];
+    for (int r = 0; r < ranks; ++r) {
       auto key = std::make_pair(w->id(), r);
       kv::SourceId id = 0;
       if (auto it = ids_.find(key); it != ids_.end()) {
@@ -406,19 +457,23 @@ void KvExactPolicy::on_workers_changed(const WorkerSet& set) {
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
       }
-      ranks.push_back(s.get());
+      if (wrong_page_size) s->page_size_mismatch.store(true, std::memory_order_relaxed);
+      list.push_back(s.get());
       next->all.push_back(s);
       kv::SourceSpec spec;
       spec.id = id;
       spec.endpoint = w->url();
       spec.rank = r;
-      spec.pub = zmq_endpoint(w->target().host, base + r);
+      spec.pub = zmq_endpoint(host, base + r);
+      if (replay) spec.replay = zmq_endpoint(host, *replay + r);
+      spec.topic = topic;
       specs.push_back(std::move(spec));
     }
   }
   ids_ = std::move(ids);
+  built_from_ = std::move(built_from);
   sources_.store(next);
-  subscriber_.set_sources(std::move(specs));  // removed sources are reset (and forgotten)
+  subscriber_.set_sources(std::move(specs));  // removed or changed sources are reset
 }
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
@@ -522,6 +577,16 @@ void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
 
 void KvExactPolicy::on_period() {
   fallback_->on_period();  // (its own period is not honoured finer than kv_exact's)
+  {
+    // Discovery: a worker's /server_info told (or changed) where its ranks publish.
+    std::lock_guard lock(change_mu_);
+    bool changed = false;
+    for (const auto& w : workers_) {
+      auto it = built_from_.find(w->id());
+      if (it == built_from_.end() || it->second != w->kv_events()) changed = true;
+    }
+    if (changed) rebuild_sources();
+  }
   if (predict_ttl_.count() > 0) {
     auto now = std::chrono::steady_clock::now();
     std::lock_guard lock(predict_mu_);

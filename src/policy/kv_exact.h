@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void on_workers_changed(const WorkerSet& set) override;
   ParseOptions parse_options() const override;
   bool uses_reported_load() const override { return fallback_->uses_reported_load(); }
+  bool wants_kv_events() const override { return true; }
   bool wants_usage() const override { return true; }
   std::chrono::milliseconds period() const override { return std::chrono::seconds(1); }
   void on_period() override;
@@ -67,6 +69,10 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
                      const Sources& sources);
+  // Rebuilds the sources of `workers_` (from each worker's /server_info kv_events when known,
+  // else the rule's kvZmqPort and kvDpRankCount) and hands them to the subscriber. Needs
+  // change_mu_ held.
+  void rebuild_sources();
 
   std::string rule_;
   int64_t page_size_;
@@ -91,6 +97,10 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   SharedSnapshot<const Sources> sources_;
   std::mutex change_mu_;  // on_workers_changed / on_period (control thread) vs start/stop
   std::map<std::pair<uint64_t, int>, kv::SourceId> ids_;  // (worker id, rank) -> source
+  std::vector<WorkerPtr> workers_;                          // the pool's, as last told
+  // The kv_events each worker's sources were built from (to rebuild when one changes).
+  std::map<uint64_t, std::optional<KvEventsInfo>> built_from_;
+  std::set<std::string> warned_;  // one warning per (worker, kind) of discovery mismatch
   kv::SourceId next_id_ = 1;
   int starts_ = 0;  // start/stop are balanced per pool; a kept policy serves two pools a moment
 

@@ -137,6 +137,40 @@ void HealthPlane::stop() {
   });
 }
 
+std::optional<KvEventsInfo> parse_kv_events_info(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(json.data(), json.size()).get(doc)) return std::nullopt;
+  simdjson::dom::object kv;
+  if (doc["kv_events"].get_object().get(kv)) return std::nullopt;
+  std::string_view publisher;
+  if (kv["publisher"].get_string().get(publisher) || publisher != "zmq") return std::nullopt;
+  KvEventsInfo info;
+  int64_t n = 0;
+  if (kv["endpoint_port_base"].get_int64().get(n) || n < 1 || n > 65535) return std::nullopt;
+  info.port_base = n;
+  if (!kv["replay_endpoint_port_base"].get_int64().get(n) && n >= 1 && n <= 65535) {
+    info.replay_port_base = n;
+  }
+  std::string_view s;
+  if (!kv["endpoint_host"].get_string().get(s)) info.host = s;
+  if (!kv["topic"].get_string().get(s)) info.topic = s;
+  if (!kv["block_size"].get_int64().get(n) && n > 0) info.block_size = n;
+  if (!kv["dp_size"].get_int64().get(n) && n >= 1 && n <= 64) info.dp_size = n;
+  return info;
+}
+
+awaitable<void> HealthPlane::refresh_kv_events(WorkerPtr w) {
+  auto r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", "/server_info",
+                                config_.timeout);
+  if (r.error == http::CallError::kNone && r.status == 404) {
+    r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", "/get_server_info",
+                             config_.timeout);
+  }
+  if (r.error != http::CallError::kNone || r.status != 200) co_return;
+  w->set_kv_events(parse_kv_events_info(r.body));
+}
+
 awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
   auto r =
       co_await http::fetch(ctx_.get_executor(), w->target(), "GET", "/v1/models", config_.timeout);
@@ -169,6 +203,10 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
       }
       if (w->models().empty() || goods % 8 == 1) co_await refresh_models(w);
       if (stopped->load()) co_return;  // the plane may be gone: touch none of it
+      if (config_.fetch_kv_events && (!w->kv_events() || goods % 8 == 1)) {
+        co_await refresh_kv_events(w);
+        if (stopped->load()) co_return;
+      }
     } else {
       goods = 0;
       ++fails;

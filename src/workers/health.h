@@ -29,6 +29,7 @@ struct HealthConfig {
   uint32_t success_threshold = 0;
   std::chrono::milliseconds startup_interval{1000};  // probing a worker that never answered
   bool poll_load = false;                            // set by the pool when its policy wants it
+  bool fetch_kv_events = false;  // fetch /server_info's kv_events (kv_exact's discovery)
   std::chrono::milliseconds load_interval{0};
   bool operator==(const HealthConfig&) const = default;
 };
@@ -36,6 +37,10 @@ struct HealthConfig {
 // Load a server reports on /get_load (SGLang's array per DP rank, or /v1/loads' {"loads": [...]},
 // or {"load": N}): the sum over ranks of running + waiting requests. nullopt if unparseable.
 std::optional<int64_t> parse_load_report(std::string_view json);
+
+// The kv_events object of a /server_info answer; nullopt when absent, null ("publisher" not
+// "zmq") or malformed.
+std::optional<KvEventsInfo> parse_kv_events_info(std::string_view server_info_json);
 
 // The "data" entries of a /v1/models answer, each as compact JSON. nullopt if unparseable.
 std::optional<std::vector<std::string>> parse_model_list(std::string_view json);
@@ -53,6 +58,7 @@ class HealthPlane {
   awaitable<void> probe_loop(WorkerPtr w);
   awaitable<void> load_loop(WorkerPtr w);
   awaitable<void> refresh_models(WorkerPtr w);
+  awaitable<void> refresh_kv_events(WorkerPtr w);
 
   asio::io_context& ctx_;
   WorkerRegistry& registry_;

@@ -61,6 +61,16 @@ void Worker::set_models(std::vector<std::string> models) {
   models_ = std::move(models);
 }
 
+std::optional<KvEventsInfo> Worker::kv_events() const {
+  std::lock_guard lock(models_mu_);
+  return kv_events_;
+}
+
+void Worker::set_kv_events(std::optional<KvEventsInfo> info) {
+  std::lock_guard lock(models_mu_);
+  kv_events_ = std::move(info);
+}
+
 void Worker::attach_metrics(WorkerMetrics m) {
   metrics_ = m;
   if (metrics_.health) metrics_.health->set(healthy() ? 1 : 0);

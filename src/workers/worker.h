@@ -6,8 +6,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,18 @@
 #include "workers/circuit_breaker.h"
 
 namespace kvgate {
+
+// The `kv_events` object of an SGLang server's /server_info (newer builds): where its DP ranks
+// publish KV events, and their page size.
+struct KvEventsInfo {
+  std::string host;  // endpoint_host ("*", "0.0.0.0", "::" or empty: the worker's own host)
+  int64_t port_base = 0;
+  std::optional<int64_t> replay_port_base;
+  std::string topic;
+  int64_t block_size = 0;
+  int64_t dp_size = 1;
+  bool operator==(const KvEventsInfo&) const = default;
+};
 
 struct WorkerMetrics {
   metrics::Gauge* inflight = nullptr;
@@ -64,6 +78,9 @@ class Worker {
   // Models the worker serves (raw JSON objects from its /v1/models), refreshed by the health plane.
   std::vector<std::string> models() const;
   void set_models(std::vector<std::string> models);
+  // What the worker's /server_info says of its KV event publishers (kv_events), when fetched.
+  std::optional<KvEventsInfo> kv_events() const;
+  void set_kv_events(std::optional<KvEventsInfo> info);
 
   void attach_metrics(WorkerMetrics m);
   const WorkerMetrics& metrics() const { return metrics_; }
@@ -80,6 +97,7 @@ class Worker {
   WorkerMetrics metrics_;
   mutable std::mutex models_mu_;
   std::vector<std::string> models_;
+  std::optional<KvEventsInfo> kv_events_;
 };
 
 using WorkerPtr = std::shared_ptr<Worker>;

@@ -22,12 +22,16 @@ using namespace std::chrono_literals;
 
 struct KvCluster {
   static constexpr int kRanks = 2;
+  // `discover`: the rule names neither the servers' event ports nor their rank count (a wrong
+  // kvZmqPort and kvDpRankCount 1): kvgate must learn them from each server's /server_info.
   KvCluster(int n, const std::string& tokenizer, const std::string& fallback = "round_robin",
-            const std::string& rule_extra = "", const std::vector<std::string>& sim_extra = {}) {
+            const std::string& rule_extra = "", const std::vector<std::string>& sim_extra = {},
+            bool discover = false) {
     std::string yaml = "rules:\n  - name: default\n    mode: 4\n    sel: " + fallback +
                        "\n    kvEngineType: sglang\n    kvExactMode: 3\n    kvBlockSize: 16\n"
                        "    kvDpRankCount: " +
-                       std::to_string(kRanks) +
+                       std::to_string(discover ? 1 : kRanks) +
+                       (discover ? "\n    kvZmqPort: " + std::to_string(free_port()) : "") +
                        "\n    kvWarmupSec: 0\n    tokenizerPath: " + tokenizer + "\n" + rule_extra +
                        "    endpoints:\n";
     for (int i = 0; i < n; ++i) {
@@ -48,7 +52,8 @@ struct KvCluster {
                     R"(","topic":""})"};
       s.args.insert(s.args.end(), sim_extra.begin(), sim_extra.end());
       s.start();
-      yaml += "      - url: " + s.url() + "\n        kvZmqPort: " + std::to_string(events) + "\n";
+      yaml += "      - url: " + s.url() + "\n";
+      if (!discover) yaml += "        kvZmqPort: " + std::to_string(events) + "\n";
       sims.push_back(std::move(s));
     }
     config = dir.write("kvgate.yaml", yaml);
@@ -234,6 +239,18 @@ TEST(KvExact, AnotherEnginesBlockHashIsDetected) {
   })) << c.gateway->log();
   EXPECT_NE(c.gateway->log().find("the engine's block ids are not the ones"), std::string::npos);
   EXPECT_GT(rate, 0.5);
+}
+
+// The servers' /server_info (kv_events) says where each DP rank publishes: a rule with the wrong
+// port and rank count still follows every rank, and the rank count mismatch is named.
+TEST(KvExact, EventPortsAndRanksAreDiscoveredFromServerInfo) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(2, models_dir() + "/qwen3", "round_robin", "", {}, /*discover=*/true);
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();  // both ranks of both servers
+  EXPECT_NE(c.gateway->log().find("another number of DP ranks than kvDpRankCount"),
+            std::string::npos)
+      << c.gateway->log();
+  EXPECT_GT(conversation_hit_rate(c.port, 3, 3), 0.5);
 }
 
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {

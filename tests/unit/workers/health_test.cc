@@ -137,3 +137,30 @@ TEST(LoadPlane, AFailingPollNeverMakesAWorkerLookIdle) {
 
 }  // namespace
 }  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+TEST(ServerInfo, KvEventsDescriptorIsRead) {
+  auto info = parse_kv_events_info(
+      R"({"page_size":16,"kv_events":{"publisher":"zmq","endpoint_host":"*",)"
+      R"("endpoint_port_base":5557,"topic":"kv","block_size":16,"dp_size":2,)"
+      R"("replay_endpoint_port_base":5600}})");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->port_base, 5557);
+  EXPECT_EQ(info->replay_port_base, 5600);
+  EXPECT_EQ(info->topic, "kv");
+  EXPECT_EQ(info->block_size, 16);
+  EXPECT_EQ(info->dp_size, 2);
+  EXPECT_EQ(info->host, "*");
+  // Off, absent, or not something kvgate can use: nothing.
+  EXPECT_FALSE(parse_kv_events_info(R"({"kv_events":null})"));
+  EXPECT_FALSE(parse_kv_events_info(R"({"page_size":16})"));
+  EXPECT_FALSE(parse_kv_events_info(R"({"kv_events":{"publisher":"null"}})"));
+  EXPECT_FALSE(
+      parse_kv_events_info(R"({"kv_events":{"publisher":"zmq","endpoint_port_base":70000}})"));
+  EXPECT_FALSE(parse_kv_events_info("not json"));
+}
+
+}  // namespace
+}  // namespace kvgate

@@ -70,6 +70,14 @@ std::vector<std::string_view> policy_names() {
   return names;
 }
 
+std::vector<std::string_view> fallback_policy_names() {
+  std::vector<std::string_view> names;
+  for (auto n : policy_names()) {
+    if (n != "kv_exact") names.push_back(n);
+  }
+  return names;
+}
+
 const std::vector<K>& table() {
   static const std::vector<K> kTable = [] {
     std::vector<K> t = {
@@ -217,7 +225,7 @@ const std::vector<K>& table() {
          .help = "kv_exact: the policy that routes misses (no page cached anywhere, no "
                  "subscriber trusted yet, a request without tokens); a rule's sel",
          .field = &C::kv_fallback_policy,
-         .choices = policy_names()},
+         .choices = fallback_policy_names()},
         {.name = "kv-block-size",
          .group = kKvExact,
          .value_name = "N",

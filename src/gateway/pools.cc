@@ -26,6 +26,15 @@ size_t specificity(const rules::Rule& r) {
 
 // Whether two versions of a rule differ in their endpoints only.
 bool same_but_endpoints(const rules::Rule& a, const rules::Rule& b) {
+  // kv_exact reads an endpoint's own kvZmqPort when it builds: with any, a change makes a new
+  // policy (its subscribers would keep the old ports otherwise).
+  auto has_ports = [](const rules::Rule& r) {
+    return std::any_of(r.endpoints.begin(), r.endpoints.end(),
+                       [](const rules::Endpoint& e) { return e.kv_zmq_port.has_value(); });
+  };
+  if ((a.kv_exact_mode != 0 || b.kv_exact_mode != 0) && (has_ports(a) || has_ports(b))) {
+    return false;
+  }
   rules::Rule x = a, y = b;
   x.endpoints.clear();
   y.endpoints.clear();

@@ -832,8 +832,9 @@ void Server::stop() {
       boost::system::error_code ignored;
       a->close(ignored);
       // Idle keep-alive connections close now; the others close after their exchange. One whose
-      // next request has arrived (bytes wait unread) is busy from now on: its request is read and
-      // answered (with connection: close), and shutdown waits for it.
+      // next request has arrived (bytes wait unread) is busy from now on: on plain TCP its
+      // request is read and answered (with connection: close), and shutdown waits for it (a TLS
+      // connection is closed: its bytes may be a partial record).
       SessionNode& head = *srv->sessions[i];
       for (SessionNode* n = head.next; n != &head; n = n->next) {
         if (!n->idle) continue;
@@ -865,13 +866,14 @@ void Server::close_all() {
 }
 
 int64_t Server::busy_connections() const {
-  int64_t busy = shared_->stats.connections.load(std::memory_order_relaxed) -
-                 shared_->stats.idle.load(std::memory_order_relaxed);
+  // The stop handlers' progress first (acquire): the counters read after it include what every
+  // handler that has run marked busy.
   if (shared_->stopping.load(std::memory_order_relaxed) &&
       shared_->stopped_contexts.load(std::memory_order_acquire) < acceptors_.size()) {
-    return std::max<int64_t>(busy, 1);  // stop() not yet seen everywhere
+    return 1;  // stop() not yet seen everywhere
   }
-  return busy;
+  return shared_->stats.connections.load(std::memory_order_relaxed) -
+         shared_->stats.idle.load(std::memory_order_relaxed);
 }
 
 const ServerStats& Server::stats() const {

@@ -53,6 +53,11 @@ struct KvExactPolicy::Source {
 struct KvExactPolicy::Sources {
   std::vector<std::shared_ptr<Source>> all;
   std::unordered_map<uint64_t, std::vector<Source*>> by_worker;  // worker id -> by rank
+  std::unordered_map<kv::SourceId, Source*> by_id;               // ids are never reused
+  Source* by_source(uint64_t id) const {
+    auto it = by_id.find(static_cast<kv::SourceId>(id));
+    return it == by_id.end() ? nullptr : it->second;
+  }
   const Source* find(uint64_t worker, int rank) const {
     auto it = by_worker.find(worker);
     if (it == by_worker.end() || rank < 0 || static_cast<size_t>(rank) >= it->second.size()) {
@@ -74,14 +79,6 @@ kv::InventoryOptions inventory_options(const PolicyConfig& c) {
   if (c.kv.max_blocks > 0) o.max_blocks = c.kv.max_blocks;
   o.other_tier_weight = c.kv.other_tier_weight;
   return o;
-}
-
-// Adds `delta` to a load counter, never below 0: a completion of a dispatch made to a source
-// that was removed and added again meanwhile must not drive the new one negative.
-void add_clamped(std::atomic<int64_t>& a, int64_t delta) {
-  int64_t v = a.load(std::memory_order_relaxed);
-  while (!a.compare_exchange_weak(v, std::max<int64_t>(0, v + delta), std::memory_order_relaxed)) {
-  }
 }
 
 }  // namespace
@@ -108,7 +105,8 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
   if (config.registry) {
     auto& r = *config.registry;
     hits_ = &r.counter("kvgate_kv_exact_hits_total",
-                       "kv_exact: requests routed to an (endpoint, rank) holding their prefix",
+                       "kv_exact: requests routed by the inventory (kv_exact_hit: to a holder of "
+                       "their prefix; kv_exact_balance: by cost among trusted ranks)",
                        {"rule"})
                  .with({rule_});
     misses_ = &r.counter("kvgate_kv_exact_misses_total",
@@ -208,11 +206,22 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
       if (load < best_load) {
         best_load = load;
         best = s->rank;
+        d.target_id = s->id;
       }
     }
     d.dp_rank = best;
+  } else if (it != sources.by_worker.end() && !it->second.empty()) {
+    d.target_id = it->second.front()->id;
   }
   return d;
+}
+
+void KvExactPolicy::request_keys(const RequestInfo& req, std::vector<kv::BlockKey>& keys) const {
+  keys.clear();
+  std::optional<std::string_view> salt;
+  if (req.cache_salt) salt = *req.cache_salt;
+  kv::chain_keys(req.tokens, static_cast<size_t>(page_size_), kv::chain_seed(salt, std::nullopt),
+                 keys);
 }
 
 Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
@@ -223,11 +232,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
 
   thread_local std::vector<kv::BlockKey> keys;
   thread_local std::vector<kv::SourceMatch> matches;
-  keys.clear();
-  std::optional<std::string_view> salt;
-  if (req.cache_salt) salt = *req.cache_salt;
-  kv::chain_keys(req.tokens, static_cast<size_t>(page_size_), kv::chain_seed(salt, std::nullopt),
-                 keys);
+  request_keys(req, keys);
   inventory_.match(keys, matches);
   // Pages predicted where earlier requests were just sent: the leading run of one source.
   kv::SourceId predicted_source = 0;
@@ -269,10 +274,12 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
       int64_t pending = s->pending_prefill.load(std::memory_order_relaxed);
       if (s->id == predicted_source) {
         // The prefix is being prefilled there for the requests just sent: this one waits for
-        // that work instead of doing it again, so it is counted once, not as queued prefill too.
+        // that work instead of doing it again, so the part the engine has not confirmed yet is
+        // counted once (as cached), not as queued prefill too.
         int64_t predicted = predicted_pages * page_size_;
+        int64_t unconfirmed = std::max<int64_t>(0, predicted - cached);
         cached = std::max(cached, predicted);
-        pending = std::max<int64_t>(0, pending - predicted);
+        pending = std::max<int64_t>(0, pending - unconfirmed);
       }
       longest = std::max(longest, cached);
       int64_t active = s->active.load(std::memory_order_relaxed);
@@ -317,6 +324,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   }
   d.branch = best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
   d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
+  d.target_id = best->id;
   return d;
 }
 
@@ -324,26 +332,29 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
   auto tokens = static_cast<int64_t>(req.tokens.size());
-  if (const Source* s = sources->find(d.worker->id(), d.dp_rank.value_or(0))) {
-    auto* src = const_cast<Source*>(s);
-    src->active.fetch_add(1, std::memory_order_relaxed);
-    src->pending_prefill.fetch_add(tokens - static_cast<int64_t>(d.predicted_tokens),
-                                   std::memory_order_relaxed);
+  if (Source* s = sources->by_source(d.target_id)) {
+    s->active.fetch_add(1, std::memory_order_relaxed);
+    s->pending_prefill.fetch_add(tokens - static_cast<int64_t>(d.predicted_tokens),
+                                 std::memory_order_relaxed);
     if (predict_ttl_.count() > 0 && !req.tokens.empty() && !req.names_lora) {
       thread_local std::vector<kv::BlockKey> keys;
-      keys.clear();
-      std::optional<std::string_view> salt;
-      if (req.cache_salt) salt = *req.cache_salt;
-      kv::chain_keys(req.tokens, static_cast<size_t>(page_size_),
-                     kv::chain_seed(salt, std::nullopt), keys);
-      auto expires = std::chrono::steady_clock::now() + predict_ttl_;
+      request_keys(req, keys);
+      if (keys.size() > kMaxPredictedPerRequest) keys.resize(kMaxPredictedPerRequest);
+      auto now = std::chrono::steady_clock::now();
+      auto expires = now + predict_ttl_;
       std::lock_guard lock(predict_mu_);
-      if (predicted_.size() + keys.size() > kMaxPredicted) {
-        auto now = std::chrono::steady_clock::now();
-        std::erase_if(predicted_, [&](const auto& e) { return e.second.expires < now; });
-        if (predicted_.size() + keys.size() > kMaxPredicted) predicted_.clear();  // the bound
+      // A prediction lasts its TTL from the dispatch that made it: later dispatches do not renew
+      // it (the engine's events are the truth after that). At the bound, nothing new is
+      // predicted until the periodic sweep drops expired entries (no scan on a request thread).
+      for (kv::BlockKey k : keys) {
+        auto it = predicted_.find(k);
+        if (it != predicted_.end() && it->second.expires >= now) continue;
+        if (it != predicted_.end()) {
+          it->second = Prediction{s->id, expires};
+        } else if (predicted_.size() < kMaxPredicted) {
+          predicted_.emplace(k, Prediction{s->id, expires});
+        }
       }
-      for (kv::BlockKey k : keys) predicted_[k] = Prediction{s->id, expires};
     }
   }
   if (!d.inner_branch.empty()) {
@@ -356,11 +367,22 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
 
 void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) {
   auto sources = sources_.load();
-  auto tokens = static_cast<int64_t>(ctx.request->tokens.size());
-  if (const Source* s = sources->find(d.worker->id(), d.dp_rank.value_or(0))) {
-    auto* src = const_cast<Source*>(s);
-    add_clamped(src->active, -1);
-    add_clamped(src->pending_prefill, -(tokens - static_cast<int64_t>(d.predicted_tokens)));
+  const RequestInfo& req = *ctx.request;
+  auto tokens = static_cast<int64_t>(req.tokens.size());
+  if (Source* s = sources->by_source(d.target_id)) {
+    s->active.fetch_sub(1, std::memory_order_relaxed);
+    s->pending_prefill.fetch_sub(tokens - static_cast<int64_t>(d.predicted_tokens),
+                                 std::memory_order_relaxed);
+    if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty()) {
+      // The worker never ran it: what it predicted there is withdrawn.
+      thread_local std::vector<kv::BlockKey> keys;
+      request_keys(req, keys);
+      std::lock_guard lock(predict_mu_);
+      for (kv::BlockKey k : keys) {
+        auto it = predicted_.find(k);
+        if (it != predicted_.end() && it->second.source == s->id) predicted_.erase(it);
+      }
+    }
   }
   if (o.cached_tokens && d.inner_branch.empty()) {
     if (predicted_tokens_) predicted_tokens_->inc(d.predicted_tokens);
@@ -415,9 +437,10 @@ void KvExactPolicy::rebuild_sources() {
         host = info->host;
       }
       if (info->dp_size != dp_ranks_ && warn_once(w, "dp_size")) {
-        log::warn("kv_exact: the engine runs another number of DP ranks than kvDpRankCount; "
-                  "kvgate follows every rank the engine reports (fix kvDpRankCount to silence "
-                  "this)")
+        log::warn(
+            "kv_exact: the engine runs another number of DP ranks than kvDpRankCount; "
+            "kvgate follows every rank the engine reports (fix kvDpRankCount to silence "
+            "this)")
             .kv("rule", rule_)
             .kv("endpoint", w->url())
             .kv("engine_dp_size", info->dp_size)
@@ -426,9 +449,10 @@ void KvExactPolicy::rebuild_sources() {
       if (info->block_size > 0 && info->block_size != page_size_) {
         wrong_page_size = true;
         if (warn_once(w, "page_size")) {
-          log::warn("kv_exact: the engine's page size (from its /server_info) is not the rule's "
-                    "kvBlockSize; its ranks are left out of kv_exact routing until it matches "
-                    "(set kvBlockSize to the engine's --page-size)")
+          log::warn(
+              "kv_exact: the engine's page size (from its /server_info) is not the rule's "
+              "kvBlockSize; its ranks are left out of kv_exact routing until it matches "
+              "(set kvBlockSize to the engine's --page-size)")
               .kv("rule", rule_)
               .kv("endpoint", w->url())
               .kv("engine_block_size", info->block_size)
@@ -459,6 +483,7 @@ void KvExactPolicy::rebuild_sources() {
       }
       if (wrong_page_size) s->page_size_mismatch.store(true, std::memory_order_relaxed);
       list.push_back(s.get());
+      next->by_id[s->id] = s.get();
       next->all.push_back(s);
       kv::SourceSpec spec;
       spec.id = id;
@@ -468,6 +493,17 @@ void KvExactPolicy::rebuild_sources() {
       if (replay) spec.replay = zmq_endpoint(host, *replay + r);
       spec.topic = topic;
       specs.push_back(std::move(spec));
+    }
+  }
+  // The series of sources that left (another rule may keep the endpoint, or fewer ranks now).
+  if (connected_) {
+    for (const auto& s : old->all) {
+      if (next->by_id.contains(s->id)) continue;
+      std::string rank = std::to_string(s->rank);
+      connected_->remove({rule_, s->url, rank});
+      blocks_->remove({rule_, s->url, rank, "gpu"});
+      blocks_->remove({rule_, s->url, rank, "other"});
+      excluded_->remove({rule_, s->url, rank, "page_size"});
     }
   }
   ids_ = std::move(ids);
@@ -487,7 +523,11 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
       if (s->id != source || s->page_size_mismatch.exchange(true)) continue;
       int64_t theirs = 0;
       for (const auto& e : batch.events) {
-        if (const auto* stored = std::get_if<kv::BlockStored>(&e)) theirs = stored->block_size;
+        const auto* stored = std::get_if<kv::BlockStored>(&e);
+        if (stored && stored->block_size != page_size_) {
+          theirs = stored->block_size;
+          break;
+        }
       }
       s->ready.store(false, std::memory_order_relaxed);
       log::warn(
@@ -602,7 +642,9 @@ void KvExactPolicy::on_period() {
     bool warm = connected && now - it->second.connected_since >= warmup_;
     size_t gpu = inventory_.blocks(s->id, true), other = inventory_.blocks(s->id, false);
     bool excluded = s->page_size_mismatch.load(std::memory_order_relaxed);
-    s->ready.store(!excluded && (warm || gpu + other > 0), std::memory_order_relaxed);
+    // Trusted: connected (a disconnected rank's inventory may be stale: its engine may have
+    // restarted), not excluded, and warm or holding blocks.
+    s->ready.store(!excluded && connected && (warm || gpu + other > 0), std::memory_order_relaxed);
     if (connected_) {
       std::string rank = std::to_string(s->rank);
       excluded_->with({rule_, s->url, rank, "page_size"}).set(excluded ? 1 : 0);

@@ -16,9 +16,9 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -67,6 +67,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
   void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
+  void request_keys(const RequestInfo& req, std::vector<kv::BlockKey>& keys) const;
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
                      const Sources& sources);
   // Rebuilds the sources of `workers_` (from each worker's /server_info kv_events when known,
@@ -88,7 +89,8 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     kv::SourceId source = 0;
     std::chrono::steady_clock::time_point expires;
   };
-  static constexpr size_t kMaxPredicted = 1 << 18;
+  static constexpr size_t kMaxPredicted = 1 << 16;
+  static constexpr size_t kMaxPredictedPerRequest = 1024;
   std::chrono::milliseconds predict_ttl_;
   mutable std::mutex predict_mu_;
   std::unordered_map<kv::BlockKey, Prediction> predicted_;
@@ -97,7 +99,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   SharedSnapshot<const Sources> sources_;
   std::mutex change_mu_;  // on_workers_changed / on_period (control thread) vs start/stop
   std::map<std::pair<uint64_t, int>, kv::SourceId> ids_;  // (worker id, rank) -> source
-  std::vector<WorkerPtr> workers_;                          // the pool's, as last told
+  std::vector<WorkerPtr> workers_;                        // the pool's, as last told
   // The kv_events each worker's sources were built from (to rebuild when one changes).
   std::map<uint64_t, std::optional<KvEventsInfo>> built_from_;
   std::set<std::string> warned_;  // one warning per (worker, kind) of discovery mismatch

@@ -32,6 +32,9 @@ struct Decision {
   std::string_view branch;      // static string: why this worker
   size_t predicted_chars = 0;   // prefix the policy expects the worker to hold (cache_aware)
   size_t predicted_tokens = 0;  // prompt tokens the policy expects cached there (kv_exact)
+  // The deciding policy's own handle on its target, to find the same state again in
+  // on_dispatched / on_completed (kv_exact: its (endpoint, rank) source id; 0: none).
+  uint64_t target_id = 0;
   // A policy that let another decide (kv_exact's fallback) keeps that one's branch here, to
   // give the decision back to it in on_dispatched / on_completed.
   std::string_view inner_branch;

@@ -188,8 +188,8 @@ const std::vector<FieldDef>& fields() {
               "more than 8 DP ranks per endpoint is not supported: split the deployment or reduce "
               "the rank fan-out");
     int_field("kvWarmupSec", &Rule::kv_warmup_sec, 0, 3600,
-              "Accepted and stored for KV-exact gateway configs, where it is inert; judge "
-              "readiness by health checks and the KV inventory instead");
+              "kv_exact: a rank is trusted once its event subscriber has been connected this "
+              "long, or holds blocks; until then its requests go to sel");
     int_field("pdBootstrapPort", &Rule::pd_bootstrap_port, 0, 65535,
               "SGLang prefill/decode only: the prefill servers' bootstrap port (an endpoint's "
               "bootstrapPort overrides it); 0 means 8998",

@@ -616,7 +616,15 @@ void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
 }
 
 void KvExactPolicy::on_period() {
-  fallback_->on_period();  // (its own period is not honoured finer than kv_exact's)
+  // The fallback's own upkeep at its own period (to the second).
+  auto fallback_period = fallback_->period();
+  if (fallback_period.count() > 0) {
+    auto t = std::chrono::steady_clock::now();
+    if (t >= next_fallback_period_) {
+      next_fallback_period_ = t + fallback_period;
+      fallback_->on_period();
+    }
+  }
   {
     // Discovery: a worker's /server_info told (or changed) where its ranks publish.
     std::lock_guard lock(change_mu_);

@@ -104,7 +104,10 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   std::map<uint64_t, std::optional<KvEventsInfo>> built_from_;
   std::set<std::string> warned_;  // one warning per (worker, kind) of discovery mismatch
   kv::SourceId next_id_ = 1;
-  int starts_ = 0;  // start/stop are balanced per pool; a kept policy serves two pools a moment
+  int starts_ = 0;
+  std::chrono::steady_clock::time_point
+      next_fallback_period_{};  // control thread only  // start/stop are balanced per pool; a kept
+                                // policy serves two pools a moment
 
   // Metrics (null without a registry).
   metrics::Counter* hits_ = nullptr;

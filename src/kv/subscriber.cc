@@ -33,6 +33,8 @@ std::string_view to_string(ResetReason r) {
       return "restart";
     case ResetReason::kRemoved:
       return "removed";
+    case ResetReason::kDisconnected:
+      return "disconnected";
   }
   return "unknown";
 }
@@ -365,9 +367,16 @@ void Subscriber::Impl::read_monitor(Source& s) {
       s.status.connected_since = std::chrono::system_clock::now();
       any = true;
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      bool was = s.status.connected;
       s.status.connected = false;
       any = true;
       log::info("kv events: publisher disconnected").kv("source", s.spec.id).kv("pub", s.spec.pub);
+      // Never route on what a publisher that went away held: it may come back empty (an engine
+      // restart) with nothing in its sequence to say so before its first new event.
+      if (was) {
+        if (s.replaying) abort_replay(s);
+        reset(s, ResetReason::kDisconnected);
+      }
     }
   }
   if (any) publish(s);

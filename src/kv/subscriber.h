@@ -55,6 +55,9 @@ enum class ResetReason : uint8_t {
   kReplayFailed,  // a gap the replay could not fill (timeout, error, batches no longer buffered)
   kRestart,       // the sequence went back: the publisher restarted
   kRemoved,       // the source left (set_sources)
+  // The publisher's connection dropped: what it held may be gone when it is back (an engine
+  // restart loses its cache), so it is forgotten and rebuilt from its events after.
+  kDisconnected,
 };
 std::string_view to_string(ResetReason r);
 

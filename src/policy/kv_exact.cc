@@ -122,7 +122,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                        {"rule", "endpoint", "rank", "medium"});
     resets_ = &r.counter("kvgate_kv_resyncs_total",
                          "Sources forgotten and rebuilt from new events, by why: gap_no_replay, "
-                         "replay_failed, restart, removed",
+                         "replay_failed, restart, removed, disconnected",
                          {"rule", "reason"});
     orphans_ = &r.counter("kvgate_kv_orphan_blocks_total",
                           "Stored blocks skipped because their parent was never seen (events "

@@ -256,6 +256,36 @@ TEST(KvExact, EventPortsAndRanksAreDiscoveredFromServerInfo) {
   EXPECT_GT(conversation_hit_rate(c.port, 3, 3), 0.5);
 }
 
+// An engine that restarts comes back with an empty cache: kvgate forgets what it held when its
+// publishers go away, and routes nothing there on stale pages.
+TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n");
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  HttpClient client(c.port);
+  std::string text = "a conversation the engine will forget:";
+  for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
+  auto gen = [&](const std::string& t) {
+    return client.post("/generate",
+                       R"({"text":")" + t + R"(","sampling_params":{"max_new_tokens":1}})");
+  };
+  ASSERT_EQ(gen(text).status, 200);
+  auto again = gen(text + " more");
+  ASSERT_EQ(again.status, 200);
+  EXPECT_NE(again.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
+      << again.header("x-kvgate-route");
+  c.sims[0].kill();
+  c.sims[0].start();  // same ports, empty cache
+  ASSERT_TRUE(wait_until([&] {
+    return c.metric("kvgate_kv_resyncs_total{rule=\"default\",reason=\"disconnected\"}") >= 1;
+  })) << c.gateway->log();
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  auto after = gen(text + " more and more");
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
+      << after.header("x-kvgate-route");
+}
+
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   KVGATE_REQUIRE_MODEL("qwen3");
   // Without predict on route: the engines' events alone put later turns where they are cached.

@@ -69,6 +69,11 @@ struct KvCluster {
                                  // one request thread: each routing decision sees the last one's
                                  "--threads", "1"});
   }
+  // Blocks kvgate applied as stored for rank `rank` of the first server.
+  double stored(int rank) {
+    return metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + sims[0].url() +
+                  "\",rank=\"" + std::to_string(rank) + "\",type=\"stored\"}");
+  }
   double metric(const std::string& series) {
     HttpClient c(metrics_port);
     auto r = c.get("/metrics");
@@ -270,6 +275,7 @@ TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
                        R"({"text":")" + t + R"(","sampling_params":{"max_new_tokens":1}})");
   };
   ASSERT_EQ(gen(text).status, 200);
+  ASSERT_TRUE(wait_until([&] { return c.stored(0) > 0; })) << c.gateway->log();  // its events
   auto again = gen(text + " more");
   ASSERT_EQ(again.status, 200);
   EXPECT_NE(again.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
@@ -280,6 +286,36 @@ TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
     return c.metric("kvgate_kv_resyncs_total{rule=\"default\",reason=\"disconnected\"}") >= 1;
   })) << c.gateway->log();
   ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  auto after = gen(text + " more and more");
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
+      << after.header("x-kvgate-route");
+}
+
+// A flushed engine (POST /flush_cache: AllBlocksCleared) stops attracting its old prefixes.
+TEST(KvExact, AFlushedEngineStopsAttractingItsOldPrefixes) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n");
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  HttpClient client(c.port);
+  std::string text = "a conversation the engine will flush:";
+  for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
+  auto gen = [&](const std::string& t) {
+    return client.post("/generate",
+                       R"({"text":")" + t + R"(","sampling_params":{"max_new_tokens":1}})");
+  };
+  ASSERT_EQ(gen(text).status, 200);
+  ASSERT_TRUE(wait_until([&] { return c.stored(0) > 0; })) << c.gateway->log();  // its events
+  auto again = gen(text + " more");
+  EXPECT_NE(again.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos);
+  auto cleared = [&] {
+    return c.metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + c.sims[0].url() +
+                    "\",rank=\"0\",type=\"cleared\"}");
+  };
+  double before = cleared();
+  HttpClient sim(c.sims[0].port);
+  ASSERT_EQ(sim.post("/flush_cache", "").status, 200);
+  ASSERT_TRUE(wait_until([&] { return cleared() > before; })) << c.gateway->log();
   auto after = gen(text + " more and more");
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(after.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/inventory.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -239,6 +240,64 @@ void BM_ChatRenderAndEncode20Turns(benchmark::State& state, const char* model) {
   }
 }
 BENCHMARK_CAPTURE(BM_ChatRenderAndEncode20Turns, qwen3, "qwen3")->Unit(benchmark::kMicrosecond);
+
+// kv_exact's routing work for a 20-turn chat (issue 11: p50 <= 30 us): render, tokenize, key the
+// pages, match them against an inventory where 16 (endpoint, rank) sources hold the conversation
+// (all of it on one, its first half on the others), and pick the lowest cost.
+void BM_KvExactRouting20Turns(benchmark::State& state) {
+  std::string err;
+  auto ct = ChatTemplate::load(models_dir() + "/qwen3", err);
+  const Tokenizer* t = tokenizer("qwen3");
+  if (!ct || !t) {
+    state.SkipWithError("tokenizer files missing: run scripts/setup");
+    return;
+  }
+  ChatTemplate::Input in;
+  in.messages = twenty_turns();
+  in.add_generation_prompt = true;
+  std::string out;
+  std::vector<int32_t> ids;
+  ct->render(in, out, err);
+  t->encode(out, false, ids);
+  constexpr size_t kPage = 16;
+  kv::Inventory inv(kv::InventoryOptions{.page_size = kPage});
+  const size_t pages = ids.size() / kPage;
+  for (uint32_t s = 1; s <= 16; ++s) {
+    size_t held = s == 1 ? pages : pages / 2;
+    kv::BlockStored st;
+    st.block_size = kPage;
+    st.medium = kv::Medium::kGpu;
+    for (size_t i = 0; i < held; ++i) st.block_hashes.push_back(uint64_t{s} << 32 | i);
+    st.token_ids.assign(ids.begin(), ids.begin() + static_cast<long>(held * kPage));
+    kv::EventBatch b;
+    b.events.emplace_back(std::move(st));
+    inv.apply(s, b);
+  }
+  std::vector<kv::BlockKey> keys;
+  std::vector<kv::SourceMatch> matches;
+  for (auto _ : state) {
+    out.clear();
+    ids.clear();
+    keys.clear();
+    ct->render(in, out, err);
+    t->encode(out, false, ids);
+    kv::chain_keys(ids, kPage, kv::chain_seed(std::nullopt, std::nullopt), keys);
+    inv.match(keys, matches);
+    double best = 1e18;
+    uint32_t chosen = 0;
+    for (const auto& m : matches) {
+      double cost = static_cast<double>(ids.size()) - m.pages * kPage;
+      if (cost < best) {
+        best = cost;
+        chosen = m.source;
+      }
+    }
+    benchmark::DoNotOptimize(chosen);
+  }
+  state.counters["tokens"] = static_cast<double>(ids.size());
+  state.counters["pages_matched"] = matches.empty() ? 0 : matches.front().gpu_pages;
+}
+BENCHMARK(BM_KvExactRouting20Turns)->Unit(benchmark::kMicrosecond);
 
 long rss_kb() {
   std::ifstream in("/proc/self/statm");

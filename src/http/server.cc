@@ -830,6 +830,18 @@ void Server::stop() {
   for (size_t i = 0; i < acceptors_.size(); ++i) {
     asio::post(acceptors_[i]->get_executor(), [a = acceptors_[i].get(), srv = shared_, i] {
       boost::system::error_code ignored;
+      // Connections waiting in the backlog were made before the shutdown: each is taken (the
+      // acceptor is non-blocking), so that one whose request has arrived is answered like one on
+      // an idle connection, instead of being reset with the listener.
+      for (int k = 0; k < 4096; ++k) {
+        tcp::socket s(a->get_executor());
+        boost::system::error_code aec;
+        a->accept(s, aec);
+        if (aec) break;
+        srv->stats.accepted.fetch_add(1, std::memory_order_relaxed);
+        srv->stats.connections.fetch_add(1, std::memory_order_relaxed);
+        asio::co_spawn(a->get_executor(), session(srv, std::move(s), i), asio::detached);
+      }
       a->close(ignored);
       // Idle keep-alive connections close now; the others close after their exchange. One whose
       // next request has arrived (bytes wait unread) is busy from now on: on plain TCP its

@@ -3,6 +3,8 @@
 // earlier turns, which the servers' own cached_tokens confirm.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -69,6 +71,26 @@ struct KvCluster {
                                  // one request thread: each routing decision sees the last one's
                                  "--threads", "1"});
   }
+  // Blocks kvgate applied as stored, all servers and ranks.
+  double stored_total() {
+    double sum = 0;
+    for (const auto& s : sims) {
+      for (int r = 0; r < kRanks; ++r) {
+        double v = metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + s.url() +
+                          "\",rank=\"" + std::to_string(r) + "\",type=\"stored\"}");
+        if (v > 0) sum += v;
+      }
+    }
+    return sum;
+  }
+  // A wait for the events of the request just answered (each stores new pages).
+  std::function<void()> events_in() {
+    auto seen = std::make_shared<double>(stored_total());
+    return [this, seen] {
+      EXPECT_TRUE(wait_until([&] { return stored_total() > *seen; }, 20s)) << gateway->log();
+      *seen = stored_total();
+    };
+  }
   // Blocks kvgate applied as stored for rank `rank` of the first server.
   double stored(int rank) {
     return metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + sims[0].url() +
@@ -118,8 +140,9 @@ std::string chat(const std::vector<std::string>& turns) {
 }
 
 // Multi-turn chats through kvgate at `port`: the share of later turns' prompt tokens the servers
-// reported cached.
-double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4) {
+// reported cached. `after` runs after each request (kv_exact: wait for its events).
+double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4,
+                             const std::function<void()>& after = {}) {
   HttpClient client(port);
   std::vector<std::vector<std::string>> turns(static_cast<size_t>(conversations));
   double cached = 0, prompt = 0;
@@ -131,6 +154,7 @@ double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4)
       history.push_back(msg);
       auto r = client.post("/v1/chat/completions", chat(history));
       EXPECT_EQ(r.status, 200) << r.body;
+      if (after) after();
       if (t > 0) {
         cached += std::max(0.0, json_number_field(r.body, "cached_tokens"));
         prompt += std::max(0.0, json_number_field(r.body, "prompt_tokens"));
@@ -153,7 +177,7 @@ TEST(KvExact, BeatsCacheAwareWhenEnginesRunTwoDpRanks) {
     // Without predict on route: the hits come from the engines' events alone.
     KvCluster c(1, tok, "round_robin", "    kvPredictTtlMs: 0\n");
     ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
-    kv = conversation_hit_rate(c.port, 5);
+    kv = conversation_hit_rate(c.port, 5, 4, c.events_in());
     EXPECT_GE(c.metric("kvgate_kv_exact_hits_total{rule=\"default\"}"), 10);
   }
   {
@@ -241,7 +265,7 @@ TEST(KvExact, AnotherEnginesBlockHashIsDetected) {
   KVGATE_REQUIRE_MODEL("qwen3");
   KvCluster c(1, models_dir() + "/qwen3", "round_robin", "", {"--kv-events-format", "vllm"});
   ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
-  double rate = conversation_hit_rate(c.port, 3, 3);
+  double rate = conversation_hit_rate(c.port, 3, 3, c.events_in());
   EXPECT_TRUE(wait_until([&] {
     return c.metric("kvgate_kv_hash_mismatches_total{rule=\"default\"}") > 0;
   })) << c.gateway->log();
@@ -258,7 +282,7 @@ TEST(KvExact, EventPortsAndRanksAreDiscoveredFromServerInfo) {
   EXPECT_NE(c.gateway->log().find("another number of DP ranks than kvDpRankCount"),
             std::string::npos)
       << c.gateway->log();
-  EXPECT_GT(conversation_hit_rate(c.port, 3, 3), 0.5);
+  EXPECT_GT(conversation_hit_rate(c.port, 3, 3, c.events_in()), 0.5);
 }
 
 // An engine that restarts comes back with an empty cache: kvgate forgets what it held when its
@@ -328,6 +352,7 @@ TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   KvCluster c(3, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n");
   ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
   HttpClient client(c.port);
+  auto wait_events = c.events_in();
   const int kConversations = 6;
   const int kTurns = 4;
   std::vector<std::vector<std::string>> turns(kConversations);
@@ -348,9 +373,8 @@ TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
       }
       turns[conv].push_back("reply " + std::to_string(t) + " of conversation " +
                             std::to_string(conv));
+      wait_events();
     }
-    // (A conversation's next turn follows the other conversations' turns: its engine's events,
-    // sub-millisecond on loopback, are in by then; the bound below leaves room for a late one.)
   }
   std::cout << "kv_exact: " << hits << "/" << later_turns << " later turns routed to a holder; "
             << "cached " << cached << " of " << prompt << " prompt tokens\n";

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -46,8 +47,12 @@ int free_port() {
 }
 
 int free_ports(int n) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int base = free_port();
+  // Below the kernel's ephemeral range (32768-60999 by default), where free_port() and every
+  // outgoing connection draw from: a run found free here is not taken by a parallel test's next
+  // free_port() before the process that needs it binds it.
+  static std::atomic<unsigned> seq{static_cast<unsigned>(::getpid()) * 7919u};
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int base = 20000 + static_cast<int>((seq.fetch_add(97) * 131u) % 12000u);
     if (base + n - 1 > 65535) continue;
     bool all = true;
     for (int i = 0; i < n && all; ++i) {

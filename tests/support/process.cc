@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -29,7 +31,29 @@ std::string bin_dir() {
   return KVGATE_BIN_DIR;
 }
 
+namespace {
+
+// One port bound and released at once (the kernel's choice of a free one).
+int any_free_port();
+
+}  // namespace
+
 int free_port() {
+  // The kernel may hand the same free port to two successive binds once the first is closed: a
+  // test asking for two ports (two sims) must get two. Ports handed out are remembered.
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard lock(mu);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int p = any_free_port();
+    if (given.insert(p).second) return p;
+  }
+  throw std::runtime_error("free_port: no new port");
+}
+
+namespace {
+
+int any_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -45,6 +69,8 @@ int free_port() {
   ::close(fd);
   return port;
 }
+
+}  // namespace
 
 int free_ports(int n) {
   // Below the kernel's ephemeral range (32768-60999 by default), where free_port() and every

@@ -25,6 +25,7 @@ struct Sim {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
   // (Re)starts the process on the same port; waits until /health answers 200.
   void start();
+  void try_start();
   void kill() { process->kill_now(); }
 };
 

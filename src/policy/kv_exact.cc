@@ -58,13 +58,6 @@ struct KvExactPolicy::Sources {
     auto it = by_id.find(static_cast<kv::SourceId>(id));
     return it == by_id.end() ? nullptr : it->second;
   }
-  const Source* find(uint64_t worker, int rank) const {
-    auto it = by_worker.find(worker);
-    if (it == by_worker.end() || rank < 0 || static_cast<size_t>(rank) >= it->second.size()) {
-      return nullptr;
-    }
-    return it->second[static_cast<size_t>(rank)];
-  }
 };
 
 namespace {
@@ -109,10 +102,17 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                        "their prefix; kv_exact_balance: by cost among trusted ranks)",
                        {"rule"})
                  .with({rule_});
-    misses_ = &r.counter("kvgate_kv_exact_misses_total",
-                         "kv_exact: requests the fallback policy routed, by why: miss (no page "
-                         "held anywhere), not_ready (no subscriber trusted yet), no_tokens, lora",
-                         {"rule", "reason"});
+    auto& misses = r.counter("kvgate_kv_exact_misses_total",
+                             "kv_exact: requests the fallback policy routed, by why: miss (no "
+                             "page held anywhere), not_ready (no subscriber trusted yet), "
+                             "no_tokens, lora",
+                             {"rule", "reason"});
+    // One cell per reason, looked up here once rather than per request.
+    for (const auto& [reason, cell] :
+         {std::pair{"miss", &miss_}, std::pair{"not_ready", &miss_not_ready_},
+          std::pair{"no_tokens", &miss_no_tokens_}, std::pair{"lora", &miss_lora_}}) {
+      *cell = &misses.with({rule_, reason});
+    }
     events_ = &r.counter("kvgate_kv_events_total", "KV events applied, by type",
                          {"rule", "endpoint", "rank", "type"});
     connected_ = &r.gauge("kvgate_kv_subscriber_connected",
@@ -187,14 +187,15 @@ bool KvExactPolicy::ready(kv::SourceId s) const {
 }
 
 Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteContext& ctx,
-                                  std::string_view why, const Sources& sources) {
+                                  std::string_view why, metrics::Counter* counted,
+                                  const Sources& sources) {
   Decision inner = fallback_->select(available, ctx);
   Decision d = inner;
   if (!inner.worker) return d;
   d.inner_branch = inner.branch;
   d.branch = why;
   d.predicted_tokens = 0;
-  if (misses_) misses_->with({rule_, why.substr(9)}).inc();  // "kv_exact_" dropped
+  if (counted) counted->inc();
   auto it = sources.by_worker.find(inner.worker->id());
   if (it != sources.by_worker.end() && it->second.size() > 1) {
     // The fallback chose the worker; the rank with the least prefill queued there takes it.
@@ -227,8 +228,9 @@ void KvExactPolicy::request_keys(const RequestInfo& req, std::vector<kv::BlockKe
 Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
-  if (req.names_lora) return fall_back(available, ctx, "kv_exact_lora", *sources);
-  if (req.tokens.empty()) return fall_back(available, ctx, "kv_exact_no_tokens", *sources);
+  if (req.names_lora) return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
+  if (req.tokens.empty())
+    return fall_back(available, ctx, "kv_exact_no_tokens", miss_no_tokens_, *sources);
 
   thread_local std::vector<kv::BlockKey> keys;
   thread_local std::vector<kv::SourceMatch> matches;
@@ -298,7 +300,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
       }
     }
   }
-  if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", *sources);
+  if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
   if (longest == 0 || best == nullptr) {
     if (inventory_.nodes() > 0 &&
         zero_hits_.fetch_add(1, std::memory_order_relaxed) + 1 == kZeroHitWatchdog) {
@@ -312,7 +314,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
           .kv("rule", rule_)
           .kv("blocks", inventory_.nodes());
     }
-    return fall_back(available, ctx, "kv_exact_miss", *sources);
+    return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
   }
   zero_hits_.store(0, std::memory_order_relaxed);
   if (hits_) hits_->inc();

@@ -68,8 +68,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
   void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
   void request_keys(const RequestInfo& req, std::vector<kv::BlockKey>& keys) const;
+  // `counted`: the misses counter of `why` (null without metrics).
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
-                     const Sources& sources);
+                     metrics::Counter* counted, const Sources& sources);
   // Rebuilds the sources of `workers_` (from each worker's /server_info kv_events when known,
   // else the rule's kvZmqPort and kvDpRankCount) and hands them to the subscriber. Needs
   // change_mu_ held.
@@ -111,7 +112,10 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
 
   // Metrics (null without a registry).
   metrics::Counter* hits_ = nullptr;
-  metrics::CounterFamily* misses_ = nullptr;
+  metrics::Counter* miss_ = nullptr;  // kvgate_kv_exact_misses_total by reason
+  metrics::Counter* miss_not_ready_ = nullptr;
+  metrics::Counter* miss_no_tokens_ = nullptr;
+  metrics::Counter* miss_lora_ = nullptr;
   metrics::CounterFamily* events_ = nullptr;
   metrics::GaugeFamily* connected_ = nullptr;
   metrics::GaugeFamily* blocks_ = nullptr;

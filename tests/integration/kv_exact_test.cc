@@ -285,14 +285,14 @@ TEST(KvExact, EventPortsAndRanksAreDiscoveredFromServerInfo) {
   EXPECT_GT(conversation_hit_rate(c.port, 3, 3, c.events_in()), 0.5);
 }
 
-// An engine that restarts comes back with an empty cache: kvgate forgets what it held when its
-// publishers go away, and routes nothing there on stale pages.
-TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
-  KVGATE_REQUIRE_MODEL("qwen3");
+// One server's rank holds a prefix (a later request on it is a kv_exact hit); `lose` takes that
+// cache away and waits until kvgate heard of it; a request on the same prefix is then not routed
+// on the stale pages.
+void expect_stale_pages_forgotten(const std::function<void(KvCluster&)>& lose) {
   KvCluster c(1, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n");
   ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
   HttpClient client(c.port);
-  std::string text = "a conversation the engine will forget:";
+  std::string text = "a conversation the engine will lose:";
   for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
   auto gen = [&](const std::string& t) {
     return client.post("/generate",
@@ -304,46 +304,40 @@ TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
   ASSERT_EQ(again.status, 200);
   EXPECT_NE(again.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
       << again.header("x-kvgate-route");
-  c.sims[0].kill();
-  c.sims[0].start();  // same ports, empty cache
-  ASSERT_TRUE(wait_until([&] {
-    return c.metric("kvgate_kv_resyncs_total{rule=\"default\",reason=\"disconnected\"}") >= 1;
-  })) << c.gateway->log();
-  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  lose(c);
   auto after = gen(text + " more and more");
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(after.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
       << after.header("x-kvgate-route");
 }
 
+// An engine that restarts comes back with an empty cache: kvgate forgets what it held when its
+// publishers go away, and routes nothing there on stale pages.
+TEST(KvExact, ARestartedEngineIsNotRoutedToOnStalePages) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  expect_stale_pages_forgotten([](KvCluster& c) {
+    c.sims[0].kill();
+    c.sims[0].start();  // same ports, empty cache
+    ASSERT_TRUE(wait_until([&] {
+      return c.metric("kvgate_kv_resyncs_total{rule=\"default\",reason=\"disconnected\"}") >= 1;
+    })) << c.gateway->log();
+    ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  });
+}
+
 // A flushed engine (POST /flush_cache: AllBlocksCleared) stops attracting its old prefixes.
 TEST(KvExact, AFlushedEngineStopsAttractingItsOldPrefixes) {
   KVGATE_REQUIRE_MODEL("qwen3");
-  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n");
-  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
-  HttpClient client(c.port);
-  std::string text = "a conversation the engine will flush:";
-  for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
-  auto gen = [&](const std::string& t) {
-    return client.post("/generate",
-                       R"({"text":")" + t + R"(","sampling_params":{"max_new_tokens":1}})");
-  };
-  ASSERT_EQ(gen(text).status, 200);
-  ASSERT_TRUE(wait_until([&] { return c.stored(0) > 0; })) << c.gateway->log();  // its events
-  auto again = gen(text + " more");
-  EXPECT_NE(again.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos);
-  auto cleared = [&] {
-    return c.metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + c.sims[0].url() +
-                    "\",rank=\"0\",type=\"cleared\"}");
-  };
-  double before = cleared();
-  HttpClient sim(c.sims[0].port);
-  ASSERT_EQ(sim.post("/flush_cache", "").status, 200);
-  ASSERT_TRUE(wait_until([&] { return cleared() > before; })) << c.gateway->log();
-  auto after = gen(text + " more and more");
-  ASSERT_EQ(after.status, 200) << after.body;
-  EXPECT_EQ(after.header("x-kvgate-route").find("kv_exact_hit"), std::string::npos)
-      << after.header("x-kvgate-route");
+  expect_stale_pages_forgotten([](KvCluster& c) {
+    auto cleared = [&] {
+      return c.metric("kvgate_kv_events_total{rule=\"default\",endpoint=\"" + c.sims[0].url() +
+                      "\",rank=\"0\",type=\"cleared\"}");
+    };
+    double before = cleared();
+    HttpClient sim(c.sims[0].port);
+    ASSERT_EQ(sim.post("/flush_cache", "").status, 200);
+    ASSERT_TRUE(wait_until([&] { return cleared() > before; })) << c.gateway->log();
+  });
 }
 
 TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {

@@ -142,10 +142,10 @@ namespace kvgate {
 namespace {
 
 TEST(ServerInfo, KvEventsDescriptorIsRead) {
-  auto info = parse_kv_events_info(
-      R"({"page_size":16,"kv_events":{"publisher":"zmq","endpoint_host":"*",)"
-      R"("endpoint_port_base":5557,"topic":"kv","block_size":16,"dp_size":2,)"
-      R"("replay_endpoint_port_base":5600}})");
+  auto info =
+      parse_kv_events_info(R"({"page_size":16,"kv_events":{"publisher":"zmq","endpoint_host":"*",)"
+                           R"("endpoint_port_base":5557,"topic":"kv","block_size":16,"dp_size":2,)"
+                           R"("replay_endpoint_port_base":5600}})");
   ASSERT_TRUE(info);
   EXPECT_EQ(info->port_base, 5557);
   EXPECT_EQ(info->replay_port_base, 5600);

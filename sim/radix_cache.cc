@@ -378,7 +378,8 @@ void RadixCache::enqueue(kv::Event e) {
       // SGLang's KVCacheEventRecorder.enqueue: a store continuing the tail's chain joins it.
       if (t && t->medium == s->medium && t->lora_id == s->lora_id &&
           t->block_size == s->block_size && t->cache_salt == s->cache_salt &&
-          !t->block_hashes.empty() && s->parent_block_hash == t->block_hashes.back()) {
+          t->lora_name == s->lora_name && !t->block_hashes.empty() &&
+          s->parent_block_hash == t->block_hashes.back()) {
         t->block_hashes.insert(t->block_hashes.end(), s->block_hashes.begin(),
                                s->block_hashes.end());
         t->token_ids.insert(t->token_ids.end(), s->token_ids.begin(), s->token_ids.end());
@@ -405,6 +406,9 @@ void RadixCache::record_stored(const Node* n) {
   }
   std::optional<std::string> salt;
   if (n->space && !n->space->cache_salt.empty()) salt = n->space->cache_salt;
+  // SGLang's recorder names the adapter of a LoRA namespace in every store (lora_name).
+  std::optional<std::string> lora;
+  if (n->space && !n->space->lora.empty()) lora = n->space->lora;
   if (config_.grouping == EventGrouping::kPerNode) {
     kv::BlockStored s;
     s.block_hashes.reserve(n->digests.size());
@@ -414,6 +418,7 @@ void RadixCache::record_stored(const Node* n) {
     s.block_size = config_.page_size;
     s.medium = kv::Medium::kGpu;
     s.cache_salt = salt;
+    s.lora_name = lora;
     enqueue(std::move(s));
     return;
   }
@@ -428,6 +433,7 @@ void RadixCache::record_stored(const Node* n) {
     s.block_size = config_.page_size;
     s.medium = kv::Medium::kGpu;
     s.cache_salt = salt;
+    s.lora_name = lora;
     enqueue(std::move(s));
     parent = id;
   }

@@ -78,7 +78,7 @@ void encode_sglang(Writer& w, const Event& e) {
   if (const auto* s = std::get_if<BlockStored>(&e)) {
     // SGLang's BlockStoredWithMetadata: the metadata map is an 8th element, present only for a
     // salted request's blocks (so unsalted events keep their 7-element shape).
-    const bool metadata = s->cache_salt.has_value();
+    const bool metadata = s->cache_salt.has_value() || s->lora_name.has_value();
     w.array(metadata ? 8 : s->medium == Medium::kNone ? 6 : 7);
     w.str("BlockStored");
     put_ids(w, s->block_hashes, WireFormat::kSglang);
@@ -92,9 +92,15 @@ void encode_sglang(Writer& w, const Event& e) {
     w.opt_sint(s->lora_id);
     if (metadata || s->medium != Medium::kNone) w.medium(s->medium);
     if (metadata) {
-      w.map(1);
-      w.str("cache_salt");
-      w.str(*s->cache_salt);
+      w.map((s->cache_salt ? 1 : 0) + (s->lora_name ? 1 : 0));
+      if (s->cache_salt) {
+        w.str("cache_salt");
+        w.str(*s->cache_salt);
+      }
+      if (s->lora_name) {
+        w.str("lora_name");
+        w.str(*s->lora_name);
+      }
     }
   } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
     w.array(r->medium == Medium::kNone ? 2 : 3);
@@ -129,7 +135,11 @@ void encode_vllm(Writer& w, const Event& e) {
     w.str("medium");
     w.medium(s->medium);
     w.str("lora_name");
-    w.nil();
+    if (s->lora_name) {
+      w.str(*s->lora_name);
+    } else {
+      w.nil();
+    }
   } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
     w.map(3);
     w.str("type");
@@ -376,7 +386,7 @@ DecodeError read_medium(Reader& r, Medium& out) {
   return DecodeError::kNone;
 }
 
-DecodeError read_salt(Reader& r, std::optional<std::string>& out) {
+DecodeError read_opt_string(Reader& r, std::optional<std::string>& out) {
   if (r.nil()) return DecodeError::kNone;
   if (r.peek() != MP_STR || r.at_end()) return DecodeError::kBadEvent;
   std::string_view s;
@@ -388,7 +398,8 @@ DecodeError read_salt(Reader& r, std::optional<std::string>& out) {
 // SGLang's BlockStoredMetadata: a map whose "cache_salt" names the block's namespace. Other keys
 // (session_id, ... in other builds) are skipped; so is an element that is not a map at all (the
 // position holds other fields in other engines' positional shapes).
-DecodeError read_metadata(Reader& r, std::optional<std::string>& salt) {
+DecodeError read_metadata(Reader& r, std::optional<std::string>& salt,
+                          std::optional<std::string>& lora_name) {
   if (r.peek() != MP_MAP || r.at_end()) return r.skip();
   uint32_t n = 0;
   if (auto e = r.map(n); e != DecodeError::kNone) return e;
@@ -399,7 +410,9 @@ DecodeError read_metadata(Reader& r, std::optional<std::string>& salt) {
     } else if (auto e = r.skip(); e != DecodeError::kNone) {
       return e;
     }
-    DecodeError e = key == "cache_salt" ? read_salt(r, salt) : r.skip();
+    DecodeError e = key == "cache_salt"  ? read_opt_string(r, salt)
+                    : key == "lora_name" ? read_opt_string(r, lora_name)
+                                         : r.skip();
     if (e != DecodeError::kNone) return e;
   }
   return DecodeError::kNone;
@@ -424,7 +437,7 @@ Failure positional_stored(Reader& r, uint32_t fields, BlockStored& s) {
   KV_TRY(read_int(r, s.block_size), "BlockStored.block_size");
   if (fields > 4) KV_TRY(read_opt_int(r, s.lora_id), "BlockStored.lora_id");
   if (fields > 5) KV_TRY(read_medium(r, s.medium), "BlockStored.medium");
-  if (fields > 6) KV_TRY(read_metadata(r, s.cache_salt), "BlockStored.metadata");
+  if (fields > 6) KV_TRY(read_metadata(r, s.cache_salt, s.lora_name), "BlockStored.metadata");
   for (uint32_t i = 7; i < fields; ++i) KV_TRY(r.skip(), "BlockStored: trailing field");
   return kOk;
 }
@@ -522,9 +535,11 @@ Failure map_event(Reader& r, EventBatch& out) {
     } else if (kind == Kind::kStored && key == "medium") {
       KV_TRY(read_medium(r, s.medium), "BlockStored.medium");
     } else if (kind == Kind::kStored && key == "cache_salt") {
-      KV_TRY(read_salt(r, s.cache_salt), "BlockStored.cache_salt");
+      KV_TRY(read_opt_string(r, s.cache_salt), "BlockStored.cache_salt");
+    } else if (kind == Kind::kStored && key == "lora_name") {
+      KV_TRY(read_opt_string(r, s.lora_name), "BlockStored.lora_name");
     } else if (kind == Kind::kStored && key == "metadata") {
-      KV_TRY(read_metadata(r, s.cache_salt), "BlockStored.metadata");
+      KV_TRY(read_metadata(r, s.cache_salt, s.lora_name), "BlockStored.metadata");
     } else if (kind == Kind::kRemoved && key == "block_hashes") {
       KV_TRY(read_hashes(r, b.block_hashes), "BlockRemoved.block_hashes");
       hashes = true;

@@ -4,7 +4,8 @@
 // types, and never reads past its input: every failure is an error code, never a crash or a throw.
 //
 // SGLang's BlockStored: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]
-// plus, for a salted request's blocks only, an 8th element {"cache_salt": salt}.
+// plus, for a salted or LoRA request's blocks only, an 8th element {"cache_salt": salt,
+// "lora_name": adapter} (each key only when set).
 //
 // A publisher message is three ZMQ frames [topic, sequence as 8 bytes big-endian, payload]; a
 // replay reply is [sequence, payload] after the ROUTER envelope, ending with sequence -1 and an
@@ -41,6 +42,10 @@ struct BlockStored {
   // blocks of a salted request; those blocks match only requests with the same salt. Map-shaped
   // events may carry "cache_salt" as a key of their own (or of a "metadata" map).
   std::optional<std::string> cache_salt;
+  // The LoRA adapter whose namespace the chain is in: SGLang's recorder names it (lora_name of
+  // the metadata map; its published ids are then mixed with the adapter's seed), vLLM's events
+  // carry "lora_name" as a key. Those blocks match only requests for the same adapter.
+  std::optional<std::string> lora_name;
 };
 
 struct BlockRemoved {

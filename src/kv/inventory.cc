@@ -75,18 +75,26 @@ namespace kvgate::kv {
 // Tokens are hashed as int32 little-endian straight from memory.
 static_assert(std::endian::native == std::endian::little, "chain_keys hashes tokens in place");
 
-uint64_t chain_seed(std::optional<std::string_view> cache_salt, std::optional<int64_t> lora_id) {
-  if (!cache_salt && !lora_id) return 0;
-  // A fixed 24-byte header (a domain tag, which of the two are present, the LoRA id) hashed into
-  // the seed of a hash over the salt's bytes: unambiguous (an empty salt differs from none, LoRA 0
-  // from none), no allocation, and every bit of both inputs reaches every bit of the result.
-  unsigned char header[24] = {'k', 'v', 'g', 'a', 't', 'e', 'n', 's'};
-  header[8] = static_cast<unsigned char>((cache_salt ? 1 : 0) | (lora_id ? 2 : 0));
+uint64_t chain_seed(std::optional<std::string_view> cache_salt, std::optional<int64_t> lora_id,
+                    std::optional<std::string_view> lora_name) {
+  if (!cache_salt && !lora_id && !lora_name) return 0;
+  // A fixed 32-byte header (a domain tag, which of the three are present, the LoRA id, the salt's
+  // length) hashed into the seed of a hash over the salt's bytes, then the adapter name's:
+  // unambiguous (an empty salt differs from none, LoRA 0 from none, and the salt's length
+  // separates salt and name), no allocation, and every bit of the inputs reaches the result.
+  unsigned char header[32] = {'k', 'v', 'g', 'a', 't', 'e', 'n', 's'};
+  header[8] =
+      static_cast<unsigned char>((cache_salt ? 1 : 0) | (lora_id ? 2 : 0) | (lora_name ? 4 : 0));
   auto lora = static_cast<uint64_t>(lora_id.value_or(0));
-  for (int i = 0; i < 8; ++i) header[16 + i] = static_cast<unsigned char>(lora >> (8 * i));
-  uint64_t h = XXH3_64bits(header, sizeof header);
   std::string_view salt = cache_salt.value_or(std::string_view{});
+  uint64_t salt_len = salt.size();
+  for (int i = 0; i < 8; ++i) {
+    header[16 + i] = static_cast<unsigned char>(lora >> (8 * i));
+    header[24 + i] = static_cast<unsigned char>(salt_len >> (8 * i));
+  }
+  uint64_t h = XXH3_64bits(header, sizeof header);
   h = XXH3_64bits_withSeed(salt.data(), salt.size(), h);
+  if (lora_name) h = XXH3_64bits_withSeed(lora_name->data(), lora_name->size(), h);
   // 0 is the plain namespace: a namespaced chain must never start from it.
   return h != 0 ? h : 0x9e3779b97f4a7c15ull;
 }
@@ -811,9 +819,10 @@ struct Inventory::Impl {
       parent = p->node;
       seed = slab[parent].key;
     } else {
-      seed =
-          chain_seed(ev.cache_salt ? std::optional<std::string_view>(*ev.cache_salt) : std::nullopt,
-                     ev.lora_id);
+      auto view = [](const std::optional<std::string>& v) {
+        return v ? std::optional<std::string_view>(*v) : std::nullopt;
+      };
+      seed = chain_seed(view(ev.cache_salt), ev.lora_id, view(ev.lora_name));
     }
     uint8_t m = media_bit(ev.medium);
     // Keys first, then every slot this event will touch is fetched at once: the table and id map

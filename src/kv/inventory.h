@@ -32,10 +32,12 @@ namespace kvgate::kv {
 using SourceId = uint32_t;
 using BlockKey = uint64_t;
 
-// The seed of a chain: 0 without salt and adapter; otherwise a 64-bit hash of both (XXH3 over the
-// salt's bytes, seeded by XXH3 of a fixed header holding which of the two are present and the LoRA
-// id), never 0. An empty salt differs from no salt, LoRA id 0 from no LoRA id.
-uint64_t chain_seed(std::optional<std::string_view> cache_salt, std::optional<int64_t> lora_id);
+// The seed of a chain: 0 without salt and adapter; otherwise a 64-bit hash of them (XXH3 over the
+// salt's bytes and the adapter's name, seeded by XXH3 of a fixed header holding which are present,
+// the LoRA id and the salt's length), never 0. An empty salt differs from no salt, LoRA id 0 from
+// no LoRA id. Engines name an adapter by id (vLLM's lora_id) or by name (SGLang's lora_name).
+uint64_t chain_seed(std::optional<std::string_view> cache_salt, std::optional<int64_t> lora_id,
+                    std::optional<std::string_view> lora_name = std::nullopt);
 // Appends kvgate's key of each full page of `tokens` (a trailing partial page has none).
 void chain_keys(std::span<const int32_t> tokens, size_t page_size, uint64_t seed,
                 std::vector<BlockKey>& out);

@@ -48,6 +48,9 @@ struct KvExactPolicy::Source {
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
   // with a warning and a metric, instead of silently missing.
   std::atomic<bool> page_size_mismatch{false};
+  // Ground truth cells (null without metrics).
+  metrics::Counter* predicted_tokens = nullptr;
+  metrics::Counter* cached_tokens = nullptr;
 };
 
 struct KvExactPolicy::Sources {
@@ -105,13 +108,27 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
     auto& misses = r.counter("kvgate_kv_exact_misses_total",
                              "kv_exact: requests the fallback policy routed, by why: miss (no "
                              "page held anywhere), not_ready (no subscriber trusted yet), "
-                             "no_tokens, lora",
+                             "no_tokens, lora (several adapters named), unrendered (the chat "
+                             "template rejected the conversation)",
                              {"rule", "reason"});
     // One cell per reason, looked up here once rather than per request.
     for (const auto& [reason, cell] :
          {std::pair{"miss", &miss_}, std::pair{"not_ready", &miss_not_ready_},
-          std::pair{"no_tokens", &miss_no_tokens_}, std::pair{"lora", &miss_lora_}}) {
+          std::pair{"no_tokens", &miss_no_tokens_}, std::pair{"lora", &miss_lora_},
+          std::pair{"unrendered", &miss_unrendered_}}) {
       *cell = &misses.with({rule_, reason});
+    }
+    auto& stages = r.histogram(
+        "kvgate_kv_exact_routing_seconds",
+        "kv_exact: routing work per request by stage: render (chat template), tokenize, keys "
+        "(hash the pages), match (walk the inventory), select (cost of every rank, choice)",
+        {"rule", "stage"},
+        {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2});
+    for (const auto& [stage, cell] :
+         {std::pair{"render", &t_render_}, std::pair{"tokenize", &t_tokenize_},
+          std::pair{"keys", &t_keys_}, std::pair{"match", &t_match_},
+          std::pair{"select", &t_select_}}) {
+      *cell = &stages.with({rule_, stage});
     }
     events_ = &r.counter("kvgate_kv_events_total", "KV events applied, by type",
                          {"rule", "endpoint", "rank", "type"});
@@ -135,11 +152,12 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                    "kvBlockSize: set kvBlockSize to the engine's --page-size",
                    {"rule"})
              .with({rule_});
-    predicted_tokens_ = &r.counter("kvgate_kv_exact_predicted_tokens_total",
-                                   "kv_exact: prompt tokens it expected cached where it routed "
-                                   "(counted when the worker reports cached_tokens)",
-                                   {"rule"})
-                             .with({rule_});
+    predicted_tokens_ =
+        &r.counter("kvgate_kv_exact_predicted_tokens_total",
+                   "kv_exact: prompt tokens it expected cached on the (endpoint, "
+                   "rank) it routed to (counted when the worker reports "
+                   "cached_tokens; compare with kvgate_kv_exact_cached_tokens_total)",
+                   {"rule", "endpoint", "rank"});
     watchdog_ = &r.counter("kvgate_kv_exact_zero_hit_watchdog_total",
                            "kv_exact: times 50 lookups in a row matched nothing while the "
                            "inventory held blocks (a wrong kvBlockSize, tokenizer or chat "
@@ -161,8 +179,9 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                          "page_size (its events' block size is not kvBlockSize)",
                          {"rule", "endpoint", "rank", "reason"});
     cached_tokens_ = &r.counter("kvgate_kv_exact_cached_tokens_total",
-                                "kv_exact: prompt tokens the workers reported cached", {"rule"})
-                          .with({rule_});
+                                "kv_exact: prompt tokens the (endpoint, rank) reported cached for "
+                                "the requests kv_exact routed there",
+                                {"rule", "endpoint", "rank"});
   }
 }
 
@@ -217,25 +236,60 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
   return d;
 }
 
-void KvExactPolicy::request_keys(const RequestInfo& req, std::vector<kv::BlockKey>& keys) const {
-  keys.clear();
-  std::optional<std::string_view> salt;
-  if (req.cache_salt) salt = *req.cache_salt;
-  kv::chain_keys(req.tokens, static_cast<size_t>(page_size_), kv::chain_seed(salt, std::nullopt),
-                 keys);
+const std::vector<kv::BlockKey>& KvExactPolicy::request_keys(RouteContext& ctx) const {
+  if (!ctx.page_keys_set) {
+    const RequestInfo& req = *ctx.request;
+    ctx.page_keys.clear();
+    std::optional<std::string_view> salt, lora;
+    if (req.cache_salt) salt = *req.cache_salt;
+    if (req.lora) lora = *req.lora;
+    kv::chain_keys(req.tokens, static_cast<size_t>(page_size_),
+                   kv::chain_seed(salt, std::nullopt, lora), ctx.page_keys);
+    ctx.page_keys_set = true;
+  }
+  return ctx.page_keys;
 }
 
 Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
-  if (req.names_lora) return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
+  // An adapter named in a way the request does not pin to one name (a list of adapters) has no
+  // single namespace to look in.
+  if (req.names_lora && !req.lora)
+    return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
+  if (req.render_failed) {
+    return fall_back(available, ctx, "kv_exact_unrendered", miss_unrendered_, *sources);
+  }
   if (req.tokens.empty())
     return fall_back(available, ctx, "kv_exact_no_tokens", miss_no_tokens_, *sources);
 
-  thread_local std::vector<kv::BlockKey> keys;
+  using Clock = std::chrono::steady_clock;
+  const bool timed = t_keys_ != nullptr && !ctx.page_keys_set;  // a retry's work is not counted
+  Clock::time_point t0;
+  if (timed) {
+    t_render_->observe(std::chrono::duration<double>(req.render_time).count());
+    t_tokenize_->observe(std::chrono::duration<double>(req.tokenize_time).count());
+    t0 = Clock::now();
+  }
   thread_local std::vector<kv::SourceMatch> matches;
-  request_keys(req, keys);
+  const std::vector<kv::BlockKey>& keys = request_keys(ctx);
+  Clock::time_point t1;
+  if (timed) t1 = Clock::now();
   inventory_.match(keys, matches);
+  Clock::time_point t2;
+  if (timed) t2 = Clock::now();
+  // The select stage (predictions, cost of every rank, choice) is observed when this returns.
+  struct SelectTimer {
+    metrics::Histogram* h;
+    Clock::time_point from;
+    ~SelectTimer() {
+      if (h) h->observe(std::chrono::duration<double>(Clock::now() - from).count());
+    }
+  } select_timer{timed ? t_select_ : nullptr, t2};
+  if (timed) {
+    t_keys_->observe(std::chrono::duration<double>(t1 - t0).count());
+    t_match_->observe(std::chrono::duration<double>(t2 - t1).count());
+  }
   // Pages predicted where earlier requests were just sent: the leading run of one source.
   kv::SourceId predicted_source = 0;
   int64_t predicted_pages = 0;
@@ -338,10 +392,9 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
     s->active.fetch_add(1, std::memory_order_relaxed);
     s->pending_prefill.fetch_add(tokens - static_cast<int64_t>(d.predicted_tokens),
                                  std::memory_order_relaxed);
-    if (predict_ttl_.count() > 0 && !req.tokens.empty() && !req.names_lora) {
-      thread_local std::vector<kv::BlockKey> keys;
-      request_keys(req, keys);
-      if (keys.size() > kMaxPredictedPerRequest) keys.resize(kMaxPredictedPerRequest);
+    if (predict_ttl_.count() > 0 && !req.tokens.empty() && (!req.names_lora || req.lora)) {
+      const std::vector<kv::BlockKey>& all = request_keys(ctx);
+      std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
       auto now = std::chrono::steady_clock::now();
       auto expires = now + predict_ttl_;
       std::lock_guard lock(predict_mu_);
@@ -377,8 +430,7 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
                                  std::memory_order_relaxed);
     if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty()) {
       // The worker never ran it: what it predicted there is withdrawn.
-      thread_local std::vector<kv::BlockKey> keys;
-      request_keys(req, keys);
+      const std::vector<kv::BlockKey>& keys = request_keys(ctx);
       std::lock_guard lock(predict_mu_);
       for (kv::BlockKey k : keys) {
         auto it = predicted_.find(k);
@@ -386,10 +438,11 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       }
     }
   }
-  if (o.cached_tokens && d.inner_branch.empty()) {
-    if (predicted_tokens_) predicted_tokens_->inc(d.predicted_tokens);
-    if (cached_tokens_)
-      cached_tokens_->inc(static_cast<uint64_t>(std::max<int64_t>(0, *o.cached_tokens)));
+  if (o.cached_tokens && d.inner_branch.empty() && predicted_tokens_) {
+    if (const Source* s = sources->by_source(d.target_id)) {
+      s->predicted_tokens->inc(d.predicted_tokens);
+      s->cached_tokens->inc(static_cast<uint64_t>(std::max<int64_t>(0, *o.cached_tokens)));
+    }
   }
   if (!d.inner_branch.empty()) {
     Decision inner = d;
@@ -482,6 +535,11 @@ void KvExactPolicy::rebuild_sources() {
         s->rank = r;
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
+        if (predicted_tokens_) {
+          std::string rank = std::to_string(r);
+          s->predicted_tokens = &predicted_tokens_->with({rule_, s->url, rank});
+          s->cached_tokens = &cached_tokens_->with({rule_, s->url, rank});
+        }
       }
       if (wrong_page_size) s->page_size_mismatch.store(true, std::memory_order_relaxed);
       list.push_back(s.get());
@@ -506,6 +564,9 @@ void KvExactPolicy::rebuild_sources() {
       blocks_->remove({rule_, s->url, rank, "gpu"});
       blocks_->remove({rule_, s->url, rank, "other"});
       excluded_->remove({rule_, s->url, rank, "page_size"});
+      // A request thread may still count into the ground-truth cells of a source it found in
+      // the snapshot just before this one: those go after a grace period (on_period).
+      retired_series_.push_back({s->url, s->rank, std::chrono::steady_clock::now() + kSeriesGrace});
     }
   }
   ids_ = std::move(ids);
@@ -565,6 +626,7 @@ void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batc
   for (const auto& e : batch.events) {
     const auto* s = std::get_if<kv::BlockStored>(&e);
     if (!s || s->parent_block_hash || s->lora_id || s->block_hashes.empty() ||
+        (s->lora_name && hasher_->scheme() != kv::HashScheme::kSglang) ||
         s->block_size != page_size_ ||
         s->token_ids.size() != s->block_hashes.size() * static_cast<size_t>(page_size_)) {
       continue;
@@ -576,6 +638,11 @@ void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batc
     }
     ids.assign(s->block_hashes.size(), 0);
     hasher_->chain_ids(s->token_ids, static_cast<size_t>(page_size_), ids, seed ? &*seed : nullptr);
+    if (s->lora_name) {
+      // SGLang mixes every published id of an adapter's chain with the adapter's seed.
+      kv::Digest lora = kv::sglang_lora_seed(*s->lora_name);
+      for (uint64_t& id : ids) id = kv::sglang_lora_block_id(lora, id);
+    }
     for (size_t i = 0; i < ids.size(); ++i) {
       ++checked;
       if (ids[i] != s->block_hashes[i]) ++mismatched;
@@ -636,6 +703,20 @@ void KvExactPolicy::on_period() {
       if (it == built_from_.end() || it->second != w->kv_events()) changed = true;
     }
     if (changed) rebuild_sources();
+    // Ground-truth series of sources gone for the grace period (unless they came back).
+    auto t = std::chrono::steady_clock::now();
+    auto current = sources_.load();
+    std::erase_if(retired_series_, [&](const RetiredSeries& r) {
+      if (r.due > t) return false;
+      bool back = std::any_of(current->all.begin(), current->all.end(),
+                              [&](const auto& s) { return s->url == r.url && s->rank == r.rank; });
+      if (!back && predicted_tokens_) {
+        std::string rank = std::to_string(r.rank);
+        predicted_tokens_->remove({rule_, r.url, rank});
+        cached_tokens_->remove({rule_, r.url, rank});
+      }
+      return true;
+    });
   }
   if (predict_ttl_.count() > 0) {
     auto now = std::chrono::steady_clock::now();

@@ -67,7 +67,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
   void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
-  void request_keys(const RequestInfo& req, std::vector<kv::BlockKey>& keys) const;
+  // The keys of the request's full pages (cached in the context: select, dispatch, completion
+  // and retries key them once).
+  const std::vector<kv::BlockKey>& request_keys(RouteContext& ctx) const;
   // `counted`: the misses counter of `why` (null without metrics).
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
                      metrics::Counter* counted, const Sources& sources);
@@ -104,6 +106,13 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   // The kv_events each worker's sources were built from (to rebuild when one changes).
   std::map<uint64_t, std::optional<KvEventsInfo>> built_from_;
   std::set<std::string> warned_;  // one warning per (worker, kind) of discovery mismatch
+  struct RetiredSeries {
+    std::string url;
+    int rank = 0;
+    std::chrono::steady_clock::time_point due;
+  };
+  static constexpr std::chrono::seconds kSeriesGrace{60};
+  std::vector<RetiredSeries> retired_series_;  // change_mu_
   kv::SourceId next_id_ = 1;
   int starts_ = 0;
   std::chrono::steady_clock::time_point
@@ -122,8 +131,17 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   metrics::CounterFamily* resets_ = nullptr;
   metrics::Counter* orphans_ = nullptr;
   metrics::Counter* page_size_mismatches_ = nullptr;
-  metrics::Counter* predicted_tokens_ = nullptr;
-  metrics::Counter* cached_tokens_ = nullptr;
+  metrics::Counter* miss_unrendered_ = nullptr;
+  // Ground truth per (endpoint, rank): what kv_exact expected cached there vs what the engine
+  // reported (counted together, for requests whose worker reported cached_tokens).
+  metrics::CounterFamily* predicted_tokens_ = nullptr;
+  metrics::CounterFamily* cached_tokens_ = nullptr;
+  // Routing overhead by stage: render, tokenize (the request's parse), keys, match, select.
+  metrics::Histogram* t_render_ = nullptr;
+  metrics::Histogram* t_tokenize_ = nullptr;
+  metrics::Histogram* t_keys_ = nullptr;
+  metrics::Histogram* t_match_ = nullptr;
+  metrics::Histogram* t_select_ = nullptr;
   metrics::Counter* watchdog_ = nullptr;
   metrics::Counter* hash_checked_ = nullptr;
   metrics::Counter* hash_mismatches_ = nullptr;

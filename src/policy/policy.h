@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "request/request_info.h"
 #include "workers/worker.h"
@@ -24,6 +25,10 @@ struct RouteContext {
   std::string_view header(std::string_view name) const {
     return header_fn ? header_fn(header_self, name) : std::string_view{};
   }
+  // kv_exact's keys of the request's pages: computed once by select() and reused by
+  // on_dispatched() / on_completed() and by every retry (the request does not change).
+  std::vector<uint64_t> page_keys;
+  bool page_keys_set = false;
 };
 
 struct Decision {

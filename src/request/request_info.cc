@@ -3,6 +3,7 @@
 
 #include <simdjson.h>
 
+#include <cctype>
 #include <charconv>
 
 #include "http/message.h"
@@ -153,11 +154,15 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
       simdjson::dom::array messages;
       if (obj["messages"].get_array().get(messages)) break;
       if (options.chat_template) {
-        if (render_chat(*options.chat_template, obj, messages, out)) {
+        auto t0 = std::chrono::steady_clock::now();
+        bool ok = render_chat(*options.chat_template, obj, messages, out);
+        if (options.want_tokens) out.render_time = std::chrono::steady_clock::now() - t0;
+        if (ok) {
           out.rendered = true;
           extract_first_user(messages, out);  // still the routing key of chwbl
           break;
         }
+        out.render_failed = true;
         out.text.clear();
       }
       extract_chat(messages, out);
@@ -217,7 +222,12 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.first_user_message.clear();
   out.token_ids = false;
   out.rendered = false;
+  out.render_failed = false;
   out.tokens.clear();
+  out.cache_salt.reset();
+  out.names_lora = false;
+  out.lora.reset();
+  out.render_time = out.tokenize_time = {};
   if (body.empty()) return "request body is empty; send a JSON object";
   simdjson::dom::parser& parser = body_parser();
   json::ParserRelease release(parser);  // `out` holds copies: nothing refers to the parser after
@@ -259,6 +269,8 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       if (!value.get_string().get(salt)) out.cache_salt = salt;
     } else if (key == "lora_path") {
       out.names_lora = !value.is_null();
+      std::string_view name;
+      if (!value.get_string().get(name)) out.lora = name;
     } else if (key == "stream_options") {
       bool u = false;
       if (!value["include_usage"].get_bool().get(u)) out.include_usage = u;
@@ -266,9 +278,27 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       return "\"messages\" must be a list of message objects";
     }
   }
+  if (route != ApiRoute::kGenerate) {
+    // SGLang's OpenAI routes: "base-model:adapter" names an adapter, which wins over lora_path.
+    if (size_t colon = out.model.find(':'); colon != std::string::npos) {
+      std::string_view adapter = std::string_view(out.model).substr(colon + 1);
+      while (!adapter.empty() && std::isspace(static_cast<unsigned char>(adapter.front())))
+        adapter.remove_prefix(1);
+      while (!adapter.empty() && std::isspace(static_cast<unsigned char>(adapter.back())))
+        adapter.remove_suffix(1);
+      if (!adapter.empty()) {
+        out.names_lora = true;
+        out.lora = adapter;
+      }
+    }
+  }
   if (options.want_text) {
     extract_text(route, obj, out, options);
-    if (options.want_tokens) tokenize_text(out, options.tokenizer, options.max_tokens);
+    if (options.want_tokens) {
+      auto t0 = std::chrono::steady_clock::now();
+      tokenize_text(out, options.tokenizer, options.max_tokens);
+      out.tokenize_time = std::chrono::steady_clock::now() - t0;
+    }
   }
   return "";
 }

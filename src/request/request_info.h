@@ -3,6 +3,7 @@
 // it) the text the engine will see. The body itself is forwarded untouched.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,7 +33,10 @@ struct RequestInfo {
   bool include_usage = false;  // stream_options.include_usage
   // SGLang's cache_salt: the request's prefixes live in their own namespace.
   std::optional<std::string> cache_salt;
-  bool names_lora = false;  // lora_path given: the engine caches under the adapter's namespace
+  // A LoRA adapter named (lora_path, or an OpenAI route's model "base:adapter", which wins as
+  // SGLang's _parse_model_parameter has it): the engine caches under the adapter's namespace.
+  bool names_lora = false;
+  std::optional<std::string> lora;  // the adapter's name, when one string names it
   // Filled only when parse options ask for it (a policy routes on content):
   // chat: every message in order as "role\ncontent\n" (text parts of list contents, tool calls as
   // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:
@@ -46,6 +50,13 @@ struct RequestInfo {
   // The token ids of `text` (want_tokens with a tokenizer; input_ids as given); at most
   // ParseOptions::max_tokens of them.
   std::vector<int32_t> tokens;
+  // chat with a chat template: the template rejected the conversation, so `text` is the stand-in
+  // (a content-routing policy cannot match what the engine will cache; kv_exact says so).
+  bool render_failed = false;
+  // With want_tokens: what rendering the chat template and tokenizing took (kv_exact's routing
+  // overhead metrics).
+  std::chrono::nanoseconds render_time{0};
+  std::chrono::nanoseconds tokenize_time{0};
 };
 
 struct ParseOptions {

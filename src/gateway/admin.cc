@@ -146,6 +146,13 @@ Json inventory_json(const std::string& name, const rules::Rule& rule, const KvEx
            {"replayed", st.replayed},
            {"resyncs", st.resets},
            {"reconnects", st.reconnects}};
+    auto counts = kv.counts(spec.id);
+    auto parity = kv.parity(spec.id);
+    s["page_size_ok"] = !counts.page_size_mismatch;
+    s["hits"] = counts.hits;
+    s["predicted_tokens"] = counts.predicted_tokens;
+    s["cached_tokens"] = counts.cached_tokens;
+    s["tokenizer_parity"] = Json{{"state", parity.state}, {"detail", parity.detail}};
     if (st.messages > 0) {
       s["last_seq"] = st.last_seq;
       s["last_event_age_secs"] = std::chrono::duration<double>(now - st.last_message).count();
@@ -374,7 +381,8 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   co_await fail(ex, 404, "not_found",
                 "no admin route " + std::string(method) + " " + std::string(path) +
                     " (routes: /v1/rules, /v1/rules/{name}, /v1/rules/validate, "
-                    "/v1/rules/{name}/inventory, /workers, /workers/{id}, /flush_cache, "
+                    "/v1/rules/{name}/inventory, /v1/rules/{name}/parity, /workers, /workers/{id}, "
+                    "/flush_cache, "
                     "/get_loads, /get_server_info, /get_model_info, /v1/config, "
                     "/v1/config/reload)");
 }
@@ -446,9 +454,16 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
   size_t slash = rest.find('/');
   std::string name(rest.substr(0, slash));
   std::string_view sub = slash == std::string_view::npos ? "" : rest.substr(slash);
-  if (sub == "/inventory") {
-    if (method != "GET") {
+  if (sub == "/inventory" || sub == "/parity") {
+    const bool probe = sub == "/parity";
+    if (!probe && method != "GET") {
       co_await fail(ex, 405, "method_not_allowed", "the inventory is read-only: use GET");
+      co_return;
+    }
+    if (probe && method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed",
+                    "POST /v1/rules/{name}/parity starts a tokenizer parity probe of every "
+                    "(endpoint, rank); GET .../inventory shows the results");
       co_return;
     }
     auto rule = pools_.rule(name);
@@ -467,6 +482,17 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
                 "kv_exact routing is off for this rule (kvExactMode 0): no "
                 "block inventory is kept"}};
       co_await reply(ex, 200, off);
+      co_return;
+    }
+    if (probe) {
+      kv->request_parity_probes();
+      Json out{{"rule", name},
+               {"probing", kv->sources().size()},
+               {"message",
+                "a parity probe goes to every connected (endpoint, rank) within a second; "
+                "GET /v1/rules/" +
+                    name + "/inventory shows tokenizer_parity per rank"}};
+      co_await reply(ex, 202, out);
       co_return;
     }
     co_await reply(ex, 200, inventory_json(name, *rule, *kv));

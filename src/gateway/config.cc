@@ -291,6 +291,12 @@ const std::vector<K>& table() {
          .field = &C::kv_predict_ttl_ms,
          .min = 0,
          .max = 60000},
+        {.name = "kv-parity-probe",
+         .group = kRouting,
+         .help = "kv_exact: send each (endpoint, rank) one probe chat (max_tokens 1) once its "
+                 "events flow, and again after its engine restarts, to check that the engine's "
+                 "token ids are kvgate's (kvgate_kv_tokenizer_parity); false: no such traffic",
+         .field = &C::kv_parity_probe},
         {.name = "dp-aware",
          .group = kRouting,
          .help = "Treat each data-parallel rank of a worker as its own target (refused at startup "

@@ -48,6 +48,7 @@ struct GatewayConfig {
   double kv_other_tier_weight = 0;
   int64_t kv_max_blocks = 4194304;
   int64_t kv_predict_ttl_ms = 2000;
+  bool kv_parity_probe = true;
   bool dp_aware = false;
   int64_t policy_seed = 0;
   // PD disaggregation

@@ -26,6 +26,7 @@ PolicyConfig policy_config(const GatewayConfig& k, std::string_view sel) {
   pc.kv.other_tier_weight = k.kv_other_tier_weight;
   pc.kv.max_blocks = static_cast<size_t>(k.kv_max_blocks);
   pc.kv.predict_ttl = std::chrono::milliseconds(k.kv_predict_ttl_ms);
+  pc.kv.parity_probe = k.kv_parity_probe;
   return pc;
 }
 

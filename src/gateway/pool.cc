@@ -132,6 +132,10 @@ metrics::Counter* Pool::selected(const Worker& w) const {
 void Pool::start() {
   if (started_) return;
   started_ = true;
+  policy_->attach(PolicyRuntime{.control = env_.control,
+                                .tokenizer = parse_options_.tokenizer,
+                                .chat_template = parse_options_.chat_template,
+                                .keep = tokenizer_});
   policy_->start();
   HealthConfig hc = env_.health;
   hc.poll_load = policy_->uses_reported_load();

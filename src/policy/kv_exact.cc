@@ -2,9 +2,12 @@
 #include "policy/kv_exact.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <unordered_map>
 
+#include "http/client.h"
+#include "http/io.h"
 #include "policy/registry.h"
 #include "util/log.h"
 
@@ -48,9 +51,22 @@ struct KvExactPolicy::Source {
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
   // with a warning and a metric, instead of silently missing.
   std::atomic<bool> page_size_mismatch{false};
-  // Ground truth cells (null without metrics).
+  // Ground truth cells (null without metrics), and the same counts for the inventory view.
   metrics::Counter* predicted_tokens = nullptr;
   metrics::Counter* cached_tokens = nullptr;
+  std::atomic<uint64_t> hits{0};
+  std::atomic<uint64_t> predicted_sum{0};
+  std::atomic<uint64_t> cached_sum{0};
+  // Tokenizer parity: the probe's state, and the stores captured while it runs (the subscriber's
+  // thread appends while `capturing`).
+  std::atomic<bool> capturing{false};
+  mutable std::mutex probe_mu;
+  std::string parity_state = "untested";
+  std::string parity_detail;
+  bool probe_wanted = true;
+  bool probe_running = false;
+  std::vector<kv_parity::Stored> captured;
+  size_t captured_tokens = 0;
 };
 
 struct KvExactPolicy::Sources {
@@ -89,6 +105,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       load_tokens_(config.kv.load_tokens),
       fallback_(std::move(fallback)),
       predict_ttl_(config.kv.predict_ttl),
+      parity_probe_(config.kv.parity_probe),
       inventory_(inventory_options(config)),
       subscriber_(kv::SubscriberOptions{}, *this),
       sources_(std::make_shared<const Sources>()) {
@@ -178,6 +195,16 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                          "kv_exact: 1 when the (endpoint, rank) is left out of kv_exact routing: "
                          "page_size (its events' block size is not kvBlockSize)",
                          {"rule", "endpoint", "rank", "reason"});
+    parity_ = &r.gauge("kvgate_kv_tokenizer_parity",
+                       "kv_exact: the tokenizer parity probe of the (endpoint, rank): 1 the "
+                       "engine's token ids are kvgate's, 0 they differ (see the log or the "
+                       "inventory view for the first differing token), -1 no answer",
+                       {"rule", "endpoint", "rank"});
+    parity_mismatches_ = &r.counter("kvgate_kv_tokenizer_mismatches_total",
+                                    "kv_exact: parity probes whose engine token ids differed "
+                                    "from kvgate's (chat template, BOS, tokenizer)",
+                                    {"rule"})
+                              .with({rule_});
     cached_tokens_ = &r.counter("kvgate_kv_exact_cached_tokens_total",
                                 "kv_exact: prompt tokens the (endpoint, rank) reported cached for "
                                 "the requests kv_exact routed there",
@@ -186,6 +213,11 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
 }
 
 KvExactPolicy::~KvExactPolicy() {
+  {
+    // A parity probe's next step (on the control loop) finds the policy gone.
+    std::lock_guard lock(life_->mu);
+    life_->alive = false;
+  }
   subscriber_.stop();
 }
 
@@ -307,7 +339,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
 
   const auto tokens = static_cast<int64_t>(req.tokens.size());
   const uint64_t request_hash = keys.empty() ? 0 : keys.front();
-  const Source* best = nullptr;
+  Source* best = nullptr;
   double best_cost = 0;
   int64_t best_active = 0;
   uint64_t best_tie = 0;
@@ -317,7 +349,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   for (Worker* w : available) {
     auto it = sources->by_worker.find(w->id());
     if (it == sources->by_worker.end()) continue;
-    for (const Source* s : it->second) {
+    for (Source* s : it->second) {
       if (!s->ready.load(std::memory_order_relaxed)) continue;
       any_ready = true;
       int64_t cached = 0;
@@ -372,6 +404,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   }
   zero_hits_.store(0, std::memory_order_relaxed);
   if (hits_) hits_->inc();
+  best->hits.fetch_add(1, std::memory_order_relaxed);
   Decision d;
   d.worker = best->worker.get();
   if (auto it = sources->by_worker.find(d.worker->id());
@@ -438,10 +471,15 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       }
     }
   }
-  if (o.cached_tokens && d.inner_branch.empty() && predicted_tokens_) {
-    if (const Source* s = sources->by_source(d.target_id)) {
-      s->predicted_tokens->inc(d.predicted_tokens);
-      s->cached_tokens->inc(static_cast<uint64_t>(std::max<int64_t>(0, *o.cached_tokens)));
+  if (o.cached_tokens && d.inner_branch.empty()) {
+    if (Source* s = sources->by_source(d.target_id)) {
+      auto cached = static_cast<uint64_t>(std::max<int64_t>(0, *o.cached_tokens));
+      s->predicted_sum.fetch_add(d.predicted_tokens, std::memory_order_relaxed);
+      s->cached_sum.fetch_add(cached, std::memory_order_relaxed);
+      if (s->predicted_tokens) {
+        s->predicted_tokens->inc(d.predicted_tokens);
+        s->cached_tokens->inc(cached);
+      }
     }
   }
   if (!d.inner_branch.empty()) {
@@ -564,6 +602,7 @@ void KvExactPolicy::rebuild_sources() {
       blocks_->remove({rule_, s->url, rank, "gpu"});
       blocks_->remove({rule_, s->url, rank, "other"});
       excluded_->remove({rule_, s->url, rank, "page_size"});
+      parity_->remove({rule_, s->url, rank});
       // A request thread may still count into the ground-truth cells of a source it found in
       // the snapshot just before this one: those go after a grace period (on_period).
       retired_series_.push_back({s->url, s->rank, std::chrono::steady_clock::now() + kSeriesGrace});
@@ -577,6 +616,27 @@ void KvExactPolicy::rebuild_sources() {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
+  {
+    // (Stores skipped for their page size are captured too: parity is about the tokens.)
+    auto sources = sources_.load();
+    if (Source* s = sources->by_source(source); s && s->capturing.load(std::memory_order_relaxed)) {
+      // A parity probe runs on this rank: keep what it stores (bounded) to compare.
+      constexpr size_t kMaxEvents = 512, kMaxTokens = size_t{1} << 18;
+      std::lock_guard lock(s->probe_mu);
+      for (const auto& e : batch.events) {
+        const auto* stored = std::get_if<kv::BlockStored>(&e);
+        if (!stored || s->captured.size() >= kMaxEvents ||
+            s->captured_tokens + stored->token_ids.size() > kMaxTokens) {
+          continue;
+        }
+        s->captured_tokens += stored->token_ids.size();
+        s->captured.push_back(kv_parity::Stored{.root = !stored->parent_block_hash,
+                                                .parent = stored->parent_block_hash,
+                                                .hashes = stored->block_hashes,
+                                                .tokens = stored->token_ids});
+      }
+    }
+  }
   if (hasher_) check_hashes(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
   if (st.page_size_mismatches) {
@@ -678,7 +738,10 @@ void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
     // A restarted engine may run with the right page size now: it is judged by its new events.
     auto sources = sources_.load();
     for (const auto& s : sources->all) {
-      if (s->id == source) s->page_size_mismatch.store(false, std::memory_order_relaxed);
+      if (s->id != source) continue;
+      s->page_size_mismatch.store(false, std::memory_order_relaxed);
+      std::lock_guard lock(s->probe_mu);
+      s->probe_wanted = true;  // it may run another build now
     }
   }
   if (resets_) resets_->with({rule_, kv::to_string(why)}).inc();
@@ -744,6 +807,7 @@ void KvExactPolicy::on_period() {
       blocks_->with({rule_, s->url, rank, "other"}).set(static_cast<double>(other));
     }
   }
+  launch_probes(status);
 }
 
 void KvExactPolicy::start() {
@@ -754,6 +818,235 @@ void KvExactPolicy::start() {
 void KvExactPolicy::stop() {
   std::lock_guard lock(change_mu_);
   if (starts_ > 0 && --starts_ == 0) subscriber_.stop();
+}
+
+// ------------------------------------------------------------------ tokenizer parity probes
+
+namespace {
+
+constexpr int kMaxProbesAtOnce = 2;
+constexpr auto kProbeTimeout = std::chrono::seconds(30);
+constexpr auto kProbePoll = std::chrono::milliseconds(100);
+constexpr int kProbePolls = 50;  // events get 5 s after the answer
+log::RateLimit kLogParity(8, std::chrono::seconds(60));
+
+// Sends the probe and hands the answer to `done` (on the control loop).
+awaitable<void> send_probe(asio::any_io_executor ex, http::Target target, std::string body,
+                           std::function<void(const http::FetchResult&)> done) {
+  const http::Header headers[] = {{"content-type", "application/json"}};
+  auto r = co_await http::fetch(
+      ex, target, "POST", "/v1/chat/completions",
+      std::chrono::duration_cast<std::chrono::milliseconds>(kProbeTimeout), body, headers);
+  done(r);
+}
+
+}  // namespace
+
+struct KvExactPolicy::ProbePoll {
+  std::shared_ptr<Life> life;
+  KvExactPolicy* self;
+  std::shared_ptr<Source> source;
+  std::shared_ptr<const kv_parity::Probe> probe;
+  std::shared_ptr<asio::steady_timer> timer;
+  int left = kProbePolls;
+
+  void operator()(const boost::system::error_code& ec) {
+    std::lock_guard lock(life->mu);
+    if (!life->alive) return;
+    size_t matched = self->probe_matched_pages(*source, *probe);
+    size_t full = probe->ids.size() / static_cast<size_t>(self->page_size_);
+    if (ec || matched >= full || --left <= 0) {
+      self->finish_probe(*source, *probe, matched, "");
+      return;
+    }
+    timer->expires_after(kProbePoll);
+    timer->async_wait(std::move(*this));
+  }
+};
+
+void KvExactPolicy::attach(const PolicyRuntime& runtime) {
+  std::lock_guard lock(change_mu_);
+  runtime_ = runtime;
+}
+
+void KvExactPolicy::request_parity_probes() const {
+  auto sources = sources_.load();
+  for (const auto& s : sources->all) {
+    std::lock_guard lock(s->probe_mu);
+    s->probe_wanted = true;
+  }
+}
+
+KvExactPolicy::Parity KvExactPolicy::parity(kv::SourceId id) const {
+  auto sources = sources_.load();
+  if (const Source* s = sources->by_source(id)) {
+    std::lock_guard lock(s->probe_mu);
+    return Parity{s->parity_state, s->parity_detail};
+  }
+  return Parity{"untested", ""};
+}
+
+KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
+  auto sources = sources_.load();
+  SourceCounts c;
+  if (const Source* s = sources->by_source(id)) {
+    c.hits = s->hits.load(std::memory_order_relaxed);
+    c.predicted_tokens = s->predicted_sum.load(std::memory_order_relaxed);
+    c.cached_tokens = s->cached_sum.load(std::memory_order_relaxed);
+    c.page_size_mismatch = s->page_size_mismatch.load(std::memory_order_relaxed);
+  }
+  return c;
+}
+
+size_t KvExactPolicy::probe_matched_pages(const Source& s, const kv_parity::Probe& probe) const {
+  std::vector<kv::BlockKey> keys;
+  kv::chain_keys(probe.ids, static_cast<size_t>(page_size_), 0, keys);
+  std::vector<kv::SourceMatch> matches;
+  inventory_.match(keys, matches);
+  for (const auto& m : matches) {
+    if (m.source == s.id) return m.gpu_pages;
+  }
+  return 0;
+}
+
+void KvExactPolicy::launch_probes(
+    const std::unordered_map<kv::SourceId, kv::SourceStatus>& status) {
+  PolicyRuntime rt;
+  {
+    std::lock_guard lock(change_mu_);
+    if (starts_ == 0) return;
+    rt = runtime_;
+  }
+  if (!parity_probe_ || !rt.control || !rt.tokenizer || !rt.chat_template) return;
+  auto sources = sources_.load();
+  for (const auto& sp : sources->all) {
+    if (probes_running_ >= kMaxProbesAtOnce) break;
+    Source& s = *sp;
+    auto it = status.find(s.id);
+    if (it == status.end() || !it->second.connected) continue;
+    // A rank left out for its page size cannot match any page: that check names it already.
+    if (s.page_size_mismatch.load(std::memory_order_relaxed)) {
+      std::lock_guard lock(s.probe_mu);
+      if (!s.probe_running) {
+        s.parity_state = "skipped";
+        s.parity_detail = "left out of kv_exact for its page size (kvBlockSize)";
+      }
+      continue;
+    }
+    {
+      std::lock_guard lock(s.probe_mu);
+      if (!s.probe_wanted || s.probe_running) continue;
+      s.probe_wanted = false;
+      s.probe_running = true;
+      s.parity_state = "pending";
+      s.parity_detail.clear();
+      s.captured.clear();
+      s.captured_tokens = 0;
+    }
+    auto probe = std::make_shared<kv_parity::Probe>();
+    std::string err;
+    auto ranks = sources->by_worker.find(s.worker->id());
+    int rank = ranks != sources->by_worker.end() && ranks->second.size() > 1 ? s.rank : -1;
+    uint64_t nonce =
+        mix(++probe_nonce_ ^ s.tiebreak ^
+            static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+    ++probes_running_;
+    if (!kv_parity::make_probe(*rt.tokenizer, *rt.chat_template, static_cast<size_t>(page_size_),
+                               nonce, rank, *probe, err)) {
+      finish_probe(s, *probe, 0, err);
+      continue;
+    }
+    s.capturing.store(true, std::memory_order_relaxed);
+    auto life = life_;
+    auto source = sp;
+    asio::io_context* control = rt.control;
+    auto done = [life, self = this, source, probe, control](const http::FetchResult& r) {
+      std::lock_guard lock(life->mu);
+      if (!life->alive) return;
+      if (r.error != http::CallError::kNone || r.status < 200 || r.status >= 300) {
+        std::string why = r.error != http::CallError::kNone
+                              ? std::string(http::to_string(r.error)) + ": " + r.detail
+                              : "status " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
+        self->finish_probe(*source, *probe, 0, "the probe request failed (" + why + ")");
+        return;
+      }
+      // The engine ran it; its stores come as events: look for them a few seconds.
+      ProbePoll poll{life, self, source, probe, std::make_shared<asio::steady_timer>(*control)};
+      poll.timer->expires_after(kProbePoll);
+      auto timer = poll.timer;
+      timer->async_wait(std::move(poll));
+    };
+    asio::co_spawn(
+        *control,
+        send_probe(control->get_executor(), s.worker->target(), probe->body, std::move(done)),
+        asio::detached);
+  }
+}
+
+void KvExactPolicy::finish_probe(Source& s, const kv_parity::Probe& probe, size_t matched_pages,
+                                 const std::string& error) {
+  --probes_running_;
+  s.capturing.store(false, std::memory_order_relaxed);
+  std::vector<kv_parity::Stored> captured;
+  {
+    std::lock_guard lock(s.probe_mu);
+    captured.swap(s.captured);
+    s.captured_tokens = 0;
+  }
+  std::string state, detail;
+  double gauge = -1;
+  if (!error.empty()) {
+    state = "error";
+    detail = error;
+  } else {
+    PolicyRuntime rt;
+    {
+      std::lock_guard lock(change_mu_);
+      rt = runtime_;
+    }
+    kv_parity::Verdict v = kv_parity::judge(probe, static_cast<size_t>(page_size_), matched_pages,
+                                            captured, *rt.tokenizer);
+    detail = v.detail;
+    switch (v.kind) {
+      case kv_parity::Verdict::kMatch:
+        state = "match";
+        gauge = 1;
+        break;
+      case kv_parity::Verdict::kMismatch:
+        state = "mismatch";
+        gauge = 0;
+        if (parity_mismatches_) parity_mismatches_->inc();
+        break;
+      case kv_parity::Verdict::kNotFound:
+        state = "not_found";
+        break;
+    }
+  }
+  if (state == "match") {
+    log::info("kv_exact: tokenizer parity holds")
+        .kv("rule", rule_)
+        .kv("endpoint", s.url)
+        .kv("rank", s.rank);
+  } else {
+    log::warn(kLogParity,
+              state == "mismatch"
+                  ? "kv_exact: the engine tokenizes differently from kvgate; its cached pages "
+                    "will not match the requests' (set tokenizerPath to the served model)"
+                  : "kv_exact: the tokenizer parity probe found no answer")
+        .kv("rule", rule_)
+        .kv("endpoint", s.url)
+        .kv("rank", s.rank)
+        .kv("detail", detail);
+  }
+  // (A source that left meanwhile keeps no series.)
+  auto current = sources_.load();
+  if (parity_ && current->by_source(s.id) == &s) {
+    parity_->with({rule_, s.url, std::to_string(s.rank)}).set(gauge);
+  }
+  std::lock_guard lock(s.probe_mu);
+  s.probe_running = false;
+  s.parity_state = std::move(state);
+  s.parity_detail = std::move(detail);
 }
 
 }  // namespace kvgate

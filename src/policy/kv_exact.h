@@ -27,6 +27,7 @@
 #include "kv/inventory.h"
 #include "kv/subscriber.h"
 #include "metrics/metrics.h"
+#include "policy/kv_parity.h"
 #include "policy/policy.h"
 #include "util/shared_snapshot.h"
 
@@ -53,6 +54,24 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void on_period() override;
   void start() override;
   void stop() override;
+  void attach(const PolicyRuntime& runtime) override;
+
+  // Tokenizer parity (see kv_parity.h): every (endpoint, rank) is probed once its subscriber is
+  // connected, again after its engine restarts, and when this asks (the admin API).
+  void request_parity_probes() const;
+  struct Parity {
+    std::string state;  // untested, pending, match, mismatch, not_found, error, skipped
+    std::string detail;
+  };
+  Parity parity(kv::SourceId s) const;
+  // Per (endpoint, rank) routing counts for the inventory view.
+  struct SourceCounts {
+    uint64_t hits = 0;              // requests kv_exact routed there
+    uint64_t predicted_tokens = 0;  // what it expected cached there (with a reported count)
+    uint64_t cached_tokens = 0;     // what the engine reported cached
+    bool page_size_mismatch = false;
+  };
+  SourceCounts counts(kv::SourceId s) const;
 
   // For tests and the inventory view.
   const kv::Inventory& inventory() const { return inventory_; }
@@ -64,6 +83,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
  private:
   struct Source;  // per (endpoint, rank): load counters, readiness
   struct Sources;
+  struct ProbePoll;  // a parity probe waiting for its events (control thread)
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
   void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
@@ -77,6 +97,11 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   // else the rule's kvZmqPort and kvDpRankCount) and hands them to the subscriber. Needs
   // change_mu_ held.
   void rebuild_sources();
+  // Tokenizer parity probes, from on_period (control thread).
+  void launch_probes(const std::unordered_map<kv::SourceId, kv::SourceStatus>& status);
+  void finish_probe(Source& s, const kv_parity::Probe& probe, size_t matched_pages,
+                    const std::string& error);
+  size_t probe_matched_pages(const Source& s, const kv_parity::Probe& probe) const;
 
   std::string rule_;
   int64_t page_size_;
@@ -95,6 +120,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   static constexpr size_t kMaxPredicted = 1 << 16;
   static constexpr size_t kMaxPredictedPerRequest = 1024;
   std::chrono::milliseconds predict_ttl_;
+  bool parity_probe_;
   mutable std::mutex predict_mu_;
   std::unordered_map<kv::BlockKey, Prediction> predicted_;
   kv::Inventory inventory_;
@@ -151,6 +177,18 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   metrics::GaugeFamily* excluded_ = nullptr;
   // Zero-hit watchdog: lookups in a row that matched nothing while the inventory held blocks.
   std::atomic<int64_t> zero_hits_{0};
+  // Parity probes: the pool's runtime, and a lifeline the probes' coroutines check (under its
+  // lock) before touching the policy after each wait.
+  PolicyRuntime runtime_;
+  struct Life {
+    std::mutex mu;
+    bool alive = true;
+  };
+  std::shared_ptr<Life> life_ = std::make_shared<Life>();
+  int probes_running_ = 0;  // control thread
+  uint64_t probe_nonce_ = 0;
+  metrics::GaugeFamily* parity_ = nullptr;
+  metrics::Counter* parity_mismatches_ = nullptr;
 };
 
 }  // namespace kvgate

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -13,6 +14,10 @@
 
 #include "request/request_info.h"
 #include "workers/worker.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace kvgate {
 
@@ -59,6 +64,14 @@ struct Outcome {
   bool started = true;
 };
 
+// What a policy may use of the pool that runs it (given by the pool before start()).
+struct PolicyRuntime {
+  boost::asio::io_context* control = nullptr;  // the control thread's loop
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  const tokenizer::ChatTemplate* chat_template = nullptr;
+  std::shared_ptr<const void> keep;  // owns the tokenizer and template
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -86,6 +99,8 @@ class Policy {
   // stops it, so it must count.
   virtual void start() {}
   virtual void stop() {}
+  // The pool's control loop and tokenizer (kv_exact's tokenizer parity probe). Before start().
+  virtual void attach(const PolicyRuntime&) {}
 };
 
 }  // namespace kvgate

@@ -52,6 +52,7 @@ struct PolicyConfig {
     double other_tier_weight = 0;
     size_t max_blocks = 0;
     std::chrono::milliseconds predict_ttl{0};  // predict on route; 0: off
+    bool parity_probe = false;                 // tokenizer parity probes (kv_parity.h)
     // kvHashAlgo: the engine's block hash, recomputed from events to check parity when it can be
     // (sha256_sglang, vLLM's sha256_cbor); anything else is not checked.
     std::string hash_algo;

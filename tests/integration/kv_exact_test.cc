@@ -2,10 +2,14 @@
 // follows every (server, rank) and sends each turn of a conversation to the rank that holds its
 // earlier turns, which the servers' own cached_tokens confirm.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -104,21 +108,30 @@ struct KvCluster {
     if (at == std::string::npos) return -1;
     return std::stod(r.body.substr(at + series.size() + 2));
   }
-  // Every (server, rank) subscriber connected and trusted (kvWarmupSec 0).
-  bool wait_subscribed() {
+  // Every (server, rank) subscriber connected and trusted (kvWarmupSec 0), and its tokenizer
+  // parity probe done with `parity` (1: same ids; 0: they differ; none: not probed, e.g. left out
+  // for its page size): the probes' own events are in before a test counts events.
+  bool wait_subscribed(std::optional<double> parity = 1) {
     return wait_until(
         [&] {
           for (const auto& s : sims) {
             for (int r = 0; r < kRanks; ++r) {
-              if (metric("kvgate_kv_subscriber_connected{rule=\"default\",endpoint=\"" + s.url() +
-                         "\",rank=\"" + std::to_string(r) + "\"}") != 1) {
+              std::string labels = "{rule=\"default\",endpoint=\"" + s.url() + "\",rank=\"" +
+                                   std::to_string(r) + "\"}";
+              if (metric("kvgate_kv_subscriber_connected" + labels) != 1 ||
+                  (parity && metric("kvgate_kv_tokenizer_parity" + labels) != *parity)) {
                 return false;
               }
             }
           }
           return true;
         },
-        20s);
+        30s);
+  }
+  // The admin API's inventory view of the rule.
+  std::string inventory() {
+    HttpClient c(admin_port);
+    return c.get("/v1/rules/default/inventory").body;
   }
   TempDir dir;
   std::vector<Sim> sims;
@@ -237,7 +250,7 @@ TEST(KvExact, ABurstSharingANewPrefixLandsTogetherWithPredictOnRoute) {
 TEST(KvExact, APageSizeMismatchIsDetectedAndNamed) {
   KVGATE_REQUIRE_MODEL("qwen3");
   KvCluster c(1, models_dir() + "/qwen3", "round_robin", "", {"--page-size", "32"});
-  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  ASSERT_TRUE(c.wait_subscribed(std::nullopt)) << c.gateway->log();
   HttpClient client(c.port);
   std::string text = "a prompt long enough to fill several pages of thirty-two tokens:";
   for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
@@ -283,6 +296,85 @@ TEST(KvExact, EventPortsAndRanksAreDiscoveredFromServerInfo) {
             std::string::npos)
       << c.gateway->log();
   EXPECT_GT(conversation_hit_rate(c.port, 3, 3, c.events_in()), 0.5);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Every (server, rank) gets a probe chat once its events flow; its BlockStored events carry the
+// engine's token ids, which are kvgate's here. The admin API runs the probes again on demand.
+TEST(KvExact, TokenizerParityIsCheckedOnEveryRank) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(2, models_dir() + "/qwen3");
+  ASSERT_TRUE(c.wait_subscribed(1)) << c.gateway->log();
+  EXPECT_EQ(count(c.inventory(), R"("state":"match")"), 4u) << c.inventory();
+  HttpClient admin(c.admin_port);
+  auto r = admin.post("/v1/rules/default/parity", "");
+  EXPECT_EQ(r.status, 202) << r.body;
+  EXPECT_TRUE(wait_until([&] {
+    return count(c.inventory(), R"("state":"match")") == 4 &&
+           c.metric("kvgate_kv_tokenizer_mismatches_total{rule=\"default\"}") == 0 &&
+           count(c.gateway->log(), "tokenizer parity holds") >= 8;
+  })) << c.inventory()
+      << c.gateway->log();
+  EXPECT_EQ(admin.get("/v1/rules/default/parity").status, 405);
+}
+
+// Servers whose chat template differs from the one kvgate renders (here a system message they
+// add): every rank is named, with the first differing token, instead of silently missing.
+TEST(KvExact, ATokenizerMismatchIsDetectedAndNamed) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  TempDir other;
+  std::string qwen3 = models_dir() + "/qwen3";
+  std::ifstream in(qwen3 + "/tokenizer_config.json", std::ios::binary);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = R"("chat_template": ")";
+  size_t at = config.find(key);
+  ASSERT_NE(at, std::string::npos);
+  config.insert(at + key.size(), R"(<|im_start|>system\nYou are a test.<|im_end|>\n)");
+  other.write("tokenizer_config.json", config);
+  ASSERT_EQ(::symlink((qwen3 + "/tokenizer.json").c_str(), (other / "tokenizer.json").c_str()), 0);
+  KvCluster c(1, qwen3, "round_robin", "", {"--tokenizer-path", other.path()});
+  ASSERT_TRUE(c.wait_subscribed(0)) << c.inventory() << c.gateway->log();
+  EXPECT_EQ(c.metric("kvgate_kv_tokenizer_mismatches_total{rule=\"default\"}"), 2);
+  EXPECT_EQ(count(c.inventory(), R"("state":"mismatch")"), 2u) << c.inventory();
+  EXPECT_NE(c.inventory().find("differ from kvgate's at token 1 of the probe"), std::string::npos)
+      << c.inventory();
+  EXPECT_NE(c.gateway->log().find("the engine tokenizes differently from kvgate"),
+            std::string::npos)
+      << c.gateway->log();
+}
+
+// An adapter's pages live in their own namespace on the engine (SGLang seeds its chain and
+// names the adapter in its events): a LoRA request matches only pages stored for that adapter,
+// and a base request never the adapter's.
+TEST(KvExact, LoraRequestsMatchOnlyTheirAdaptersPages) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KvCluster c(1, models_dir() + "/qwen3", "round_robin", "    kvPredictTtlMs: 0\n",
+              {"--lora-paths", "ad=/adapters/ad"});
+  ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
+  HttpClient client(c.port);
+  std::string text = "an adapter's conversation:";
+  for (int w = 0; w < 80; ++w) text += " word" + std::to_string(w);
+  auto send = [&](const std::string& model, const std::string& t) {
+    auto wait = c.events_in();
+    auto r = client.post("/v1/chat/completions",
+                         R"({"model":")" + model +
+                             R"(","max_tokens":1,"messages":[{"role":"user","content":")" + t +
+                             R"("}]})");
+    EXPECT_EQ(r.status, 200) << r.body;
+    wait();
+    return r.header("x-kvgate-route");
+  };
+  send("m:ad", text);
+  EXPECT_NE(send("m:ad", text + " more").find("kv_exact_hit"), std::string::npos);
+  // The same text for the base model: the adapter's pages are no hit.
+  EXPECT_EQ(send("m", text + " and more").find("kv_exact_hit"), std::string::npos);
+  // The adapter's pages still answer the adapter.
+  EXPECT_NE(send("m:ad", text + " more and more").find("kv_exact_hit"), std::string::npos);
 }
 
 // One server's rank holds a prefix (a later request on it is a kv_exact hit); `lose` takes that

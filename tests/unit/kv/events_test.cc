@@ -204,6 +204,29 @@ TEST(KvEvents, SglangMetadataElementCarriesTheSalt) {
             std::optional<std::string>("tenant-a"));
 }
 
+// SGLang's recorder names the adapter of a LoRA namespace (lora_name) beside the salt; vLLM's map
+// shape carries "lora_name" as a key. Both round-trip in both shapes.
+TEST(KvEvents, TheAdaptersNameTravelsInBothShapes) {
+  for (WireFormat f : {WireFormat::kSglang, WireFormat::kVllm}) {
+    EventBatch b;
+    BlockStored s = stored({1, 2}, std::nullopt, {7, 8}, 1);
+    s.lora_name = "adapter-x";
+    if (f == WireFormat::kSglang) s.cache_salt = "tenant-a";
+    b.events.emplace_back(s);
+    b.events.emplace_back(stored({3}, std::nullopt, {9}, 1));
+    std::string payload;
+    encode_batch(b, f, payload);
+    EventBatch back;
+    ASSERT_TRUE(decode_batch(payload, back).ok());
+    const auto& a = std::get<BlockStored>(back.events[0]);
+    EXPECT_EQ(a.lora_name, std::optional<std::string>("adapter-x"));
+    if (f == WireFormat::kSglang) {
+      EXPECT_EQ(a.cache_salt, std::optional<std::string>("tenant-a"));
+    }
+    EXPECT_FALSE(std::get<BlockStored>(back.events[1]).lora_name);
+  }
+}
+
 TEST(KvEvents, MetadataUnknownKeysNilsAndOtherShapesAreTolerated) {
   Mp m;
   m.arr(3).f64(1.0).arr(5);

@@ -111,8 +111,15 @@ TEST(InventoryKeys, NamespaceSeeds) {
                               chain_seed(std::nullopt, 0),
                               chain_seed(std::nullopt, 1),
                               chain_seed("a", 1),
-                              chain_seed("a", 2)};
-  EXPECT_EQ(seeds.size(), 7u);
+                              chain_seed("a", 2),
+                              chain_seed(std::nullopt, std::nullopt, "x"),
+                              chain_seed(std::nullopt, std::nullopt, ""),
+                              chain_seed("x", std::nullopt),
+                              chain_seed("x", std::nullopt, ""),
+                              chain_seed("", std::nullopt, "x"),
+                              chain_seed("ab", std::nullopt, "c"),
+                              chain_seed("a", std::nullopt, "bc")};
+  EXPECT_EQ(seeds.size(), 14u);
   EXPECT_EQ(seeds.count(0), 0u);
   EXPECT_EQ(chain_seed("a", 1), chain_seed("a", 1));
 }

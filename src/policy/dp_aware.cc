@@ -18,6 +18,11 @@ DpAwarePolicy::DpAwarePolicy(const PolicyConfig& config, std::unique_ptr<Policy>
         "kvgate_dp_rank_dispatched_total",
         "Attempts dispatched to each data-parallel rank of each worker (--dp-aware)",
         {"rule", "worker", "rank"});
+    ranks_gauge_ = &config.registry->gauge(
+        "kvgate_dp_ranks",
+        "Data-parallel ranks kvgate routes to on each worker (--dp-aware): its /server_info "
+        "dp_size, else kvDpRankCount",
+        {"rule", "worker"});
   }
 }
 
@@ -148,10 +153,12 @@ void DpAwarePolicy::refresh(bool force) {
     // of it); new ranks get new targets; the rest retire.
     std::unordered_map<uint64_t, std::vector<WorkerPtr>> next;
     std::vector<Target> created;
+    std::unordered_map<uint64_t, int64_t> built;  // worker id -> ranks
     {
       std::shared_lock lock(mu_);
       for (const auto& w : workers_) {
         int64_t n = ranks_wanted(*w);
+        built[w->id()] = n;
         auto& v = next[w->id()];
         auto old = ranks_.find(w->id());
         for (int64_t r = 0; r < n; ++r) {
@@ -190,6 +197,18 @@ void DpAwarePolicy::refresh(bool force) {
       auto it = ranks_.find(t.worker_id);
       t.live = it != ranks_.end() && t.rank < static_cast<int>(it->second.size()) &&
                it->second[static_cast<size_t>(t.rank)]->id() == id;
+    }
+    lock.unlock();
+    if (ranks_gauge_) {
+      std::unordered_map<uint64_t, std::string> now;
+      for (const auto& w : workers_) {
+        now[w->id()] = w->url();
+        ranks_gauge_->with({rule_, w->url()}).set(static_cast<double>(built[w->id()]));
+      }
+      for (const auto& [id, url] : gauged_) {
+        if (!now.contains(id)) ranks_gauge_->remove({rule_, url});
+      }
+      gauged_ = std::move(now);
     }
   }
   std::vector<WorkerPtr> dropped;  // destroyed after the lock is released

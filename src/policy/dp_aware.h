@@ -94,14 +94,16 @@ class DpAwarePolicy final : public Policy {
   int64_t default_ranks_;
   std::unique_ptr<Policy> inner_;
   metrics::CounterFamily* dispatched_ = nullptr;  // kvgate_dp_rank_dispatched_total
+  metrics::GaugeFamily* ranks_gauge_ = nullptr;   // kvgate_dp_ranks (control thread)
 
   mutable std::shared_mutex mu_;  // the maps below: request threads read, the control thread swaps
   std::unordered_map<uint64_t, Target> by_id_;  // target id -> target (live and draining)
   std::unordered_map<uint64_t, std::vector<WorkerPtr>> ranks_;  // worker id -> its live targets
 
-  std::mutex change_mu_;            // on_workers_changed / on_period
-  std::vector<WorkerPtr> workers_;  // the pool's, as last told (under change_mu_)
-  uint64_t next_id_ = 1;            // target ids, never reused (under change_mu_)
+  std::mutex change_mu_;                              // on_workers_changed / on_period
+  std::vector<WorkerPtr> workers_;                    // the pool's, as last told (under change_mu_)
+  std::unordered_map<uint64_t, std::string> gauged_;  // workers with a kvgate_dp_ranks series
+  uint64_t next_id_ = 1;                              // target ids, never reused (under change_mu_)
   std::chrono::steady_clock::time_point next_inner_period_{};  // under change_mu_
 };
 

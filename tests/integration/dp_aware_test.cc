@@ -34,7 +34,7 @@ std::vector<std::string> gateway_args(bool dp_aware) {
                                 "11",
                                 "--health-check-interval-secs",
                                 "60"};
-  if (dp_aware) a.push_back("--dp-aware");
+  if (dp_aware) a.emplace_back("--dp-aware");
   return a;
 }
 

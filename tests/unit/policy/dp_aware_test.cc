@@ -38,7 +38,7 @@ std::unique_ptr<DpAwarePolicy> make_dp(const PolicyConfig& c, const Pool& pool) 
   auto* dp = dynamic_cast<DpAwarePolicy*>(p.get());
   EXPECT_TRUE(dp) << "--dp-aware did not wrap " << c.name;
   if (!dp) return nullptr;
-  p.release();
+  (void)p.release();
   std::unique_ptr<DpAwarePolicy> out(dp);
   out->on_workers_changed(pool.set());
   return out;
@@ -318,7 +318,7 @@ TEST(DpAware, RoutingKeysStickToOneRank) {
       std::set<std::pair<uint64_t, int>> seen;
       for (int i = 0; i < 5; ++i) {
         Req r("same first message " + std::to_string(k));
-        r.headers.push_back({"x-smg-routing-key", "user-" + std::to_string(k)});
+        r.headers.emplace_back("x-smg-routing-key", "user-" + std::to_string(k));
         Decision d = p->select(pool.ptrs, r.ctx);
         ASSERT_TRUE(d.dp_rank) << inner;
         p->on_dispatched(d, r.ctx);
@@ -350,6 +350,7 @@ TEST(DpAware, ConcurrentRequestsAndRebuildsKeepHooksBalanced) {
   dp.on_workers_changed(pool.set());
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
+  threads.reserve(3);
   for (int t = 0; t < 3; ++t) {
     threads.emplace_back([&] {
       while (!stop.load()) {

@@ -12,6 +12,8 @@
 #include <set>
 
 #include "support/cluster.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
 
 namespace kvgate::testing {
 namespace {
@@ -149,6 +151,64 @@ TEST(DpAware, CacheAwareKeepsConversationsOnOneRankAndHitsFarMore) {
   EXPECT_GT(aware.rate(), 0.5) << "with " << aware.rate() << " without " << plain.rate();
   EXPECT_GT(aware.rate(), 1.5 * plain.rate())
       << "with " << aware.rate() << " without " << plain.rate();
+}
+
+// The same per rule, from a config file: a rule with dpAware and round_robin takes every (server,
+// rank) in turn, and each server runs each request on the rank kvgate named.
+TEST(DpAware, ARuleTurnsItOnForItsPool) {
+  std::vector<Sim> sims;
+  std::string yaml =
+      "rules:\n  - name: ranks\n    mode: 4\n    sel: round_robin\n    dpAware: true\n"
+      "    endpoints:\n";
+  for (int i = 0; i < kServers; ++i) {
+    Sim s;
+    s.port = free_port();
+    s.args = sim_args();
+    s.start();
+    yaml += "      - url: " + s.url() + "\n";
+    sims.push_back(std::move(s));
+  }
+  TempDir dir;
+  std::string config = dir.write("kvgate.yaml", yaml);
+  int port = free_port();
+  int metrics_port = free_port();
+  Process gateway("kvgate",
+                  {"--config", config, "--host", "127.0.0.1", "--port", std::to_string(port),
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                   std::to_string(metrics_port), "--admin-port", "0", "--debug-headers"});
+  HttpClient metrics(metrics_port);
+  auto series = [&](const Sim& s) {
+    return "kvgate_dp_ranks{rule=\"ranks\",worker=\"" + s.url() + "\"} " + std::to_string(kRanks);
+  };
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto r = metrics.get("/metrics");
+        return r.status == 200 && r.body.find(series(sims[0])) != std::string::npos &&
+               r.body.find(series(sims[1])) != std::string::npos;
+      },
+      15s))
+      << gateway.log();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        HttpClient c(port);
+        auto r = c.get("/readiness");
+        return r.status == 200 && json_number_field(r.body, "healthy_workers") == kServers;
+      },
+      15s))
+      << gateway.log();
+  HttpClient client(port);
+  std::map<std::string, int> counts;
+  for (int i = 0; i < 8 * kServers * kRanks; ++i) {
+    auto r = client.post("/generate", R"({"text":"request )" + std::to_string(i) +
+                                          R"(","sampling_params":{"max_new_tokens":1}})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    ASSERT_FALSE(r.header("x-kvgate-dp-rank").empty());
+    EXPECT_EQ(json_number_field(r.body, "dp_rank"), std::stod(r.header("x-kvgate-dp-rank")))
+        << r.body;
+    counts[r.header("x-kvgate-worker") + "@" + r.header("x-kvgate-dp-rank")]++;
+  }
+  EXPECT_EQ(counts.size(), static_cast<size_t>(kServers * kRanks));
+  for (const auto& [target, n] : counts) EXPECT_EQ(n, 8) << target;
 }
 
 }  // namespace

@@ -245,8 +245,9 @@ const std::vector<K>& table() {
         {.name = "kv-dp-rank-count",
          .group = kKvExact,
          .value_name = "N",
-         .help = "kv_exact: data-parallel ranks per engine, each publishing its own events; a "
-                 "rule's kvDpRankCount",
+         .help = "kv_exact: data-parallel ranks per engine, each publishing its own events; "
+                 "--dp-aware: the ranks of a worker whose /server_info does not say its dp_size; "
+                 "a rule's kvDpRankCount",
          .field = &C::kv_dp_rank_count,
          .min = 1,
          .max = 8},
@@ -299,8 +300,10 @@ const std::vector<K>& table() {
          .field = &C::kv_parity_probe},
         {.name = "dp-aware",
          .group = kRouting,
-         .help = "Treat each data-parallel rank of a worker as its own target (refused at startup "
-                 "until it is built)",
+         .help = "Treat each data-parallel rank of a worker as its own target: the policy "
+                 "chooses a (worker, rank) and the rank goes to the engine as routed_dp_rank. "
+                 "Ranks per worker: its /server_info dp_size, else --kv-dp-rank-count. kv_exact "
+                 "is per rank already (unchanged by it)",
          .field = &C::dp_aware},
         {.name = "policy-seed",
          .group = kRouting,
@@ -386,8 +389,8 @@ const std::vector<K>& table() {
          .min = 1},
         {.name = "debug-headers",
          .group = kRequests,
-         .help = "Add x-kvgate-worker (the worker's URL), x-kvgate-route and x-kvgate-attempts to "
-                 "responses",
+         .help = "Add x-kvgate-worker (the worker's URL), x-kvgate-route, x-kvgate-attempts and "
+                 "(when a rank was chosen) x-kvgate-dp-rank to responses",
          .field = &C::debug_headers},
 
         {.name = "api-key",
@@ -736,9 +739,6 @@ std::string validate(const GatewayConfig& c) {
     return "--pd-disaggregation/--prefill/--decode/--prefill-policy/--decode-policy: "
            "prefill/decode disaggregation is not available in this build yet; list every server "
            "with --worker-urls";
-  }
-  if (c.dp_aware) {
-    return "--dp-aware is not available in this build yet; run without it";
   }
   if (c.worker_urls.empty()) {
     return "no workers: give --worker-urls http://host:port [http://host:port ...]";

@@ -21,6 +21,8 @@ PolicyConfig policy_config(const GatewayConfig& k, std::string_view sel) {
   pc.chwbl_key_chars = k.chwbl_key_chars;
   pc.chwbl_load_factor = k.chwbl_load_factor;
   pc.bucket_refit_secs = k.bucket_refit_secs;
+  pc.dp_aware = k.dp_aware;
+  pc.dp_default_ranks = k.kv_dp_rank_count;  // Pool::build: the rule's kvDpRankCount
   // kv_exact's cost weights and bounds (Pool::build adds the rule's kv fields and enables it).
   pc.kv.load_tokens = k.kv_load_tokens;
   pc.kv.other_tier_weight = k.kv_other_tier_weight;

@@ -24,6 +24,10 @@ void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
 void remove_worker_metrics(std::string_view url, metrics::Registry& registry) {
   registry.remove_series("worker", url);
   registry.remove_series("endpoint", url);  // kv_exact's per (endpoint, rank) series
+  // The inner policy's series of --dp-aware's rank targets ("url@rank").
+  for (int64_t r = 0; r < Worker::kMaxDpRanks; ++r) {
+    registry.remove_series("worker", std::string(url) + "@" + std::to_string(r));
+  }
 }
 
 struct Pool::Upkeep {
@@ -60,6 +64,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     PolicyConfig pc = policy_config(rule.policy_knobs, rule.sel);
     pc.registry = env.policy_metrics ? env.registry : nullptr;
     pc.rule = rule.name;
+    pc.dp_default_ranks = rule.kv_dp_rank_count;
     if (rule.kv_exact_mode == 3) {
       pc.kv.enabled = true;
       pc.kv.page_size = rule.kv_block_size;
@@ -140,6 +145,7 @@ void Pool::start() {
   HealthConfig hc = env_.health;
   hc.poll_load = policy_->uses_reported_load();
   hc.fetch_kv_events = policy_->wants_kv_events();
+  hc.fetch_dp_size = policy_->wants_dp_size();
   health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
   health_->start();
   auto period = policy_->period();

@@ -897,13 +897,17 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     }
   });
   out.push_back({"x-request-id", rid_});
-  std::string route_header, attempts_header;
+  std::string route_header, attempts_header, rank_header;
   if (g_.config_.debug_headers) {
     route_header = std::string(pool_->policy().name()) + "/" + std::string(a.d.branch);
     attempts_header = std::to_string(attempts_made_);
     out.push_back({"x-kvgate-worker", a.w->url()});
     out.push_back({"x-kvgate-route", route_header});
     out.push_back({"x-kvgate-attempts", attempts_header});
+    if (a.d.dp_rank) {
+      rank_header = std::to_string(*a.d.dp_rank);
+      out.push_back({"x-kvgate-dp-rank", rank_header});
+    }
   }
 
   int status = a.status;

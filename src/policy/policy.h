@@ -88,6 +88,8 @@ class Policy {
   virtual bool uses_reported_load() const { return false; }
   // True when the policy reads the workers' kv_events from /server_info (kv_exact's discovery).
   virtual bool wants_kv_events() const { return false; }
+  // True when the policy reads the workers' dp_size from /server_info (--dp-aware's discovery).
+  virtual bool wants_dp_size() const { return false; }
   // True when the policy learns from the cached_tokens / prompt_tokens workers report.
   virtual bool wants_usage() const { return false; }
   // Background upkeep (tree eviction, refits, expiry): on_period() runs every period() on the

@@ -7,6 +7,7 @@
 #include "policy/cache_aware.h"
 #include "policy/chwbl.h"
 #include "policy/consistent_hashing.h"
+#include "policy/dp_aware.h"
 #include "policy/kv_exact.h"
 #include "policy/manual.h"
 #include "policy/power_of_two.h"
@@ -47,6 +48,8 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config, std::string& err
     // kv_exact over the fallback `name` names.
     PolicyConfig inner = config;
     inner.kv.enabled = false;
+    // kv_exact picks the rank itself, for its fallback's choices too: --dp-aware adds nothing.
+    inner.dp_aware = false;
     if (inner.name == "kv_exact") {
       error =
           "kv_exact needs a fallback policy for misses (sel / --kv-fallback-policy), not itself";
@@ -55,6 +58,13 @@ std::unique_ptr<Policy> make_policy(const PolicyConfig& config, std::string& err
     auto fallback = make_policy(inner, error);
     if (!fallback) return nullptr;
     return std::make_unique<KvExactPolicy>(config, std::move(fallback));
+  }
+  if (config.dp_aware && config.name != "kv_exact") {
+    PolicyConfig inner = config;
+    inner.dp_aware = false;
+    auto policy = make_policy(inner, error);
+    if (!policy) return nullptr;
+    return std::make_unique<DpAwarePolicy>(config, std::move(policy));
   }
   if (config.name == "kv_exact") {
     error =

@@ -40,6 +40,11 @@ struct PolicyConfig {
   double chwbl_load_factor = 0;
   // bucket
   int64_t bucket_refit_secs = 0;
+  // --dp-aware (a rule's dpAware): the policy `name` over one target per data-parallel rank of
+  // each worker (policy/dp_aware); ranks of a worker whose /server_info has not said its dp_size:
+  // dp_default_ranks (kvDpRankCount). Not for kv_exact, which is per rank already.
+  bool dp_aware = false;
+  int64_t dp_default_ranks = 0;
   // kv_exact (a kvExactMode 3 rule): its events and inventory; `name` is then the fallback.
   struct KvExact {
     bool enabled = false;

@@ -30,9 +30,8 @@ std::string json_quote(std::string_view s) {
 
 constexpr std::string_view kRoutingGroup = "Routing policy";
 // Knobs of the routing group a rule does not take: the policy is `sel`, the tokenizer
-// `tokenizerPath`; --model-path is only another way to name the tokenizer; DP awareness belongs
-// to the endpoints (kvDpRankCount), not to a policy.
-constexpr std::string_view kNotPerRule[] = {"policy", "tokenizer-path", "model-path", "dp-aware"};
+// `tokenizerPath`; --model-path is only another way to name the tokenizer.
+constexpr std::string_view kNotPerRule[] = {"policy", "tokenizer-path", "model-path"};
 
 enum class FieldKind {
   kName,
@@ -184,7 +183,9 @@ const std::vector<FieldDef>& fields() {
               "Port the engine's DP rank 0 publishes KV events on; rank r publishes on kvZmqPort "
               "+ r (an endpoint's kvZmqPort overrides it)");
     int_field("kvDpRankCount", &Rule::kv_dp_rank_count, 1, 8,
-              "Data-parallel ranks per endpoint, each publishing KV events on its own port",
+              "Data-parallel ranks per endpoint, each publishing KV events on its own port; "
+              "with dpAware, the ranks of an endpoint whose /server_info does not say its "
+              "dp_size",
               "more than 8 DP ranks per endpoint is not supported: split the deployment or reduce "
               "the rank fan-out");
     int_field("kvWarmupSec", &Rule::kv_warmup_sec, 0, 3600,
@@ -654,6 +655,11 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
     if (!r.models.empty() && !skip({"models"})) {
       err("models", "[...]",
           "matching on the model needs the request body read: set mode: 4, or remove models");
+    }
+    if (r.policy_knobs.dp_aware && !skip({"dpAware"})) {
+      err("dpAware", "true",
+          "the chosen rank goes to the engine in the request body (routed_dp_rank), which mode "
+          "0 (plain proxy) forwards unread: set mode: 4, or remove dpAware");
     }
   }
 

@@ -49,7 +49,8 @@ std::optional<int64_t> rank_load(simdjson::dom::element e) {
 
 }  // namespace
 
-std::optional<int64_t> parse_load_report(std::string_view json) {
+std::optional<int64_t> parse_load_report(std::string_view json, std::vector<int64_t>* per_rank) {
+  if (per_rank) per_rank->clear();
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   if (parser.parse(json.data(), json.size()).get(doc)) return std::nullopt;
@@ -68,14 +69,38 @@ std::optional<int64_t> parse_load_report(std::string_view json) {
   }
   int64_t total = 0;
   bool any = false;
+  int64_t position = 0;
   for (auto r : ranks) {
     if (auto l = rank_load(r)) {
       total = add_load(total, *l);
       any = true;
+      int64_t rank = position;
+      if (int64_t said = 0; !r["dp_rank"].get_int64().get(said)) rank = said;
+      if (per_rank && rank >= 0 && rank < Worker::kMaxDpRanks) {
+        auto i = static_cast<size_t>(rank);
+        if (per_rank->size() <= i) per_rank->resize(i + 1, 0);
+        (*per_rank)[i] = add_load((*per_rank)[i], *l);
+      }
     }
+    ++position;
   }
-  if (!any && ranks.size() > 0) return std::nullopt;
+  if (!any && ranks.size() > 0) {
+    if (per_rank) per_rank->clear();
+    return std::nullopt;
+  }
   return total;
+}
+
+std::optional<int64_t> parse_dp_size(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(json.data(), json.size()).get(doc)) return std::nullopt;
+  int64_t n = 0;
+  if (doc["dp_size"].get_int64().get(n) && doc["kv_events"]["dp_size"].get_int64().get(n)) {
+    return std::nullopt;
+  }
+  if (n < 1 || n > Worker::kMaxDpRanks) return std::nullopt;
+  return n;
 }
 
 std::optional<std::vector<std::string>> parse_model_list(std::string_view json) {
@@ -160,7 +185,7 @@ std::optional<KvEventsInfo> parse_kv_events_info(std::string_view json) {
   return info;
 }
 
-awaitable<void> HealthPlane::refresh_kv_events(WorkerPtr w) {
+awaitable<void> HealthPlane::refresh_server_info(WorkerPtr w) {
   auto r = co_await http::fetch(ctx_.get_executor(), w->target(), "GET", "/server_info",
                                 config_.timeout);
   if (r.error == http::CallError::kNone && r.status == 404) {
@@ -168,7 +193,8 @@ awaitable<void> HealthPlane::refresh_kv_events(WorkerPtr w) {
                              config_.timeout);
   }
   if (r.error != http::CallError::kNone || r.status != 200) co_return;
-  w->set_kv_events(parse_kv_events_info(r.body));
+  if (config_.fetch_kv_events) w->set_kv_events(parse_kv_events_info(r.body));
+  if (config_.fetch_dp_size) w->set_dp_size(parse_dp_size(r.body));
 }
 
 awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
@@ -203,8 +229,11 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
       }
       if (w->models().empty() || goods % 8 == 1) co_await refresh_models(w);
       if (stopped->load()) co_return;  // the plane may be gone: touch none of it
-      if (config_.fetch_kv_events && (!w->kv_events() || goods % 8 == 1)) {
-        co_await refresh_kv_events(w);
+      bool kv_due = config_.fetch_kv_events && !w->kv_events();
+      bool dp_due = config_.fetch_dp_size && !w->dp_size();
+      if (kv_due || dp_due ||
+          ((config_.fetch_kv_events || config_.fetch_dp_size) && goods % 8 == 1)) {
+        co_await refresh_server_info(w);
         if (stopped->load()) co_return;
       }
     } else {
@@ -245,10 +274,14 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
           std::min(config_.timeout, std::max(interval, std::chrono::milliseconds(200))));
       if (stopped->load()) co_return;
       std::optional<int64_t> load;
-      if (r.error == http::CallError::kNone && r.status == 200) load = parse_load_report(r.body);
+      std::vector<int64_t> per_rank;
+      if (r.error == http::CallError::kNone && r.status == 200) {
+        load = parse_load_report(r.body, &per_rank);
+      }
       if (load) {
         fails = 0;
         w->set_reported_load(*load);
+        w->set_rank_loads(std::move(per_rank));
       } else {
         // A worker that cannot say its load is often one too busy to answer: it must not look
         // idle. Keep its last report; after a few failures in a row, count it as loaded as the
@@ -260,6 +293,7 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
             worst = std::max(worst, other->reported_load());
           }
           w->set_reported_load(worst);
+          w->set_rank_loads({});  // its ranks then count as a share of that
         }
         if (fails == 1) {
           log::warn("worker load poll failed; keeping its last load")

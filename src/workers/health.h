@@ -30,13 +30,22 @@ struct HealthConfig {
   std::chrono::milliseconds startup_interval{1000};  // probing a worker that never answered
   bool poll_load = false;                            // set by the pool when its policy wants it
   bool fetch_kv_events = false;  // fetch /server_info's kv_events (kv_exact's discovery)
+  bool fetch_dp_size = false;    // fetch /server_info's dp_size (--dp-aware's discovery)
   std::chrono::milliseconds load_interval{0};
   bool operator==(const HealthConfig&) const = default;
 };
 
 // Load a server reports on /get_load (SGLang's array per DP rank, or /v1/loads' {"loads": [...]},
 // or {"load": N}): the sum over ranks of running + waiting requests. nullopt if unparseable.
-std::optional<int64_t> parse_load_report(std::string_view json);
+// With `per_rank`, also each rank's own load, indexed by its dp_rank (by position when an entry
+// does not say its rank; ranks past Worker::kMaxDpRanks are left out; a rank not reported is 0);
+// empty for a report without ranks ({"load": N}).
+std::optional<int64_t> parse_load_report(std::string_view json,
+                                         std::vector<int64_t>* per_rank = nullptr);
+
+// The data-parallel size of a /server_info answer: its top-level dp_size, else its kv_events'
+// dp_size; nullopt when it says neither or says a number outside 1..Worker::kMaxDpRanks.
+std::optional<int64_t> parse_dp_size(std::string_view server_info_json);
 
 // The kv_events object of a /server_info answer; nullopt when absent, null ("publisher" not
 // "zmq") or malformed.
@@ -58,7 +67,7 @@ class HealthPlane {
   awaitable<void> probe_loop(WorkerPtr w);
   awaitable<void> load_loop(WorkerPtr w);
   awaitable<void> refresh_models(WorkerPtr w);
-  awaitable<void> refresh_kv_events(WorkerPtr w);
+  awaitable<void> refresh_server_info(WorkerPtr w);
 
   asio::io_context& ctx_;
   WorkerRegistry& registry_;

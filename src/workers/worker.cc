@@ -71,6 +71,28 @@ void Worker::set_kv_events(std::optional<KvEventsInfo> info) {
   kv_events_ = std::move(info);
 }
 
+std::optional<int64_t> Worker::dp_size() const {
+  std::lock_guard lock(models_mu_);
+  return dp_size_;
+}
+
+void Worker::set_dp_size(std::optional<int64_t> n) {
+  if (n && (*n < 1 || *n > kMaxDpRanks)) n.reset();
+  std::lock_guard lock(models_mu_);
+  dp_size_ = n;
+}
+
+std::vector<int64_t> Worker::rank_loads() const {
+  std::lock_guard lock(models_mu_);
+  return rank_loads_;
+}
+
+void Worker::set_rank_loads(std::vector<int64_t> loads) {
+  if (loads.size() > static_cast<size_t>(kMaxDpRanks)) loads.resize(kMaxDpRanks);
+  std::lock_guard lock(models_mu_);
+  rank_loads_ = std::move(loads);
+}
+
 void Worker::attach_metrics(WorkerMetrics m) {
   metrics_ = m;
   if (metrics_.health) metrics_.health->set(healthy() ? 1 : 0);

@@ -81,6 +81,15 @@ class Worker {
   // What the worker's /server_info says of its KV event publishers (kv_events), when fetched.
   std::optional<KvEventsInfo> kv_events() const;
   void set_kv_events(std::optional<KvEventsInfo> info);
+  // The data-parallel ranks the worker's /server_info says it runs (dp_size), when fetched and
+  // said (--dp-aware's discovery); 1..kMaxDpRanks.
+  static constexpr int64_t kMaxDpRanks = 64;
+  std::optional<int64_t> dp_size() const;
+  void set_dp_size(std::optional<int64_t> n);
+  // The load of each DP rank as /get_load last reported it (index = dp_rank; empty before a
+  // report, or when the report did not give ranks), at most kMaxDpRanks entries.
+  std::vector<int64_t> rank_loads() const;
+  void set_rank_loads(std::vector<int64_t> loads);
 
   void attach_metrics(WorkerMetrics m);
   const WorkerMetrics& metrics() const { return metrics_; }
@@ -98,6 +107,8 @@ class Worker {
   mutable std::mutex models_mu_;
   std::vector<std::string> models_;
   std::optional<KvEventsInfo> kv_events_;
+  std::optional<int64_t> dp_size_;
+  std::vector<int64_t> rank_loads_;
 };
 
 using WorkerPtr = std::shared_ptr<Worker>;

@@ -75,12 +75,13 @@ const std::set<std::string, std::less<>> kReadDirectly = {
     "tokenizer-path", "model-path", "debug-headers", "threads", "max-concurrent-requests",
     "queue-size", "queue-timeout-secs", "backend",
     // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields
-    "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-dp-rank-count", "kv-warmup-secs"};
+    // (kv-dp-rank-count reaches PolicyConfig too: --dp-aware's default ranks per worker)
+    "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-warmup-secs"};
 // sgl-model-gateway's knobs kvgate accepts and does not use: their help must say so.
 const std::set<std::string, std::less<>> kAcceptedUnused = {
     "worker-startup-timeout-secs", "worker-startup-check-interval", "cb-window-duration-secs"};
 // Knobs of features not built yet: setting one must be a startup error.
-const std::set<std::string, std::less<>> kRefused = {"dp-aware", "pd-disaggregation", "decode",
+const std::set<std::string, std::less<>> kRefused = {"pd-disaggregation", "decode",
                                                      "prefill-policy", "decode-policy"};
 
 TEST(Knobs, EveryKnobAModuleReadsChangesItsConfig) {

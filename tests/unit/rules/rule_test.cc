@@ -463,9 +463,29 @@ TEST(RuleJson, EveryFieldInTheTablesOrder) {
             Json::parse(R"({"url": "http://127.0.0.1:1", "role": "none", "bootstrapPort": null,
                             "kvZmqPort": null, "weight": 1})"));
   // The knobs that make no sense per rule are not rule fields.
-  for (const char* absent : {"policy", "modelPath", "dpAware", "tokenizer-path"}) {
+  for (const char* absent : {"policy", "modelPath", "tokenizer-path"}) {
     EXPECT_FALSE(j.contains(absent)) << absent;
   }
+  // DP awareness is per rule (a rule's endpoints may run with --dp-size, another's not).
+  EXPECT_EQ(j["dpAware"], false);
+}
+
+TEST(RuleValidation, DpAwareNeedsTheBodyRead) {
+  std::vector<FieldError> errors;
+  auto r = parse(with(kPool, R"({"mode": 0, "sel": "round_robin", "dpAware": true})"), errors);
+  EXPECT_FALSE(r);
+  bool named = false;
+  for (const auto& e : errors) {
+    if (e.field == "dpAware") {
+      named = true;
+      EXPECT_NE(e.message.find("routed_dp_rank"), std::string::npos) << e.message;
+    }
+  }
+  EXPECT_TRUE(named);
+  errors.clear();
+  auto ok = parse(with(kPool, R"({"dpAware": true, "kvDpRankCount": 2})"), errors);
+  ASSERT_TRUE(ok) << (errors.empty() ? "" : errors[0].message);
+  EXPECT_TRUE(ok->policy_knobs.dp_aware);
 }
 
 TEST(RuleJson, EquivalentComparesEveryField) {

@@ -292,6 +292,14 @@ const std::vector<K>& table() {
          .field = &C::kv_predict_ttl_ms,
          .min = 0,
          .max = 60000},
+        {.name = "dp-rank-field",
+         .group = kWorkers,
+         .value_name = "FIELD",
+         .help = "The body field that names the DP rank kvgate chose (kv_exact, --dp-aware): "
+                 "routed_dp_rank (SGLang), or data_parallel_rank for older SGLang builds that "
+                 "know only that (deprecated) name",
+         .field = &C::dp_rank_field,
+         .choices = {"routed_dp_rank", "data_parallel_rank"}},
         {.name = "kv-parity-probe",
          .group = kRouting,
          .help = "kv_exact: send each (endpoint, rank) one probe chat (max_tokens 1) once its "

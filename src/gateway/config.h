@@ -49,6 +49,7 @@ struct GatewayConfig {
   int64_t kv_max_blocks = 4194304;
   int64_t kv_predict_ttl_ms = 2000;
   bool kv_parity_probe = true;
+  std::string dp_rank_field = "routed_dp_rank";
   bool dp_aware = false;
   int64_t policy_seed = 0;
   // PD disaggregation

@@ -729,11 +729,12 @@ void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
 // may be running it). A retryable status is kept as the client's answer in case no retry works.
 awaitable<Next> Gateway::Request::send(Attempt& a) {
   http::UpstreamCall& call = *a.call;
-  // Body rewrites (fields added, the rest forwarded byte for byte): the rank the policy chose.
+  // Body rewrites (fields added, the rest forwarded byte for byte): the rank the policy chose,
+  // as --dp-rank-field names it.
   std::string rewritten;
   std::string_view body = ex_.body();
   if (a.d.dp_rank && pool_->reads_body()) {
-    const BodyField rank{"routed_dp_rank", std::to_string(*a.d.dp_rank)};
+    const BodyField rank{g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)};
     rewritten = add_fields(body, {&rank, 1});
     if (!rewritten.empty()) body = rewritten;
   }

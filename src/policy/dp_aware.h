@@ -62,6 +62,7 @@ class DpAwarePolicy final : public Policy {
   void on_period() override;
   void start() override { inner_->start(); }
   void stop() override { inner_->stop(); }
+  void attach(const PolicyRuntime& runtime) override { inner_->attach(runtime); }
 
   static constexpr std::chrono::milliseconds kPeriod{250};
 

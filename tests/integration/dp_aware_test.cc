@@ -154,8 +154,8 @@ TEST(DpAware, CacheAwareKeepsConversationsOnOneRankAndHitsFarMore) {
 }
 
 // The same per rule, from a config file: a rule with dpAware and round_robin takes every (server,
-// rank) in turn, and each server runs each request on the rank kvgate named.
-TEST(DpAware, ARuleTurnsItOnForItsPool) {
+// rank) in turn, and each server runs each request on the rank kvgate named in `field`.
+void rule_spreads_over_ranks(const std::string& field) {
   std::vector<Sim> sims;
   std::string yaml =
       "rules:\n  - name: ranks\n    mode: 4\n    sel: round_robin\n    dpAware: true\n"
@@ -172,10 +172,10 @@ TEST(DpAware, ARuleTurnsItOnForItsPool) {
   std::string config = dir.write("kvgate.yaml", yaml);
   int port = free_port();
   int metrics_port = free_port();
-  Process gateway("kvgate",
-                  {"--config", config, "--host", "127.0.0.1", "--port", std::to_string(port),
-                   "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                   std::to_string(metrics_port), "--admin-port", "0", "--debug-headers"});
+  Process gateway("kvgate", {"--config", config, "--host", "127.0.0.1", "--port",
+                             std::to_string(port), "--prometheus-host", "127.0.0.1",
+                             "--prometheus-port", std::to_string(metrics_port), "--admin-port", "0",
+                             "--debug-headers", "--dp-rank-field", field});
   HttpClient metrics(metrics_port);
   auto series = [&](const Sim& s) {
     return "kvgate_dp_ranks{rule=\"ranks\",worker=\"" + s.url() + "\"} " + std::to_string(kRanks);
@@ -199,6 +199,16 @@ TEST(DpAware, ARuleTurnsItOnForItsPool) {
   HttpClient client(port);
   std::map<std::string, int> counts;
   for (int i = 0; i < 8 * kServers * kRanks; ++i) {
+    if (i % 3 == 0) {
+      // A request of no rank moves each server's own round robin over its ranks: a rank field
+      // the server ignored would show as a rank other than kvgate's.
+      for (const auto& sim : sims) {
+        HttpClient direct(sim.port);
+        ASSERT_EQ(direct.post("/generate", R"({"text":"x","sampling_params":{"max_new_tokens":1}})")
+                      .status,
+                  200);
+      }
+    }
     auto r = client.post("/generate", R"({"text":"request )" + std::to_string(i) +
                                           R"(","sampling_params":{"max_new_tokens":1}})");
     ASSERT_EQ(r.status, 200) << r.body;
@@ -209,6 +219,15 @@ TEST(DpAware, ARuleTurnsItOnForItsPool) {
   }
   EXPECT_EQ(counts.size(), static_cast<size_t>(kServers * kRanks));
   for (const auto& [target, n] : counts) EXPECT_EQ(n, 8) << target;
+}
+
+TEST(DpAware, ARuleTurnsItOnForItsPool) {
+  rule_spreads_over_ranks("routed_dp_rank");
+}
+
+// Older SGLang builds know the rank only as data_parallel_rank (--dp-rank-field).
+TEST(DpAware, TheRankFieldOfOlderBuilds) {
+  rule_spreads_over_ranks("data_parallel_rank");
 }
 
 }  // namespace

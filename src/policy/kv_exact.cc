@@ -958,9 +958,8 @@ void KvExactPolicy::launch_probes(
     }
     s.capturing.store(true, std::memory_order_relaxed);
     auto life = life_;
-    auto source = sp;
     asio::io_context* control = rt.control;
-    auto done = [life, self = this, source, probe, control](const http::FetchResult& r) {
+    auto done = [life, self = this, source = sp, probe, control](const http::FetchResult& r) {
       std::lock_guard lock(life->mu);
       if (!life->alive) return;
       if (r.error != http::CallError::kNone || r.status < 200 || r.status >= 300) {

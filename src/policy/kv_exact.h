@@ -63,7 +63,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     std::string state;  // untested, pending, match, mismatch, not_found, error, skipped
     std::string detail;
   };
-  Parity parity(kv::SourceId s) const;
+  Parity parity(kv::SourceId id) const;
   // Per (endpoint, rank) routing counts for the inventory view.
   struct SourceCounts {
     uint64_t hits = 0;              // requests kv_exact routed there
@@ -71,7 +71,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     uint64_t cached_tokens = 0;     // what the engine reported cached
     bool page_size_mismatch = false;
   };
-  SourceCounts counts(kv::SourceId s) const;
+  SourceCounts counts(kv::SourceId id) const;
 
   // For tests and the inventory view.
   const kv::Inventory& inventory() const { return inventory_; }

@@ -61,7 +61,7 @@ bool make_probe(const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& 
     messages += "}]";
     rendered.clear();
     if (!tmpl.render_request_json(messages, "", true, "", rendered, error)) {
-      error = "the chat template rejected the probe: " + error;
+      error.insert(0, "the chat template rejected the probe: ");
       return false;
     }
     out.ids.clear();

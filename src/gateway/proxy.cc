@@ -259,9 +259,16 @@ class Dispatch {
   Dispatch(const Dispatch&) = delete;
   Dispatch& operator=(const Dispatch&) = delete;
 
-  void finish(const Outcome& o, Verdict v) {
+  // The stream's first event: the worker's prefill is done.
+  void first_token() {
+    if (done_ || first_token_) return;
+    first_token_ = true;
+    policy_.on_first_token(d_, ctx_);
+  }
+  void finish(Outcome o, Verdict v) {
     if (done_) return;
     done_ = true;
+    o.first_token = first_token_;
     Worker& w = *d_.worker;
     switch (v) {
       case Verdict::kSuccess:
@@ -286,6 +293,7 @@ class Dispatch {
   Decision d_;
   CircuitBreaker::Pass pass_;
   bool done_ = false;
+  bool first_token_ = false;
 };
 
 // A worker's answer kept to give the client when no retry works out (its own 429/503...).
@@ -839,9 +847,15 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
     co_return Next::kDone;
   }
   auto end = first_event_end(a.pre);
-  if (!end) co_return Next::kOn;
+  if (!end) {
+    a.dispatch->first_token();  // a first event longer than the limit: data all the same
+    co_return Next::kOn;
+  }
   auto abort = event_abort(std::string_view(a.pre).substr(0, *end));
-  if (!abort) co_return Next::kOn;
+  if (!abort) {
+    a.dispatch->first_token();
+    co_return Next::kOn;
+  }
   // An engine-side abort naming no status (SGLang's FINISH_ABORT from an abort or a drain) is the
   // worker's doing: treated as a 503. An error object naming none is the request's (SGLang streams
   // a request's ValueError that way).

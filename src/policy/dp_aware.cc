@@ -108,6 +108,16 @@ void DpAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
   inner_->on_completed(inner, ctx, o);
 }
 
+void DpAwarePolicy::on_first_token(const Decision& d, RouteContext& ctx) {
+  WorkerPtr t = find(d.target_id);
+  if (!t) return;
+  Decision inner = d;
+  inner.worker = t.get();
+  inner.dp_rank.reset();
+  inner.target_id = 0;
+  inner_->on_first_token(inner, ctx);
+}
+
 void DpAwarePolicy::on_workers_changed(const WorkerSet& set) {
   std::lock_guard lock(change_mu_);
   workers_ = set.workers;

@@ -50,6 +50,7 @@ class DpAwarePolicy final : public Policy {
   Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
   void on_dispatched(const Decision& d, RouteContext& ctx) override;
   void on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) override;
+  void on_first_token(const Decision& d, RouteContext& ctx) override;
   void on_workers_changed(const WorkerSet& set) override;
   ParseOptions parse_options() const override { return inner_->parse_options(); }
   bool uses_reported_load() const override { return inner_->uses_reported_load(); }

@@ -453,14 +453,33 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   }
 }
 
+// The prompt's prefill is done: its tokens no longer queue on the rank (the request stays active
+// there until it completes).
+void KvExactPolicy::on_first_token(const Decision& d, RouteContext& ctx) {
+  auto sources = sources_.load();
+  auto tokens = static_cast<int64_t>(ctx.request->tokens.size());
+  if (Source* s = sources->by_source(d.target_id)) {
+    s->pending_prefill.fetch_sub(tokens - static_cast<int64_t>(d.predicted_tokens),
+                                 std::memory_order_relaxed);
+  }
+  if (!d.inner_branch.empty()) {
+    Decision inner = d;
+    inner.branch = d.inner_branch;
+    inner.inner_branch = {};
+    fallback_->on_first_token(inner, ctx);
+  }
+}
+
 void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
   auto tokens = static_cast<int64_t>(req.tokens.size());
   if (Source* s = sources->by_source(d.target_id)) {
     s->active.fetch_sub(1, std::memory_order_relaxed);
-    s->pending_prefill.fetch_sub(tokens - static_cast<int64_t>(d.predicted_tokens),
-                                 std::memory_order_relaxed);
+    if (!o.first_token) {
+      s->pending_prefill.fetch_sub(tokens - static_cast<int64_t>(d.predicted_tokens),
+                                   std::memory_order_relaxed);
+    }
     if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty()) {
       // The worker never ran it: what it predicted there is withdrawn.
       const std::vector<kv::BlockKey>& keys = request_keys(ctx);

@@ -45,6 +45,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   Decision select(std::span<Worker* const> available, RouteContext& ctx) override;
   void on_dispatched(const Decision& d, RouteContext& ctx) override;
   void on_completed(const Decision& d, RouteContext& ctx, const Outcome& o) override;
+  void on_first_token(const Decision& d, RouteContext& ctx) override;
   void on_workers_changed(const WorkerSet& set) override;
   ParseOptions parse_options() const override;
   bool uses_reported_load() const override { return fallback_->uses_reported_load(); }

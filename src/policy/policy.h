@@ -62,6 +62,8 @@ struct Outcome {
   // failed, it answered without running the request (429, 503, 408), or the client went away
   // while the request was still queued or before it was sent.
   bool started = true;
+  // on_first_token() was called for this dispatch (its prefill is done).
+  bool first_token = false;
 };
 
 // What a policy may use of the pool that runs it (given by the pool before start()).
@@ -80,6 +82,9 @@ class Policy {
   // and a branch naming why (the gateway answers 503).
   virtual Decision select(std::span<Worker* const> available, RouteContext& ctx) = 0;
   virtual void on_dispatched(const Decision&, RouteContext&) {}
+  // A stream's first event arrived (the engine finished the prompt's prefill): at most once per
+  // dispatch, between on_dispatched and on_completed (whose Outcome then says first_token).
+  virtual void on_first_token(const Decision&, RouteContext&) {}
   virtual void on_completed(const Decision&, RouteContext&, const Outcome&) {}
   virtual void on_workers_changed(const WorkerSet&) {}
   // What the gateway must read from request bodies for this policy.

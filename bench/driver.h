@@ -39,6 +39,9 @@ struct RequestRecord {
 
 struct DriverConfig {
   std::string url;
+  // More than one: requests are spread over them, turn t of session s to urls[(s + t) % n] (a
+  // front balancer without affinity: a conversation's turns alternate). `url` is then ignored.
+  std::vector<std::string> urls;
   Api api = Api::kChat;
   std::string model = "default";
   std::chrono::seconds timeout{120};

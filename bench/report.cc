@@ -140,6 +140,16 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
       o += json::quote(w) + ":" + std::to_string(n);
     }
     o += "}";
+    if (!s.routing.empty()) {
+      o += ",\"routing\":{";
+      first = true;
+      for (const auto& [k, v] : s.routing) {
+        if (!first) o += ",";
+        first = false;
+        o += json::quote(k) + ":" + num(v);
+      }
+      o += "}";
+    }
     if (!s.first_error.empty()) o += ",\"first_error\":" + json::quote(s.first_error);
     o += "}";
   }

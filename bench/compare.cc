@@ -20,6 +20,7 @@
 
 #include "http/client.h"
 #include "http/io.h"
+#include "util/json.h"
 
 namespace kvgate::bench {
 namespace {
@@ -291,13 +292,31 @@ std::string wait_kv_ready(const Gateway& g,
   return "kv_exact's subscribers not ready:" + missing;
 }
 
+// "kv_exact:kv-load-tokens=32" -> the policy "kv_exact" and the flags --kv-load-tokens 32 for its
+// kvgates only: one policy under several settings, side by side in one run.
+std::string policy_name(const std::string& entry, std::vector<std::string>* flags = nullptr) {
+  size_t colon = entry.find(':');
+  if (flags) {
+    for (size_t at = colon; at != std::string::npos;) {
+      size_t next = entry.find(':', at + 1);
+      std::string kv = entry.substr(at + 1, next == std::string::npos ? next : next - at - 1);
+      size_t eq = kv.find('=');
+      flags->push_back("--" + kv.substr(0, eq));
+      if (eq != std::string::npos) flags->push_back(kv.substr(eq + 1));
+      at = next;
+    }
+  }
+  return entry.substr(0, colon);
+}
+
 }  // namespace
 
 std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::string& error) {
   auto status = [&](const std::string& s) {
     if (o.on_status) o.on_status(s);
   };
-  const bool kv = std::find(o.policies.begin(), o.policies.end(), "kv_exact") != o.policies.end();
+  const bool kv = std::any_of(o.policies.begin(), o.policies.end(),
+                              [](const std::string& p) { return policy_name(p) == "kv_exact"; });
   if (kv && o.tokenizer_path.empty()) {
     error =
         "kv_exact needs --tokenizer-path (kvgate tokenizes requests as the sims do, with the "
@@ -354,7 +373,9 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     std::vector<ServerCounters> before;
     before.reserve(sim_urls.size());
     for (const auto& url : sim_urls) before.push_back(scrape(url));
-    const bool is_kv = policy == "kv_exact";
+    std::vector<std::string> own_flags;
+    const std::string name = policy_name(policy, &own_flags);
+    const bool is_kv = name == "kv_exact";
     std::vector<Gateway> gateways;
     for (int g = 0; g < replicas; ++g) {
       Gateway gw;
@@ -371,7 +392,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                        "--admin-port",
                                        std::to_string(gw.admin_port),
                                        "--policy",
-                                       policy,
+                                       name,
                                        "--debug-headers",
                                        "--log-level",
                                        "warn",
@@ -443,6 +464,26 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     if (!run.fatal.empty()) {
       error = run.fatal;
       return {};
+    }
+    // Every request of the run, beside the logs: where it went, why, and what it found cached
+    // against what perfect routing would have (to explain a policy's misses).
+    if (FILE* f = std::fopen((o.log_dir + "/records-" + policy + ".jsonl").c_str(), "w")) {
+      for (const auto& r : run.records) {
+        std::string line = "{\"session\":" + std::to_string(r.session) +
+                           ",\"turn\":" + std::to_string(r.turn) +
+                           ",\"start_s\":" + std::to_string(r.start_s) +
+                           ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
+                           ",\"prompt\":" + std::to_string(r.prompt_tokens) +
+                           ",\"cached\":" + std::to_string(r.cached_tokens) +
+                           ",\"reusable\":" + std::to_string(r.oracle_reusable_tokens) +
+                           ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
+        json::append_string(line, r.worker);
+        line += ",\"route\":";
+        json::append_string(line, r.route);
+        line += "}\n";
+        std::fputs(line.c_str(), f);
+      }
+      std::fclose(f);
     }
     ServerCounters delta;
     bool have = true;

@@ -188,6 +188,7 @@ struct Runner {
     } else {
       r.status = call.status();
       r.worker = std::string(call.header("x-kvgate-worker"));
+      r.route = std::string(call.header("x-kvgate-route"));
       std::string pending;
       char buf[16384];
       double last_token = -1;

@@ -32,6 +32,7 @@ struct RequestRecord {
   size_t oracle_prompt_tokens = 0;
   size_t oracle_reusable_tokens = 0;
   std::string worker;  // x-kvgate-worker
+  std::string route;   // x-kvgate-route (the policy's branch)
   int status = 0;      // 0: transport error
   std::string error;
   bool ok() const { return status == 200 && error.empty(); }

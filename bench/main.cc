@@ -238,7 +238,8 @@ const std::vector<K>& knobs() {
       {.name = "policies",
        .group = "Compare",
        .value_name = "A,B,...",
-       .help = "Routing policies to compare, in order",
+       .help = "Routing policies to compare, in order; POLICY:FLAG=VALUE:... gives that run's "
+               "kvgates more flags (kv_exact:kv-load-tokens=32 beside kv_exact)",
        .field = &C::policies},
       {.name = "sims",
        .group = "Compare",

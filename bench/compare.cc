@@ -499,11 +499,11 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     out.push_back(summarize(policy, run, bound, server_hit));
     // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event
     // counts per source), and the routing counters summed into the results.
-    for (size_t g = 0; g < gateways.size(); ++g) {
-      auto m = fetch_sync(gateways[g].metrics_url, "GET", "/metrics");
+    for (const auto& gw : gateways) {
+      auto m = fetch_sync(gw.metrics_url, "GET", "/metrics");
       if (m.error != http::CallError::kNone || m.status != 200) continue;
       add_routing(m.body, out.back().routing);
-      std::string path = gateways[g].child->log();
+      std::string path = gw.child->log();
       path = path.substr(0, path.size() - 4) + ".metrics";
       if (FILE* f = std::fopen(path.c_str(), "w")) {
         std::fwrite(m.body.data(), 1, m.body.size(), f);

@@ -320,7 +320,9 @@ const std::vector<K>& knobs() {
       {.name = "json",
        .group = "Output",
        .value_name = "FILE",
-       .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)",
+       .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it, and in "
+               "FILE-logs/ each process's log, each kvgate's last /metrics and every request "
+               "of each policy: records-POLICY.jsonl)",
        .field = &C::json},
       {.name = "records",
        .group = "Output",

@@ -410,6 +410,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                  "--kv-fallback-policy", o.kv_fallback});
       }
       args.insert(args.end(), o.gateway_args.begin(), o.gateway_args.end());
+      args.insert(args.end(), own_flags.begin(), own_flags.end());
       std::string name =
           "kvgate-" + policy + (replicas > 1 ? "-" + std::to_string(g) : std::string());
       gw.child =

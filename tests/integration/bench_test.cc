@@ -121,6 +121,22 @@ TEST(Bench, KvExactWithoutTokenizerIsAClearError) {
   std::filesystem::remove_all(dir);
 }
 
+// POLICY:FLAG=VALUE reaches that policy's kvgate (and only it): a value kvgate refuses stops
+// the run with kvgate's own error.
+TEST(Bench, PolicyEntryFlagsReachItsKvgate) {
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r =
+      run("kvgate-bench", {"compare", "--policies", "round_robin,round_robin:kv-load-tokens=-5",
+                           "--sims", "1", "--users", "1", "--turns", "1", "--user-words", "4",
+                           "--output-tokens", "2", "--quiet", "--json", dir + "/c.json"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("kvgate --policy round_robin:kv-load-tokens=-5 did not become ready"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("kv-load-tokens"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Bench, RunDrivesAnEndpoint) {
   Cluster c(2, {}, {"--policy", "round_robin", "--debug-headers"});
   auto r = run("kvgate-bench",

@@ -498,6 +498,17 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         have && delta.prompt_tokens > 0 ? delta.cached_tokens / delta.prompt_tokens : -1;
     double bound = oracle ? oracle->upper_bound() : out.front().upper_bound;
     out.push_back(summarize(policy, run, bound, server_hit));
+    // Spread over every sim, those the policy never chose included (max / mean requests).
+    if (Summary& sm = out.back(); !sm.worker_requests.empty()) {
+      double max = 0, sum = 0;
+      for (const auto& url : sim_urls) {
+        auto it = sm.worker_requests.find(url);
+        double n = it == sm.worker_requests.end() ? 0 : static_cast<double>(it->second);
+        max = std::max(max, n);
+        sum += n;
+      }
+      if (sum > 0) sm.spread_requests = max / (sum / static_cast<double>(sim_urls.size()));
+    }
     // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event
     // counts per source), and the routing counters summed into the results.
     for (const auto& gw : gateways) {

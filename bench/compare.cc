@@ -5,18 +5,22 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <simdjson.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "http/client.h"
 #include "http/io.h"
+#include "util/json.h"
 
 namespace kvgate::bench {
 namespace {
@@ -34,6 +38,28 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+// A run of `n` consecutive free ports (a sim's DP ranks publish at base + rank), below the
+// kernel's ephemeral range so that free_port() and outgoing connections do not take them first.
+int free_port_run(int n) {
+  static unsigned seq = static_cast<unsigned>(::getpid()) * 7919u;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    seq += 97;
+    int base = 20000 + static_cast<int>((seq * 131u) % 12000u);
+    bool all = true;
+    for (int i = 0; i < n && all; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(base + i));
+      all = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+    }
+    if (all) return base;
+  }
+  return 0;
 }
 
 std::string last_lines(const std::string& path) {
@@ -169,19 +195,161 @@ ServerCounters scrape(const std::string& url) {
   return parse_counters(r.body);
 }
 
+namespace {
+
+std::string label_value(std::string_view line, std::string_view label) {
+  std::string key = std::string(label) + "=\"";
+  size_t at = line.find(key);
+  if (at == std::string_view::npos) return "";
+  at += key.size();
+  size_t close = line.find('"', at);
+  return close == std::string_view::npos ? "" : std::string(line.substr(at, close - at));
+}
+
+// The routing counters of a kvgate's /metrics worth keeping with the results: decisions by branch
+// (every policy), and kv_exact's event health (orphans, resyncs by reason).
+void add_routing(std::string_view text, std::map<std::string, double>& out) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string_view line = text.substr(pos, nl == std::string_view::npos ? nl : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() : nl + 1;
+    if (line.empty() || line[0] == '#') continue;
+    size_t sp = line.rfind(' ');
+    if (sp == std::string_view::npos) continue;
+    double v = std::atof(std::string(line.substr(sp + 1)).c_str());
+    if (line.starts_with("kvgate_policy_branch_total{")) {
+      out["branch_" + label_value(line, "branch")] += v;
+    } else if (line.starts_with("kvgate_kv_orphan_blocks_total{")) {
+      out["kv_orphan_blocks"] += v;
+    } else if (line.starts_with("kvgate_kv_resyncs_total{")) {
+      out["kv_resyncs_" + label_value(line, "reason")] += v;
+    } else if (line.starts_with("kvgate_kv_hash_mismatches_total{")) {
+      out["kv_hash_mismatches"] += v;
+    } else if (line.starts_with("kvgate_kv_exact_zero_hit_watchdog_total{")) {
+      out["kv_zero_hit_watchdog"] += v;
+    }
+  }
+}
+
+// One kvgate of a policy run.
+struct Gateway {
+  std::unique_ptr<Child> child;
+  std::string url;
+  std::string metrics_url;
+  int admin_port = 0;
+};
+
+// kv_exact's subscribers in one kvgate: every (sim, rank) connected to the publisher its sim
+// announced in /server_info (kvgate discovers it from there), trusted, and the inventory empty
+// (the sims were flushed, the kvgate is new). "" when so; else what was still missing at the end.
+std::string wait_kv_ready(const Gateway& g,
+                          const std::map<std::pair<std::string, int>, std::string>& expected,
+                          Child& child, std::chrono::seconds limit) {
+  std::string admin = "http://127.0.0.1:" + std::to_string(g.admin_port);
+  auto end = std::chrono::steady_clock::now() + limit;
+  std::string missing = "no answer from the admin inventory view";
+  simdjson::dom::parser parser;
+  while (std::chrono::steady_clock::now() < end) {
+    if (!child.running()) return "kvgate exited";
+    auto r =
+        fetch_sync(admin, "GET", "/v1/rules/default/inventory", std::chrono::milliseconds(500));
+    simdjson::dom::element doc;
+    simdjson::dom::array sources;
+    if (r.error == http::CallError::kNone && r.status == 200 && !parser.parse(r.body).get(doc) &&
+        !doc["inventory"]["sources"].get_array().get(sources)) {
+      int64_t nodes = -1;
+      if (doc["inventory"]["nodes"].get_int64().get(nodes)) nodes = -1;
+      size_t good = 0;
+      missing.clear();
+      for (auto src : sources) {
+        std::string_view endpoint, publisher;
+        int64_t rank = -1;
+        bool connected = false, trusted = false;
+        bool parsed =
+            !src["endpoint"].get_string().get(endpoint) &&
+            !src["publisher"].get_string().get(publisher) && !src["rank"].get_int64().get(rank) &&
+            !src["connected"].get_bool().get(connected) && !src["trusted"].get_bool().get(trusted);
+        if (!parsed) continue;
+        auto it = expected.find({std::string(endpoint), static_cast<int>(rank)});
+        if (it != expected.end() && it->second == publisher && connected && trusted) {
+          ++good;
+        } else {
+          missing += " " + std::string(endpoint) + "#" + std::to_string(rank) + " (" +
+                     std::string(publisher) + (connected ? ", connected" : ", not connected") +
+                     (trusted ? ", trusted)" : ", not trusted)");
+        }
+      }
+      if (good == expected.size() && sources.size() == expected.size()) {
+        if (nodes == 0) return "";
+        missing = " the inventory is not empty (" + std::to_string(nodes) + " nodes)";
+      } else if (missing.empty()) {
+        missing = " " + std::to_string(expected.size() - good) + " sources not listed yet";
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "kv_exact's subscribers not ready:" + missing;
+}
+
+// "kv_exact:kv-load-tokens=32" -> the policy "kv_exact" and the flags --kv-load-tokens 32 for its
+// kvgates only: one policy under several settings, side by side in one run.
+std::string policy_name(const std::string& entry, std::vector<std::string>* flags = nullptr) {
+  size_t colon = entry.find(':');
+  if (flags) {
+    for (size_t at = colon; at != std::string::npos;) {
+      size_t next = entry.find(':', at + 1);
+      std::string kv = entry.substr(at + 1, next == std::string::npos ? next : next - at - 1);
+      size_t eq = kv.find('=');
+      flags->push_back("--" + kv.substr(0, eq));
+      if (eq != std::string::npos) flags->push_back(kv.substr(eq + 1));
+      at = next;
+    }
+  }
+  return entry.substr(0, colon);
+}
+
+}  // namespace
+
 std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::string& error) {
   auto status = [&](const std::string& s) {
     if (o.on_status) o.on_status(s);
   };
+  const bool kv = std::any_of(o.policies.begin(), o.policies.end(),
+                              [](const std::string& p) { return policy_name(p) == "kv_exact"; });
+  if (kv && o.tokenizer_path.empty()) {
+    error =
+        "kv_exact needs --tokenizer-path (kvgate tokenizes requests as the sims do, with the "
+        "model's tokenizer; the sims' stand-in tokenizer is not one kvgate loads)";
+    return {};
+  }
+  const int dp = std::max(1, o.sim_dp_size);
   std::vector<std::unique_ptr<Child>> sims;
   std::vector<std::string> sim_urls;
+  // kv_exact: (sim URL, rank) -> the ZeroMQ endpoint that rank publishes on.
+  std::map<std::pair<std::string, int>, std::string> publishers;
   for (int i = 0; i < o.sims; ++i) {
     int port = free_port();
+    std::string url = "http://127.0.0.1:" + std::to_string(port);
     std::vector<std::string> args = {"--host",           "127.0.0.1",
                                      "--port",           std::to_string(port),
                                      "--enable-metrics", "--enable-cache-report"};
+    if (dp > 1) args.insert(args.end(), {"--dp-size", std::to_string(dp)});
+    if (kv) {
+      int events = free_port_run(dp);
+      if (events == 0) {
+        error = "no run of " + std::to_string(dp) + " free ports for the sims' KV events";
+        return {};
+      }
+      // "*": the publisher binds (an explicit host means connect to it, as vLLM's does); kvgate
+      // reaches it on the sim's own host.
+      args.insert(args.end(),
+                  {"--kv-events-config", R"({"publisher":"zmq","endpoint":"tcp://*:)" +
+                                             std::to_string(events) + R"(","topic":""})"});
+      for (int r = 0; r < dp; ++r)
+        publishers[{url, r}] = "tcp://127.0.0.1:" + std::to_string(events + r);
+    }
     args.insert(args.end(), o.sim_args.begin(), o.sim_args.end());
-    std::string url = "http://127.0.0.1:" + std::to_string(port);
     sims.push_back(std::make_unique<Child>(o.bin_dir + "/kvgate-sim", args,
                                            o.log_dir + "/sim-" + std::to_string(i) + ".log"));
     if (!wait_status(url, "/health", 200, *sims.back(), std::chrono::seconds(30))) {
@@ -192,6 +360,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     sim_urls.push_back(url);
   }
   status("started " + std::to_string(o.sims) + " kvgate-sim servers");
+  const int replicas = std::max(1, o.replicas);
   std::vector<Summary> out;
   for (const auto& policy : o.policies) {
     for (const auto& url : sim_urls) {
@@ -204,37 +373,77 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     std::vector<ServerCounters> before;
     before.reserve(sim_urls.size());
     for (const auto& url : sim_urls) before.push_back(scrape(url));
-    int port = free_port(), metrics_port = free_port();
-    std::vector<std::string> args = {"--host",
-                                     "127.0.0.1",
-                                     "--port",
-                                     std::to_string(port),
-                                     "--prometheus-host",
-                                     "127.0.0.1",
-                                     "--prometheus-port",
-                                     std::to_string(metrics_port),
-                                     "--admin-port",
-                                     "0",
-                                     "--policy",
-                                     policy,
-                                     "--debug-headers",
-                                     "--log-level",
-                                     "warn",
-                                     "--health-check-interval-secs",
-                                     "5",
-                                     "--worker-urls"};
-    args.insert(args.end(), sim_urls.begin(), sim_urls.end());
-    args.insert(args.end(), o.gateway_args.begin(), o.gateway_args.end());
-    Child gateway(o.bin_dir + "/kvgate", args, o.log_dir + "/kvgate-" + policy + ".log");
-    std::string gw = "http://127.0.0.1:" + std::to_string(port);
-    if (!wait_status(gw, "/readiness", 200, gateway, std::chrono::seconds(30))) {
-      error = "kvgate --policy " + policy + " did not become ready (log " + gateway.log() + "):\n" +
-              last_lines(gateway.log());
-      return {};
+    std::vector<std::string> own_flags;
+    const std::string name = policy_name(policy, &own_flags);
+    const bool is_kv = name == "kv_exact";
+    std::vector<Gateway> gateways;
+    for (int g = 0; g < replicas; ++g) {
+      Gateway gw;
+      int port = free_port(), metrics_port = free_port();
+      gw.admin_port = is_kv ? free_port() : 0;
+      std::vector<std::string> args = {"--host",
+                                       "127.0.0.1",
+                                       "--port",
+                                       std::to_string(port),
+                                       "--prometheus-host",
+                                       "127.0.0.1",
+                                       "--prometheus-port",
+                                       std::to_string(metrics_port),
+                                       "--admin-port",
+                                       std::to_string(gw.admin_port),
+                                       "--policy",
+                                       name,
+                                       "--debug-headers",
+                                       "--log-level",
+                                       "warn",
+                                       "--health-check-interval-secs",
+                                       "5",
+                                       "--worker-urls"};
+      args.insert(args.end(), sim_urls.begin(), sim_urls.end());
+      if (is_kv) {
+        // Ports come from each sim's /server_info (kv_events); until kvgate has read it, the
+        // rule's port is one nobody listens on (never another sim's publisher). Trusted at once
+        // (--kv-warmup-secs 0): the sims were just flushed, so an empty inventory is the truth.
+        args.insert(args.end(), {"--kv-block-size", std::to_string(std::max(1, o.page_size)),
+                                 "--kv-dp-rank-count", std::to_string(dp), "--kv-zmq-port",
+                                 std::to_string(free_port()), "--kv-warmup-secs", "0",
+                                 "--kv-fallback-policy", o.kv_fallback});
+      }
+      args.insert(args.end(), o.gateway_args.begin(), o.gateway_args.end());
+      args.insert(args.end(), own_flags.begin(), own_flags.end());
+      std::string name =
+          "kvgate-" + policy + (replicas > 1 ? "-" + std::to_string(g) : std::string());
+      gw.child =
+          std::make_unique<Child>(o.bin_dir + "/kvgate", args, o.log_dir + "/" + name + ".log");
+      gw.url = "http://127.0.0.1:" + std::to_string(port);
+      gw.metrics_url = "http://127.0.0.1:" + std::to_string(metrics_port);
+      if (!wait_status(gw.url, "/readiness", 200, *gw.child, std::chrono::seconds(30))) {
+        error = "kvgate --policy " + policy + " did not become ready (log " + gw.child->log() +
+                "):\n" + last_lines(gw.child->log());
+        return {};
+      }
+      gateways.push_back(std::move(gw));
     }
-    status("running the workload through kvgate --policy " + policy);
+    if (is_kv) {
+      for (auto& gw : gateways) {
+        std::string e = wait_kv_ready(gw, publishers, *gw.child, std::chrono::seconds(30));
+        if (!e.empty()) {
+          error = "kvgate --policy kv_exact: " + e + " (log " + gw.child->log() + "):\n" +
+                  last_lines(gw.child->log());
+          return {};
+        }
+      }
+      status("kv_exact: " + std::to_string(publishers.size()) + " event subscribers connected" +
+             (replicas > 1 ? " in each of " + std::to_string(replicas) + " kvgates" : ""));
+    }
+    status("running the workload through kvgate --policy " + policy +
+           (replicas > 1 ? " (" + std::to_string(replicas) + " replicas)" : ""));
     DriverConfig dc = o.driver;
-    dc.url = gw;
+    dc.url = gateways.front().url;
+    dc.urls.clear();
+    if (replicas > 1) {
+      for (const auto& gw : gateways) dc.urls.push_back(gw.url);
+    }
     std::unique_ptr<PrefixOracle> oracle;
     if (out.empty()) {  // the bound is a property of the workload: count it once
       std::string note, err;
@@ -257,6 +466,26 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       error = run.fatal;
       return {};
     }
+    // Every request of the run, beside the logs: where it went, why, and what it found cached
+    // against what perfect routing would have (to explain a policy's misses).
+    if (FILE* f = std::fopen((o.log_dir + "/records-" + policy + ".jsonl").c_str(), "w")) {
+      for (const auto& r : run.records) {
+        std::string line = "{\"session\":" + std::to_string(r.session) +
+                           ",\"turn\":" + std::to_string(r.turn) +
+                           ",\"start_s\":" + std::to_string(r.start_s) +
+                           ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
+                           ",\"prompt\":" + std::to_string(r.prompt_tokens) +
+                           ",\"cached\":" + std::to_string(r.cached_tokens) +
+                           ",\"reusable\":" + std::to_string(r.oracle_reusable_tokens) +
+                           ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
+        json::append_string(line, r.worker);
+        line += ",\"route\":";
+        json::append_string(line, r.route);
+        line += "}\n";
+        std::fputs(line.c_str(), f);
+      }
+      std::fclose(f);
+    }
     ServerCounters delta;
     bool have = true;
     for (size_t i = 0; i < sim_urls.size(); ++i) {
@@ -269,8 +498,34 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         have && delta.prompt_tokens > 0 ? delta.cached_tokens / delta.prompt_tokens : -1;
     double bound = oracle ? oracle->upper_bound() : out.front().upper_bound;
     out.push_back(summarize(policy, run, bound, server_hit));
-    error = gateway.stop_checked("kvgate --policy " + policy);
-    if (!error.empty()) return {};
+    // Spread over every sim, those the policy never chose included (max / mean requests).
+    if (Summary& sm = out.back(); !sm.worker_requests.empty()) {
+      double max = 0, sum = 0;
+      for (const auto& url : sim_urls) {
+        auto it = sm.worker_requests.find(url);
+        double n = it == sm.worker_requests.end() ? 0 : static_cast<double>(it->second);
+        max = std::max(max, n);
+        sum += n;
+      }
+      if (sum > 0) sm.spread_requests = max / (sum / static_cast<double>(sim_urls.size()));
+    }
+    // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event
+    // counts per source), and the routing counters summed into the results.
+    for (const auto& gw : gateways) {
+      auto m = fetch_sync(gw.metrics_url, "GET", "/metrics");
+      if (m.error != http::CallError::kNone || m.status != 200) continue;
+      add_routing(m.body, out.back().routing);
+      std::string path = gw.child->log();
+      path = path.substr(0, path.size() - 4) + ".metrics";
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::fwrite(m.body.data(), 1, m.body.size(), f);
+        std::fclose(f);
+      }
+    }
+    for (auto& gw : gateways) {
+      error = gw.child->stop_checked("kvgate --policy " + policy);
+      if (!error.empty()) return {};
+    }
   }
   for (size_t i = 0; i < sims.size(); ++i) {
     error = sims[i]->stop_checked("kvgate-sim " + sim_urls[i]);

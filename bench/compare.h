@@ -1,6 +1,10 @@
 // bench/compare: `kvgate-bench compare`. Starts N kvgate-sim servers on loopback, then for each
-// policy a fresh kvgate in front of them (sims flushed first), runs the same workload through it,
-// and summarizes every run side by side. Everything it starts, it stops.
+// policy a fresh kvgate (or `replicas` of them) in front of them (sims flushed first), runs the
+// same workload through it, and summarizes every run side by side. Everything it starts, it stops.
+// With kv_exact among the policies the sims publish their KV events (ZeroMQ, a port run per sim,
+// one port per DP rank), and each kv_exact kvgate finds them from the sims' /server_info; the
+// workload starts once every (sim, rank) subscriber of every replica is connected and trusted,
+// with an empty inventory.
 #pragma once
 
 #include <functional>
@@ -22,6 +26,9 @@ struct CompareOptions {
   DriverConfig driver;                    // url is filled in per policy
   int page_size = 1;
   std::string tokenizer_path;
+  int sim_dp_size = 1;                      // --dp-size of every sim
+  int replicas = 1;                         // kvgates per policy, the driver alternating them
+  std::string kv_fallback = "round_robin";  // kv_exact's --kv-fallback-policy
   std::function<void(const std::string& policy, const RequestRecord&, size_t done)> on_request;
   std::function<void(const std::string& line)> on_status;
 };

@@ -175,7 +175,8 @@ struct Runner {
     }
     std::string body = request_body(c, h, turn);
     static constexpr http::Header kHeaders[] = {{"content-type", "application/json"}};
-    http::UpstreamCall call(ctx.get_executor(), pool, target, 1);
+    size_t which = (static_cast<size_t>(session) + turn) % targets.size();
+    http::UpstreamCall call(ctx.get_executor(), pool, targets[which], which + 1);
     call.set_deadline(start + c.timeout);
     auto ms = [&] {
       return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -187,6 +188,7 @@ struct Runner {
     } else {
       r.status = call.status();
       r.worker = std::string(call.header("x-kvgate-worker"));
+      r.route = std::string(call.header("x-kvgate-route"));
       std::string pending;
       char buf[16384];
       double last_token = -1;
@@ -290,7 +292,7 @@ struct Runner {
   asio::io_context ctx{1};
   http::ConnectionPool pool{
       http::ConnectionPool::Options{4096, std::chrono::seconds(30), std::chrono::seconds(10)}};
-  http::Target target;
+  std::vector<http::Target> targets;  // replicas: see DriverConfig::urls
   Clock::time_point t0;
   size_t next = 0;
   size_t finished = 0;
@@ -301,13 +303,18 @@ struct Runner {
 
 RunResult run_workload(const Workload& w, const DriverConfig& c) {
   auto r = std::make_unique<Runner>(w, c);
-  if (std::string e = http::parse_url(c.url, r->target); !e.empty()) {
-    r->result.fatal = "bad --url: " + e;
-    return std::move(r->result);
-  }
-  if (std::string e = http::resolve(r->target); !e.empty()) {
-    r->result.fatal = "bad --url: " + e;
-    return std::move(r->result);
+  std::vector<std::string> urls = c.urls.empty() ? std::vector<std::string>{c.url} : c.urls;
+  for (const auto& url : urls) {
+    http::Target t;
+    if (std::string e = http::parse_url(url, t); !e.empty()) {
+      r->result.fatal = "bad --url: " + e;
+      return std::move(r->result);
+    }
+    if (std::string e = http::resolve(t); !e.empty()) {
+      r->result.fatal = "bad --url: " + e;
+      return std::move(r->result);
+    }
+    r->targets.push_back(std::move(t));
   }
   r->t0 = Clock::now();
   if (w.sessions.empty()) return std::move(r->result);

@@ -32,6 +32,7 @@ struct RequestRecord {
   size_t oracle_prompt_tokens = 0;
   size_t oracle_reusable_tokens = 0;
   std::string worker;  // x-kvgate-worker
+  std::string route;   // x-kvgate-route (the policy's branch)
   int status = 0;      // 0: transport error
   std::string error;
   bool ok() const { return status == 200 && error.empty(); }
@@ -39,6 +40,9 @@ struct RequestRecord {
 
 struct DriverConfig {
   std::string url;
+  // More than one: requests are spread over them, turn t of session s to urls[(s + t) % n] (a
+  // front balancer without affinity: a conversation's turns alternate). `url` is then ignored.
+  std::vector<std::string> urls;
   Api api = Api::kChat;
   std::string model = "default";
   std::chrono::seconds timeout{120};

@@ -57,6 +57,9 @@ struct Config {
   int64_t sims = 4;
   int64_t sim_cache_tokens = 0;
   double sim_time_scale = 0;
+  int64_t sim_dp_size = 1;
+  int64_t replicas = 1;
+  std::string kv_fallback = "round_robin";
   std::vector<std::string> sim_args;
   std::vector<std::string> gateway_args;
   // Rate
@@ -235,7 +238,8 @@ const std::vector<K>& knobs() {
       {.name = "policies",
        .group = "Compare",
        .value_name = "A,B,...",
-       .help = "Routing policies to compare, in order",
+       .help = "Routing policies to compare, in order; POLICY:FLAG=VALUE:... gives that run's "
+               "kvgates more flags (kv_exact:kv-load-tokens=32 beside kv_exact)",
        .field = &C::policies},
       {.name = "sims",
        .group = "Compare",
@@ -256,6 +260,27 @@ const std::vector<K>& knobs() {
        .help = "Simulated time multiplier of each sim (--time-scale; 0 = the sim's default)",
        .field = &C::sim_time_scale,
        .min = 0},
+      {.name = "sim-dp-size",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "Data-parallel ranks of each sim (--dp-size): kv_exact routes to a rank "
+               "(routed_dp_rank), other policies leave the rank to the sim's round robin",
+       .field = &C::sim_dp_size,
+       .min = 1,
+       .max = 64},
+      {.name = "replicas",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "kvgates per policy in front of the same sims; turn t of conversation s goes to "
+               "replica (s + t) % N, as behind a front balancer without affinity",
+       .field = &C::replicas,
+       .min = 1,
+       .max = 16},
+      {.name = "kv-fallback-policy",
+       .group = "Compare",
+       .value_name = "NAME",
+       .help = "kv_exact: the policy that routes its misses (kvgate --kv-fallback-policy)",
+       .field = &C::kv_fallback},
       {.name = "sim-arg",
        .group = "Compare",
        .value_name = "ARG",
@@ -295,7 +320,9 @@ const std::vector<K>& knobs() {
       {.name = "json",
        .group = "Output",
        .value_name = "FILE",
-       .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it)",
+       .help = "Write results as JSON (compare also writes FILE.md and FILE.svg beside it, and in "
+               "FILE-logs/ each process's log, each kvgate's last /metrics and every request "
+               "of each policy: records-POLICY.jsonl)",
        .field = &C::json},
       {.name = "records",
        .group = "Output",
@@ -316,8 +343,10 @@ constexpr std::string_view kUsage = "kvgate-bench run|compare|bound [flags]";
 constexpr std::string_view kIntro =
     "kvgate-bench: workloads, load and the policy comparison for kvgate.\n"
     "  run       drive one endpoint (--url) with a workload, streamed; print TTFT, ITL, hit rate\n"
-    "  compare   start --sims kvgate-sim servers, and for each of --policies a fresh kvgate in\n"
-    "            front of them; run the same workload; print one table, write JSON/Markdown/SVG\n"
+    "  compare   start --sims kvgate-sim servers, and for each of --policies a fresh kvgate (or\n"
+    "            --replicas of them) in front of them; run the same workload; print one table,\n"
+    "            write JSON/Markdown/SVG. With kv_exact listed (needs --tokenizer-path) the sims\n"
+    "            publish KV events and the workload starts once kv_exact follows every rank\n"
     "  bound     the upper bound of reuse of a --trace (from its hash ids)\n"
     "  rate      POST --body at a fixed --rps for --secs; print latency p50/p90/p99 in "
     "microseconds";
@@ -529,6 +558,9 @@ int cmd_compare(const Config& c, const std::string& argv0) {
     return 2;
   }
   o.sims = static_cast<int>(c.sims);
+  o.sim_dp_size = static_cast<int>(c.sim_dp_size);
+  o.replicas = static_cast<int>(c.replicas);
+  o.kv_fallback = c.kv_fallback;
   if (c.sim_cache_tokens > 0) {
     o.sim_args.insert(o.sim_args.end(), {"--max-total-tokens", std::to_string(c.sim_cache_tokens)});
   }
@@ -567,6 +599,11 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   o.on_status = [&](const std::string& line) {
     if (!c.quiet) std::fprintf(stderr, "%s\n", line.c_str());
   };
+  // What the setup changes, in the description the reports (and median.py) carry.
+  if (c.sim_dp_size > 1) w.description += "; sims --dp-size " + std::to_string(c.sim_dp_size);
+  if (c.sim_cache_tokens > 0)
+    w.description += "; " + std::to_string(c.sim_cache_tokens) + "-token caches";
+  if (c.replicas > 1) w.description += "; " + std::to_string(c.replicas) + " kvgate replicas";
   std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
   std::string error;
   std::vector<Summary> rows = compare(w, o, error);
@@ -581,6 +618,7 @@ int cmd_compare(const Config& c, const std::string& argv0) {
         rows.front().upper_bound * 100);
   }
   std::string setup = std::to_string(o.sims) + " kvgate-sim servers";
+  if (o.replicas > 1) setup = std::to_string(o.replicas) + " kvgates per policy, " + setup;
   for (const auto& a : o.sim_args) setup += " " + a;
   std::string base = stem(out);
   bool ok = write_file(base + ".json", to_json(rows, w.name, w.description)) &&

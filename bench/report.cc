@@ -140,6 +140,16 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
       o += json::quote(w) + ":" + std::to_string(n);
     }
     o += "}";
+    if (!s.routing.empty()) {
+      o += ",\"routing\":{";
+      first = true;
+      for (const auto& [k, v] : s.routing) {
+        if (!first) o += ",";
+        first = false;
+        o += json::quote(k) + ":" + num(v);
+      }
+      o += "}";
+    }
     if (!s.first_error.empty()) o += ",\"first_error\":" + json::quote(s.first_error);
     o += "}";
   }
@@ -249,7 +259,9 @@ std::vector<std::string> wrap(std::string_view text, double width, double font_s
     std::string word(text.substr(pos, sp == std::string_view::npos ? sp : sp - pos));
     pos = sp == std::string_view::npos ? text.size() : sp + 1;
     if (word.empty()) continue;
-    std::string joined = line.empty() ? word : line + " " + word;
+    std::string joined = line;
+    if (!joined.empty()) joined += ' ';
+    joined += word;
     if (code_points(joined) <= max_chars) {
       line = std::move(joined);
       continue;
@@ -314,6 +326,7 @@ std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
   constexpr double kPlotW = 480, kPlotH = 280, kBarW = 200, kGap = 8;
   const size_t n = rows.size();
   std::vector<std::string> labels;
+  labels.reserve(rows.size());
   for (const auto& r : rows) labels.push_back(cut(r.label, kMaxLabel));
 
   // Time axis: whole decades, thinned so that tick labels keep clear of each other.
@@ -439,7 +452,8 @@ std::string to_svg(const std::vector<Summary>& rows, const std::string& title) {
   // Legend.
   for (size_t i = 0; i < n; ++i) {
     double x = kMargin + col_w * static_cast<double>(i % cols);
-    double y = legend_top + 20 * static_cast<double>(i / cols) + kSize;
+    const size_t row = i / cols;  // whole rows
+    double y = legend_top + 20 * static_cast<double>(row) + kSize;
     s.rect("swatch", x, y - kSize * 0.35 - 2, 16, 4, kColors[i % 8]);
     s.text(x + 22, y, kSize, "start", entries[i]);
   }

@@ -27,6 +27,9 @@ struct Summary {
   double spread_tokens = 0;     // max / mean prompt tokens per worker
   std::map<std::string, size_t> worker_requests;
   std::vector<double> ttft_ms;  // sorted samples (for the chart)
+  // The gateways' own routing counters, summed over replicas (kv_exact: "kv_exact_hits",
+  // "kv_exact_miss_<reason>"); empty for other policies.
+  std::map<std::string, double> routing;
   std::string first_error;
 };
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "support/cluster.h"
+#include "support/models.h"
 
 namespace kvgate::testing {
 namespace {
@@ -50,6 +51,89 @@ TEST(Bench, CompareRunsEveryPolicyAndItsTableParses) {
   EXPECT_NE(json.find("\"policy\":\"round_robin\""), std::string::npos) << json;
   EXPECT_NE(read_file(dir + "/c.md").find("| cache_aware |"), std::string::npos);
   EXPECT_NE(read_file(dir + "/c.svg").find("</svg>"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// The value of "key": in the JSON object of `policy` in a compare report (-1 when absent).
+double policy_field(const std::string& json, const std::string& policy, const std::string& key) {
+  size_t at = json.find("{\"policy\":\"" + policy + "\"");
+  if (at == std::string::npos) return -1;
+  size_t end = json.find("{\"policy\":", at + 1);
+  size_t k = json.find("\"" + key + "\":", at);
+  if (k == std::string::npos || (end != std::string::npos && k > end)) return -1;
+  return std::atof(json.c_str() + k + key.size() + 3);
+}
+
+// kv_exact in compare: the sims publish their KV events, each of two kvgates follows every
+// (sim, rank) before the workload starts, and the turns of a conversation, alternating between
+// the two kvgates, still find their earlier turns cached (kv_exact routes from events, not from
+// the requests one replica saw).
+TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r = run("kvgate-bench", {"compare",
+                                "--policies",
+                                "round_robin,kv_exact",
+                                "--sims",
+                                "2",
+                                "--sim-dp-size",
+                                "2",
+                                "--replicas",
+                                "2",
+                                "--users",
+                                "4",
+                                "--turns",
+                                "3",
+                                "--user-words",
+                                "24",
+                                "--output-tokens",
+                                "4",
+                                "--page-size",
+                                "16",
+                                "--tokenizer-path",
+                                models_dir() + "/qwen3",
+                                "--json",
+                                dir + "/c.json",
+                                "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::string json = read_file(dir + "/c.json");
+  for (std::string p : {"round_robin", "kv_exact"}) {
+    EXPECT_EQ(policy_field(json, p, "errors"), 0) << p << ": " << json;
+    EXPECT_EQ(policy_field(json, p, "requests"), 12) << p << ": " << json;
+  }
+  EXPECT_GT(policy_field(json, "kv_exact", "hit_rate"), 0) << json;
+  EXPECT_GT(policy_field(json, "kv_exact", "branch_kv_exact_hit"), 0) << json;
+  EXPECT_LE(policy_field(json, "kv_exact", "kv_orphan_blocks"), 0) << json;  // none, or absent
+  // Both replicas served: each kept its own log and metrics.
+  for (const char* metrics :
+       {"/c-logs/kvgate-kv_exact-0.metrics", "/c-logs/kvgate-kv_exact-1.metrics"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + metrics)) << metrics;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Bench, KvExactWithoutTokenizerIsAClearError) {
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r = run("kvgate-bench", {"compare", "--policies", "kv_exact", "--sims", "1", "--users", "1",
+                                "--turns", "1", "--quiet", "--json", dir + "/c.json"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("kv_exact needs --tokenizer-path"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// POLICY:FLAG=VALUE reaches that policy's kvgate (and only it): a value kvgate refuses stops
+// the run with kvgate's own error.
+TEST(Bench, PolicyEntryFlagsReachItsKvgate) {
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r =
+      run("kvgate-bench", {"compare", "--policies", "round_robin,round_robin:kv-load-tokens=-5",
+                           "--sims", "1", "--users", "1", "--turns", "1", "--user-words", "4",
+                           "--output-tokens", "2", "--quiet", "--json", dir + "/c.json"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("kvgate --policy round_robin:kv-load-tokens=-5 did not become ready"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("kv-load-tokens"), std::string::npos) << r.output;
   std::filesystem::remove_all(dir);
 }
 

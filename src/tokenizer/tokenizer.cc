@@ -16,6 +16,7 @@
 
 #include "tokenizer/bpe.h"
 #include "tokenizer/jinja.h"
+#include "tokenizer/piece_cache.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
@@ -236,6 +237,11 @@ struct Tokenizer::Impl {
   std::optional<int32_t> bos_id, eos_id;
   int32_t vocab_size = 0;
   std::string description;
+  // The ids of a piece between raw-matched added tokens depend on its bytes alone: true unless a
+  // Metaspace step prepends its replacement only to the first piece of the whole text (HF decides
+  // that from the piece's offset in the original input).
+  bool position_independent = true;
+  std::shared_ptr<PieceCache> pieces;  // null: no piece cache
 
   // Appends the ids of `input`, stopping once `out` holds `limit` ids (SIZE_MAX: all of them;
   // the caller trims the excess of the last piece).
@@ -692,6 +698,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
   element pre;
   if (!root["pre_tokenizer"].get(pre)) {
     if (!load_pre_tokenizer(pre, impl->pre, impl->byte_level, error)) return nullptr;
+  }
+  for (const PreStep& p : impl->pre) {
+    if (p.kind == PreStep::Kind::kMetaspace && p.prepend == PreStep::Prepend::kFirst) {
+      impl->position_independent = false;
+    }
   }
   element norm;
   if (!root["normalizer"].get(norm)) {
@@ -1241,7 +1252,20 @@ bool Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
       out.push_back(static_cast<int32_t>(id));
       continue;
     }
-    if (!encode_text(ts, text.substr(r.off, r.len), out, cache, error, limit)) return false;
+    const std::string_view piece = text.substr(r.off, r.len);
+    if (!pieces || !PieceCache::cacheable(piece.size())) {
+      if (!encode_text(ts, piece, out, cache, error, limit)) return false;
+      continue;
+    }
+    // The piece's ids are a function of its bytes (position_independent): a hit appends exactly
+    // what encode_text would (all of them; encode_prefix trims the excess).
+    const uint64_t hash = detail::hash_bytes(piece);
+    if (pieces->get(uid, piece, hash, out)) continue;
+    const size_t before = out.size();
+    if (!encode_text(ts, piece, out, cache, error, limit)) return false;
+    if (limit == SIZE_MAX) {  // complete ids only (encode_prefix may stop inside the piece)
+      pieces->put(uid, piece, hash, std::span<const int32_t>(out).subspan(before));
+    }
   }
   if (add_special) out.insert(out.end(), suffix.begin(), suffix.end());
   return true;
@@ -1464,6 +1488,18 @@ void Tokenizer::append_token_bytes(int32_t id, std::string& out) const {
     }
   }
   out.append(tok);
+}
+
+void Tokenizer::set_piece_cache(std::shared_ptr<PieceCache> cache) {
+  impl_->pieces = impl_->position_independent ? std::move(cache) : nullptr;
+}
+
+bool Tokenizer::uses_piece_cache() const {
+  return impl_->pieces != nullptr;
+}
+
+bool Tokenizer::pieces_are_position_independent() const {
+  return impl_->position_independent;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -104,7 +104,7 @@ int64_t raise_fd_limit(int64_t max_connections) {
 
 // Copies the tokenizers' piece cache counters into metric families at each scrape.
 void export_piece_cache_stats(metrics::Registry& registry,
-                              std::shared_ptr<const tokenizer::PieceCache> cache) {
+                              const std::shared_ptr<const tokenizer::PieceCache>& cache) {
   auto& lookups = registry.counter("kvgate_tokenizer_cache_lookups_total",
                                    "Pieces of prompts (text between special tokens) looked up in "
                                    "the tokenizer's piece cache, by result: hit, miss",

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -86,7 +88,7 @@ TEST(PieceCache, EvictsLeastRecentlyUsedWithinTheBound) {
   EXPECT_TRUE(c.get(1, piece(100), 100, out));
 
   // Many pieces of every size over every shard: never above the bound.
-  PieceCache small(64 * 1024);
+  PieceCache small(size_t{64} * 1024);
   for (size_t i = 0; i < 5000; ++i) {
     std::string p = piece(i, 32 + i % 300);
     Ids v(1 + i % 50, static_cast<int32_t>(i));
@@ -106,7 +108,7 @@ TEST(PieceCache, EvictsLeastRecentlyUsedWithinTheBound) {
 }
 
 TEST(PieceCache, EntriesTooLargeForTheBoundAreNotCached) {
-  PieceCache c(128 * 1024);  // entries up to 1 KiB
+  PieceCache c(size_t{128} * 1024);  // entries up to 1 KiB
   std::string big = piece(1, 2000), fits = piece(2, 500);
   c.put(1, big, detail::hash_bytes(big), Ids{1});
   c.put(1, fits, detail::hash_bytes(fits), Ids{1});
@@ -143,6 +145,12 @@ Pair load_pair(const std::string& model, size_t cache_bytes) {
   return p;
 }
 
+std::string join(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
 // Texts with special tokens of the model among varied pieces: at the start, in the middle, at the
 // end, next to each other, repeated in other places; plus the model's chat template output.
 std::vector<std::string> corpus(const Tokenizer& t, const std::string& model) {
@@ -151,8 +159,7 @@ std::vector<std::string> corpus(const Tokenizer& t, const std::string& model) {
       " leading space and trailing space, then a number 1234567890 ",
       "def f(x):\n\treturn x ** 2  # square\n\n\n    if x:\n        pass\n",
       "日本語のテキストと中文文本，还有한국어와 العربية و हिन्दी पाठ. ",
-      "emoji 😀👨‍👩‍👧 👍🏽 cafe\xCC\x81 caf\xC3\xA9 and ZWJ sequences "
-      "🏳️‍🌈",
+      "emoji 😀👨‍👩‍👧 👍🏽 🏳️‍🌈 cafe\xCC\x81 caf\xC3\xA9 and ZWJ",
       "   \n\n\t  spaces   and\r\nnewlines \n          \n\n\n\n",
       "bad \xFF\xFE bytes inside a long enough piece of text \xC3",
       "Numbers: 3.14159 2024-01-01 100,000,000 and ١٢٣ and ½ ² Ⅻ",
@@ -175,12 +182,12 @@ std::vector<std::string> corpus(const Tokenizer& t, const std::string& model) {
       const std::string& sp = specials[k];
       const std::string& a = pieces[i];
       const std::string& b = pieces[(i + k + 1) % pieces.size()];
-      texts.push_back(sp + a);                    // piece at the end
-      texts.push_back(a + sp);                    // piece at the start
-      texts.push_back(a + sp + b + sp + a);       // the same piece at both ends
-      texts.push_back(sp + sp + a + sp + sp);     // specials next to each other
-      texts.push_back(b + " " + sp + " " + a);    // spaces around a special token
-      texts.push_back(a + "\n" + sp + "\n" + b);  // newlines around it
+      texts.push_back(join({sp, a}));                 // piece at the end
+      texts.push_back(join({a, sp}));                 // piece at the start
+      texts.push_back(join({a, sp, b, sp, a}));       // the same piece at both ends
+      texts.push_back(join({sp, sp, a, sp, sp}));     // specials next to each other
+      texts.push_back(join({b, " ", sp, " ", a}));    // spaces around a special token
+      texts.push_back(join({a, "\n", sp, "\n", b}));  // newlines around it
     }
   }
   std::string err;
@@ -226,7 +233,7 @@ TEST(PieceCacheModels, CachedIdsAreTheUncachedIdsOnEveryModel) {
   for (const char* model : kModels) {
     SCOPED_TRACE(model);
     KVGATE_REQUIRE_MODEL(model);
-    Pair p = load_pair(model, 64 << 20);
+    Pair p = load_pair(model, size_t{64} << 20);
     ASSERT_TRUE(p.plain && p.cached);
     auto texts = corpus(*p.plain, model);
     // Twice: the first pass fills the cache (hits only for pieces repeated in the corpus), the
@@ -289,7 +296,7 @@ TEST(PieceCacheModels, RefusedWhereAPieceDependsOnItsPosition) {
 TEST(PieceCacheModels, ConcurrentEncodesWithEvictionsMatchUncachedOnes) {
   KVGATE_REQUIRE_MODEL("qwen3");
   // 3 KiB a shard, entries up to 384 bytes: the ~340 pieces below (~300 bytes each) do not fit.
-  Pair p = load_pair("qwen3", 48 * 1024);
+  Pair p = load_pair("qwen3", size_t{48} * 1024);
   ASSERT_TRUE(p.plain && p.cached);
   std::vector<std::string> texts;
   for (int i = 0; i < 96; ++i) {

@@ -32,9 +32,10 @@ class PieceCache {
   // the "\n" between two chat turns costs ~2,000 instructions through the pipeline (normalizer
   // check, regex calls) against ~200 for a hit, and such pieces are few and shared by every chat.
   static constexpr size_t kMinPieceBytes = 1;
-  // What an entry costs beyond its text and ids: list node, index node and bucket, allocation
-  // headers.
-  static constexpr size_t kEntryOverheadBytes = 160;
+  // What an entry costs beyond its text and ids, as glibc's allocator sees it: the LRU list node
+  // with the entry (112), the index node (32) and its share of the buckets (up to 16), the
+  // headers of the text's and the ids' allocations (16 each).
+  static constexpr size_t kEntryOverheadBytes = 192;
   static constexpr size_t kShards = 16;
 
   // `capacity_bytes` bounds the accounted bytes of all entries (each shard holds a sixteenth). A

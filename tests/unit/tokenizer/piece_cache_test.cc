@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -105,6 +106,43 @@ TEST(PieceCache, EvictsLeastRecentlyUsedWithinTheBound) {
   small.clear();
   EXPECT_EQ(small.stats().entries, 0u);
   EXPECT_EQ(small.stats().bytes, 0u);
+}
+
+// Puts and gets in random order over pieces whose hashes collide and cluster (one shard, long
+// probe runs that wrap around, slots shifted back on every eviction): a hit always returns the
+// ids stored for that very piece, and every entry the cache counts can be found.
+TEST(PieceCache, RandomOperationsNeverReturnAnotherPiecesIds) {
+  std::mt19937_64 rng(7);
+  const size_t per_entry = PieceCache::entry_bytes(40, 3);
+  PieceCache c(PieceCache::kShards * 150 * per_entry);  // ~150 entries in the shard used
+  auto ids_of = [](size_t i) {
+    return Ids{static_cast<int32_t>(i), static_cast<int32_t>(i * 3), static_cast<int32_t>(i * 7)};
+  };
+  auto hash_of = [](size_t i) { return uint64_t{i % 300}; };  // 600 pieces, 300 hashes
+  for (int op = 0; op < 50000; ++op) {
+    size_t i = rng() % 600;
+    std::string p = piece(i, 40);
+    Ids out;
+    if (rng() % 2) {
+      if (c.get(1, p, hash_of(i), out)) {
+        ASSERT_EQ(out, ids_of(i)) << "piece " << i;
+      }
+    } else {
+      c.put(1, p, hash_of(i), ids_of(i));
+    }
+  }
+  size_t found = 0;
+  for (size_t i = 0; i < 600; ++i) {
+    Ids out;
+    if (c.get(1, piece(i, 40), hash_of(i), out)) {
+      ASSERT_EQ(out, ids_of(i));
+      ++found;
+    }
+  }
+  auto st = c.stats();
+  EXPECT_EQ(found, st.entries);
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_LE(st.bytes, st.capacity_bytes);
 }
 
 TEST(PieceCache, EntriesTooLargeForTheBoundAreNotCached) {

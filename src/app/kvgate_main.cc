@@ -28,6 +28,7 @@
 #include "rules/rule.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/cli.h"
+#include "tokenizer/piece_cache.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "workers/health.h"
@@ -99,6 +100,35 @@ int64_t raise_fd_limit(int64_t max_connections) {
         .kv("needed", static_cast<uint64_t>(needed));
   }
   return max_connections;
+}
+
+// Copies the tokenizers' piece cache counters into metric families at each scrape.
+void export_piece_cache_stats(metrics::Registry& registry,
+                              const std::shared_ptr<const tokenizer::PieceCache>& cache) {
+  auto& lookups = registry.counter("kvgate_tokenizer_cache_lookups_total",
+                                   "Pieces of prompts (text between special tokens) looked up in "
+                                   "the tokenizer's piece cache, by result: hit, miss",
+                                   {"result"});
+  auto& evictions = registry.counter("kvgate_tokenizer_cache_evictions_total",
+                                     "Pieces dropped from the tokenizer's piece cache to stay "
+                                     "within --tokenizer-cache-bytes");
+  auto& too_large = registry.counter("kvgate_tokenizer_cache_too_large_total",
+                                     "Pieces not cached because one would take more than a "
+                                     "128th of --tokenizer-cache-bytes");
+  auto& entries = registry.gauge("kvgate_tokenizer_cache_entries",
+                                 "Pieces held by the tokenizer's piece cache");
+  auto& bytes = registry.gauge("kvgate_tokenizer_cache_bytes",
+                               "Bytes the tokenizer's piece cache holds (text, ids and per-entry "
+                               "overhead), at most --tokenizer-cache-bytes");
+  registry.add_collector([&, cache] {
+    auto st = cache->stats();
+    lookups.with({"hit"}).mirror(st.hits);
+    lookups.with({"miss"}).mirror(st.misses);
+    evictions.with({}).mirror(st.evictions);
+    too_large.with({}).mirror(st.too_large);
+    entries.with({}).set(static_cast<double>(st.entries));
+    bytes.with({}).set(static_cast<double>(st.bytes));
+  });
 }
 
 // Copies the listener's counters into metric families at each scrape.
@@ -216,6 +246,13 @@ int main(int argc, char** argv) {
   std::atomic<uint64_t> next_worker_id{1};
   std::shared_ptr<const http::TlsClientContext> worker_tls;
   std::map<std::string, std::weak_ptr<const TokenizerFiles>> tokenizers;
+  // One piece cache for every tokenizer the rules load (its entries are keyed on the tokenizer).
+  std::shared_ptr<tokenizer::PieceCache> piece_cache;
+  if (cfg.tokenizer_cache_bytes > 0) {
+    piece_cache =
+        std::make_shared<tokenizer::PieceCache>(static_cast<size_t>(cfg.tokenizer_cache_bytes));
+    export_piece_cache_stats(registry, piece_cache);
+  }
   PoolEnv env;
   env.config = &cfg;
   env.breaker = breaker_config(cfg);
@@ -244,6 +281,7 @@ int main(int argc, char** argv) {
     auto files = std::make_shared<TokenizerFiles>();
     files->tokenizer = tokenizer::Tokenizer::load(dir, err);
     if (!files->tokenizer) return nullptr;
+    files->tokenizer->set_piece_cache(piece_cache);  // before any request thread sees it
     std::string template_err;
     files->chat_template = tokenizer::ChatTemplate::load(dir, template_err);
     if (!files->chat_template) {
@@ -253,7 +291,8 @@ int main(int argc, char** argv) {
     }
     log::info("tokenizer loaded")
         .kv("dir", dir)
-        .kv("chat_template", files->chat_template != nullptr);
+        .kv("chat_template", files->chat_template != nullptr)
+        .kv("piece_cache", files->tokenizer->uses_piece_cache());
     tokenizers[dir] = files;
     return files;
   };

@@ -377,6 +377,16 @@ const std::vector<K>& table() {
          .help = "Largest request body (more -> 413)",
          .field = &C::max_payload_size,
          .min = 1},
+        {.name = "tokenizer-cache-bytes",
+         .group = kRequests,
+         .value_name = "BYTES",
+         .help = "Bound of the cache of tokenized pieces (the text between special tokens, so "
+                 "mostly a chat's earlier messages), shared by every tokenizer (--tokenizer-path, "
+                 "rules' tokenizerPath) and request thread: a new turn of a chat tokenizes only "
+                 "its new messages. Least recently used pieces go first; 0: no cache",
+         .field = &C::tokenizer_cache_bytes,
+         .min = 0,
+         .max = 68719476736.0},
         {.name = "request-id-headers",
          .group = kRequests,
          .value_name = "NAME...",

@@ -101,6 +101,9 @@ struct GatewayConfig {
   // --model-path when it is a local directory).
   std::string tokenizer_path;
   std::string model_path;
+  // Bound of the cache of tokenized pieces (the text between special tokens: a chat's earlier
+  // messages), shared by every tokenizer and request thread; 0: no cache.
+  int64_t tokenizer_cache_bytes = 67108864;
   bool debug_headers = false;
   int64_t threads = 0;
   int64_t connect_timeout_secs = 10;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tokenizer/chat_template.h"
+#include "tokenizer/piece_cache.h"
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
 #include "util/json.h"
@@ -19,6 +20,7 @@ namespace {
 struct TokenizeConfig {
   std::string tokenizer_path;
   bool add_special_tokens = false;
+  int64_t tokenizer_cache_bytes = 67108864;
 };
 
 std::vector<flags::Knob<TokenizeConfig>> tokenize_knobs() {
@@ -34,6 +36,13 @@ std::vector<flags::Knob<TokenizeConfig>> tokenize_knobs() {
        .help = "Add the post-processor's special tokens (e.g. BOS) to {\"text\"} lines, as HF "
                "encode(add_special_tokens=True). A line's \"add_special_tokens\" overrides it.",
        .field = &C::add_special_tokens},
+      {.name = "tokenizer-cache-bytes",
+       .group = "Tokenizer",
+       .value_name = "BYTES",
+       .help = "Bound of the cache of pieces' ids (the text between added tokens, as the "
+               "gateway's --tokenizer-cache-bytes); 0: no cache.",
+       .field = &C::tokenizer_cache_bytes,
+       .min = 0},
   };
 }
 
@@ -208,6 +217,10 @@ int run_tokenize_command(std::span<const std::string> args, std::istream& in, st
   if (!tok) {
     err << "kvgate tokenize: " << error << "\n";
     return 1;
+  }
+  if (cfg.tokenizer_cache_bytes > 0) {
+    tok->set_piece_cache(
+        std::make_shared<PieceCache>(static_cast<size_t>(cfg.tokenizer_cache_bytes)));
   }
   std::string chat_error;
   auto chat = ChatTemplate::load(cfg.tokenizer_path, chat_error);

@@ -722,17 +722,14 @@ class Interp {
   uint64_t step_limit_ = render_step_limit != 0 ? render_step_limit : UINT64_MAX;
   std::vector<Value> namespaces_;  // made by this render
 
-  // Counts one level of evaluation while it lasts, and one step.
+  // Counts one level of evaluation while it lasts, and one step. Runs on every exec and eval:
+  // the check stays inline, the error path does not.
   class Nested {
    public:
     explicit Nested(Interp& in) : depth_(in.eval_depth_) {
       if (++depth_ > kMaxEvalDepth || ++in.steps_ > in.step_limit_) [[unlikely]] {
         --depth_;
-        if (depth_ >= kMaxEvalDepth) {
-          raise("template nested too deeply (more than " + std::to_string(kMaxEvalDepth) +
-                " levels of evaluation)");
-        }
-        raise("template ran too long (more than " + std::to_string(in.step_limit_) + " steps)");
+        too_deep_or_too_long(depth_, in.step_limit_);
       }
     }
     ~Nested() { --depth_; }
@@ -740,6 +737,14 @@ class Interp {
     Nested& operator=(const Nested&) = delete;
 
    private:
+    [[noreturn, gnu::noinline, gnu::cold]] static void too_deep_or_too_long(int depth,
+                                                                            uint64_t limit) {
+      if (depth >= kMaxEvalDepth) {
+        raise("template nested too deeply (more than " + std::to_string(kMaxEvalDepth) +
+              " levels of evaluation)");
+      }
+      raise("template ran too long (more than " + std::to_string(limit) + " steps)");
+    }
     int& depth_;
   };
 };
@@ -1554,6 +1559,22 @@ void flatten_chain(const Node& n, BinOp op, std::vector<const Node*>& out) {
   }
 }
 
+// The same into `out[0..n)` without allocating; false (out unspecified) when the chain has more
+// than kMaxChain parts.
+constexpr size_t kMaxChain = 16;
+bool flatten_short_chain(const Node& n, BinOp op, const Node* (&out)[kMaxChain], size_t& count) {
+  size_t parts = 1;
+  const Node* p = &n;
+  for (; p->kind == NodeKind::kBinary && static_cast<BinOp>(p->op) == op; p = p->x.get()) {
+    if (++parts > kMaxChain) return false;
+  }
+  count = parts;
+  p = &n;
+  for (size_t i = parts; i-- > 1; p = p->x.get()) out[i] = p->y.get();
+  out[0] = p;
+  return true;
+}
+
 Value Interp::eval(const Node& n, Scope& scope) {
   Nested nested(*this);
   switch (n.kind) {
@@ -1677,14 +1698,21 @@ Value Interp::eval_binary(const Node& n, Scope& scope) {
   auto op = static_cast<BinOp>(n.op);
   if (op == BinOp::kAdd || op == BinOp::kConcat) {
     // Chains of string concatenation build their result once.
-    std::vector<const Node*> parts;
-    flatten_chain(n, op, parts);
-    if (parts.size() > 2) {
+    const Node* short_parts[kMaxChain];
+    size_t count = 0;
+    std::vector<const Node*> long_parts;
+    const Node* const* parts = short_parts;
+    if (!flatten_short_chain(n, op, short_parts, count)) {
+      flatten_chain(n, op, long_parts);
+      parts = long_parts.data();
+      count = long_parts.size();
+    }
+    if (count > 2) {
       std::vector<Value> vals;
-      vals.reserve(parts.size());
+      vals.reserve(count);
       bool all_strings = true;
-      for (const Node* p : parts) {
-        vals.push_back(eval(*p, scope));
+      for (size_t i = 0; i < count; ++i) {
+        vals.push_back(eval(*parts[i], scope));
         all_strings = all_strings && vals.back().is_string();
       }
       if (all_strings || op == BinOp::kConcat) {
@@ -1738,21 +1766,21 @@ void Interp::emit(const Node& n, Scope& scope, std::string& out) {
   if (n.kind == NodeKind::kBinary &&
       (static_cast<BinOp>(n.op) == BinOp::kAdd || static_cast<BinOp>(n.op) == BinOp::kConcat)) {
     auto op = static_cast<BinOp>(n.op);
-    std::vector<const Node*> parts;
-    flatten_chain(n, op, parts);
-    Value vals[16];
-    if (parts.size() <= 16) {
+    const Node* parts[kMaxChain];
+    size_t count = 0;
+    if (flatten_short_chain(n, op, parts, count)) {
+      Value vals[kMaxChain];
       bool all_strings = true;
-      for (size_t i = 0; i < parts.size(); ++i) {
+      for (size_t i = 0; i < count; ++i) {
         vals[i] = eval(*parts[i], scope);
         all_strings = all_strings && vals[i].is_string();
       }
       if (all_strings || op == BinOp::kConcat) {
-        for (size_t i = 0; i < parts.size(); ++i) append_str(vals[i], out);
+        for (size_t i = 0; i < count; ++i) append_str(vals[i], out);
         return;
       }
       Value acc = vals[0];
-      for (size_t i = 1; i < parts.size(); ++i) acc = binop(op, acc, vals[i]);
+      for (size_t i = 1; i < count; ++i) acc = binop(op, acc, vals[i]);
       append_str(acc, out);
       return;
     }

@@ -16,6 +16,7 @@
 
 #include "tokenizer/bpe.h"
 #include "tokenizer/jinja.h"
+#include "tokenizer/piece_cache.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
@@ -34,55 +35,105 @@ constexpr std::string_view kGpt2Pattern =
 
 // ---- added tokens: a byte trie, leftmost-longest ----
 
+// Edges live in one open-addressing table keyed on (node, byte): a step is one probe, where a
+// node's own child map would be a pointer chase per byte.
 class Trie {
  public:
   void add(std::string_view s, uint32_t value) {
-    if (nodes_.empty()) nodes_.emplace_back();
+    if (values_.empty()) values_.push_back(-1);  // the root
     uint32_t n = 0;
     for (char c : s) {
       auto b = static_cast<uint8_t>(c);
-      auto it = nodes_[n].children.find(b);
-      if (it == nodes_[n].children.end()) {
-        nodes_.emplace_back();
-        auto child = static_cast<uint32_t>(nodes_.size() - 1);
-        nodes_[n].children.emplace(b, child);
-        n = child;
-      } else {
-        n = it->second;
+      uint32_t next = child(n, b);
+      if (next == kNone) {
+        next = static_cast<uint32_t>(values_.size());
+        values_.push_back(-1);
+        insert_edge(n, b, next);
       }
+      n = next;
     }
-    nodes_[n].value = static_cast<int64_t>(value);
-    first_[static_cast<uint8_t>(s[0])] = true;
+    values_[n] = static_cast<int64_t>(value);
+    auto first = static_cast<uint8_t>(s[0]);
+    if (!first_[first]) {
+      first_[first] = true;
+      only_first_ = n_first_++ == 0 ? static_cast<int>(first) : -1;
+    }
   }
-  bool empty() const { return nodes_.size() <= 1; }
+  bool empty() const { return values_.size() <= 1; }
   // Longest entry that starts at text[pos]: its value and length, or false.
   bool longest(std::string_view text, size_t pos, uint32_t& value, size_t& len) const {
     if (!first_[static_cast<uint8_t>(text[pos])]) return false;
     uint32_t n = 0;
     bool found = false;
     for (size_t i = pos; i < text.size(); ++i) {
-      const auto& ch = nodes_[n].children;
-      auto it = ch.find(static_cast<uint8_t>(text[i]));
-      if (it == ch.end()) break;
-      n = it->second;
-      if (nodes_[n].value >= 0) {
-        value = static_cast<uint32_t>(nodes_[n].value);
+      n = child(n, static_cast<uint8_t>(text[i]));
+      if (n == kNone) break;
+      if (values_[n] >= 0) {
+        value = static_cast<uint32_t>(values_[n]);
         len = i + 1 - pos;
         found = true;
       }
     }
     return found;
   }
-  bool may_start(unsigned char b) const { return first_[b]; }
-  size_t memory_bytes() const { return nodes_.size() * (sizeof(Node) + 48); }
+  // The first position at or after `i` where an entry may start (s.size() when none).
+  size_t next_candidate(std::string_view s, size_t i) const {
+    if (only_first_ >= 0) {  // one first byte (every model's '<'): memchr
+      if (i >= s.size()) return s.size();
+      const void* p = std::memchr(s.data() + i, only_first_, s.size() - i);
+      return p ? static_cast<size_t>(static_cast<const char*>(p) - s.data()) : s.size();
+    }
+    while (i < s.size() && !first_[static_cast<uint8_t>(s[i])]) ++i;
+    return i;
+  }
+  size_t memory_bytes() const {
+    return edges_.capacity() * sizeof(Edge) + values_.capacity() * sizeof(int64_t);
+  }
 
  private:
-  struct Node {
-    std::map<uint8_t, uint32_t> children;
-    int64_t value = -1;
+  static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr uint64_t kEmpty = ~0ull;
+  struct Edge {
+    uint64_t key;  // node << 8 | byte
+    uint32_t child;
   };
-  std::vector<Node> nodes_;
+  static uint64_t slot_of(uint64_t key, uint64_t mask) {
+    return ((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+  }
+  uint32_t child(uint32_t node, uint8_t b) const {
+    if (edges_.empty()) return kNone;
+    const uint64_t key = uint64_t{node} << 8 | b;
+    const uint64_t mask = edges_.size() - 1;
+    for (uint64_t i = slot_of(key, mask);; i = (i + 1) & mask) {
+      const Edge& e = edges_[i];
+      if (e.key == key) return e.child;
+      if (e.key == kEmpty) return kNone;
+    }
+  }
+  void insert_edge(uint32_t node, uint8_t b, uint32_t next) {
+    if ((n_edges_ + 1) * 2 > edges_.size()) {  // at most half full
+      std::vector<Edge> old;
+      old.swap(edges_);
+      edges_.assign(std::max<size_t>(64, old.size() * 2), Edge{kEmpty, kNone});
+      for (const Edge& e : old) {
+        if (e.key != kEmpty) place(e);
+      }
+    }
+    place(Edge{uint64_t{node} << 8 | b, next});
+    ++n_edges_;
+  }
+  void place(const Edge& e) {
+    const uint64_t mask = edges_.size() - 1;
+    uint64_t i = slot_of(e.key, mask);
+    while (edges_[i].key != kEmpty) i = (i + 1) & mask;
+    edges_[i] = e;
+  }
+  std::vector<Edge> edges_;
+  size_t n_edges_ = 0;
+  std::vector<int64_t> values_;  // per node: index of the entry ending there, or -1
   bool first_[256] = {};
+  int n_first_ = 0;
+  int only_first_ = -1;  // the first byte of every entry, when they share one
 };
 
 // ---- normalizers ----
@@ -236,6 +287,11 @@ struct Tokenizer::Impl {
   std::optional<int32_t> bos_id, eos_id;
   int32_t vocab_size = 0;
   std::string description;
+  // The ids of a piece between raw-matched added tokens depend on its bytes alone: true unless a
+  // Metaspace step prepends its replacement only to the first piece of the whole text (HF decides
+  // that from the piece's offset in the original input).
+  bool position_independent = true;
+  std::shared_ptr<PieceCache> pieces;  // null: no piece cache
 
   // Appends the ids of `input`, stopping once `out` holds `limit` ids (SIZE_MAX: all of them;
   // the caller trims the excess of the last piece).
@@ -693,6 +749,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
   if (!root["pre_tokenizer"].get(pre)) {
     if (!load_pre_tokenizer(pre, impl->pre, impl->byte_level, error)) return nullptr;
   }
+  for (const PreStep& p : impl->pre) {
+    if (p.kind == PreStep::Kind::kMetaspace && p.prepend == PreStep::Prepend::kFirst) {
+      impl->position_independent = false;
+    }
+  }
   element norm;
   if (!root["normalizer"].get(norm)) {
     if (!load_normalizer(norm, impl->normalizers, error)) return nullptr;
@@ -848,7 +909,7 @@ void Tokenizer::Impl::find_added(std::string_view s, const Trie& trie,
   if (!trie.empty()) {
     while (i < n) {
       // Skip bytes that start no added token.
-      while (i < n && !trie.may_start(static_cast<unsigned char>(s[i]))) ++i;
+      i = trie.next_candidate(s, i);
       if (i >= n) break;
       uint32_t idx;
       size_t len;
@@ -1241,7 +1302,20 @@ bool Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
       out.push_back(static_cast<int32_t>(id));
       continue;
     }
-    if (!encode_text(ts, text.substr(r.off, r.len), out, cache, error, limit)) return false;
+    const std::string_view piece = text.substr(r.off, r.len);
+    if (!pieces || !PieceCache::cacheable(piece.size())) {
+      if (!encode_text(ts, piece, out, cache, error, limit)) return false;
+      continue;
+    }
+    // The piece's ids are a function of its bytes (position_independent): a hit appends exactly
+    // what encode_text would (all of them; encode_prefix trims the excess).
+    const uint64_t hash = detail::hash_bytes(piece);
+    if (pieces->get(uid, piece, hash, out)) continue;
+    const size_t before = out.size();
+    if (!encode_text(ts, piece, out, cache, error, limit)) return false;
+    if (limit == SIZE_MAX) {  // complete ids only (encode_prefix may stop inside the piece)
+      pieces->put(uid, piece, hash, std::span<const int32_t>(out).subspan(before));
+    }
   }
   if (add_special) out.insert(out.end(), suffix.begin(), suffix.end());
   return true;
@@ -1464,6 +1538,18 @@ void Tokenizer::append_token_bytes(int32_t id, std::string& out) const {
     }
   }
   out.append(tok);
+}
+
+void Tokenizer::set_piece_cache(std::shared_ptr<PieceCache> cache) {
+  impl_->pieces = impl_->position_independent ? std::move(cache) : nullptr;
+}
+
+bool Tokenizer::uses_piece_cache() const {
+  return impl_->pieces != nullptr;
+}
+
+bool Tokenizer::pieces_are_position_independent() const {
+  return impl_->position_independent;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -17,7 +17,9 @@
 //
 // Thread safety: a loaded Tokenizer is immutable; encode/decode may run on any number of threads
 // at once. Each thread keeps its own word -> ids cache and scratch buffers (no locks); a scratch
-// buffer one huge text grew past 1 MiB is freed after that text.
+// buffer one huge text grew past 1 MiB is freed after that text. A PieceCache (set_piece_cache)
+// is shared by the threads: it holds the ids of whole pieces between added tokens, so the
+// messages of a chat's earlier turns are not tokenized again (tokenizer/piece_cache.h).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,8 @@
 #include <vector>
 
 namespace kvgate::tokenizer {
+
+class PieceCache;
 
 struct AddedToken {
   int32_t id = 0;
@@ -66,6 +70,17 @@ class Tokenizer {
   // 2's has no pre-tokenizer) still runs the model over each whole segment between added tokens.
   bool encode_prefix(std::string_view text, bool add_special_tokens, size_t max_tokens,
                      std::vector<int32_t>& out, std::string* error = nullptr) const;
+
+  // Looks up and stores in `cache` the ids of each piece of text between two added tokens (the
+  // pieces of at least PieceCache::kMinPieceBytes): same ids, without tokenizing a piece again.
+  // Null: no cache (the default). Call before the tokenizer is shared with other threads. Has no
+  // effect on a pipeline where a piece's ids depend on where it sits in the text (a Metaspace
+  // pre-tokenizer with prepend_scheme "first"): see uses_piece_cache().
+  void set_piece_cache(std::shared_ptr<PieceCache> cache);
+  // Whether encodes use a piece cache (one was set and the pipeline allows it).
+  bool uses_piece_cache() const;
+  // Whether the ids of a piece between added tokens depend on its bytes alone in this pipeline.
+  bool pieces_are_position_independent() const;
 
   // Text of the ids (invalid UTF-8 from partial byte tokens becomes U+FFFD, as HF).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;

@@ -192,6 +192,9 @@ TEST(KvExact, BeatsCacheAwareWhenEnginesRunTwoDpRanks) {
     ASSERT_TRUE(c.wait_subscribed()) << c.gateway->log();
     kv = conversation_hit_rate(c.port, 5, 4, c.events_in());
     EXPECT_GE(c.metric("kvgate_kv_exact_hits_total{rule=\"default\"}"), 10);
+    // Each later turn finds the earlier messages' ids in the tokenizer's piece cache.
+    EXPECT_GT(c.metric("kvgate_tokenizer_cache_lookups_total{result=\"hit\"}"), 0);
+    EXPECT_GT(c.metric("kvgate_tokenizer_cache_entries"), 0);
   }
   {
     Cluster c(1,
@@ -221,6 +224,7 @@ std::set<std::string> burst_targets(int predict_ms) {
   std::set<std::string> targets;
   std::mutex mu;
   std::vector<std::thread> clients;
+  clients.reserve(6);
   for (int i = 0; i < 6; ++i) {
     clients.emplace_back([&, i] {
       HttpClient client(c.port);

@@ -886,6 +886,8 @@ struct KvExactPolicy::ProbePoll {
 void KvExactPolicy::attach(const PolicyRuntime& runtime) {
   std::lock_guard lock(change_mu_);
   runtime_ = runtime;
+  probes_possible_.store(parity_probe_ && runtime.control && runtime.tokenizer &&
+                         runtime.chat_template);
 }
 
 void KvExactPolicy::request_parity_probes() const {
@@ -898,6 +900,10 @@ void KvExactPolicy::request_parity_probes() const {
 
 KvExactPolicy::Parity KvExactPolicy::parity(kv::SourceId id) const {
   auto sources = sources_.load();
+  if (!probes_possible_.load()) {
+    return Parity{"off", parity_probe_ ? "the rule has no tokenizerPath with a chat template"
+                                       : "kvParityProbe is false"};
+  }
   if (const Source* s = sources->by_source(id)) {
     std::lock_guard lock(s->probe_mu);
     return Parity{s->parity_state, s->parity_detail};

@@ -187,6 +187,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   };
   std::shared_ptr<Life> life_ = std::make_shared<Life>();
   int probes_running_ = 0;  // control thread
+  std::atomic<bool> probes_possible_{false};  // probes on, with a tokenizer and chat template
   uint64_t probe_nonce_ = 0;
   metrics::GaugeFamily* parity_ = nullptr;
   metrics::Counter* parity_mismatches_ = nullptr;

@@ -44,7 +44,7 @@ struct GatewayConfig {
   int64_t kv_zmq_port = 5557;
   int64_t kv_dp_rank_count = 1;
   int64_t kv_warmup_secs = 30;
-  double kv_load_tokens = 512;
+  double kv_load_tokens = 32;
   double kv_other_tier_weight = 0;
   int64_t kv_max_blocks = 4194304;
   int64_t kv_predict_ttl_ms = 2000;

@@ -436,7 +436,10 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
       // predicted until the periodic sweep drops expired entries (no scan on a request thread).
       for (kv::BlockKey k : keys) {
         auto it = predicted_.find(k);
-        if (it != predicted_.end() && it->second.expires >= now) continue;
+        if (it != predicted_.end() && it->second.expires >= now) {
+          if (it->second.source == s->id) ++it->second.holders;
+          continue;
+        }
         if (it != predicted_.end()) {
           it->second = Prediction{s->id, expires};
         } else if (predicted_.size() < kMaxPredicted) {
@@ -486,7 +489,9 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       std::lock_guard lock(predict_mu_);
       for (kv::BlockKey k : keys) {
         auto it = predicted_.find(k);
-        if (it != predicted_.end() && it->second.source == s->id) predicted_.erase(it);
+        if (it != predicted_.end() && it->second.source == s->id && --it->second.holders == 0) {
+          predicted_.erase(it);
+        }
       }
     }
   }

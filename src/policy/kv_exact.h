@@ -117,6 +117,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   struct Prediction {
     kv::SourceId source = 0;
     std::chrono::steady_clock::time_point expires;
+    // Dispatches to `source` that rely on it: one that never ran withdraws only its own share
+    // (a sibling sent there on the prediction is still prefilling those pages).
+    uint32_t holders = 1;
   };
   static constexpr size_t kMaxPredicted = 1 << 16;
   static constexpr size_t kMaxPredictedPerRequest = 1024;
@@ -186,7 +189,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     bool alive = true;
   };
   std::shared_ptr<Life> life_ = std::make_shared<Life>();
-  int probes_running_ = 0;  // control thread
+  int probes_running_ = 0;                    // control thread
   std::atomic<bool> probes_possible_{false};  // probes on, with a tokenizer and chat template
   uint64_t probe_nonce_ = 0;
   metrics::GaugeFamily* parity_ = nullptr;

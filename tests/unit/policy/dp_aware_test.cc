@@ -349,6 +349,7 @@ TEST(DpAware, ConcurrentRequestsAndRebuildsKeepHooksBalanced) {
   DpAwarePolicy dp(config("round_robin"), std::move(rec_owned));
   dp.on_workers_changed(pool.set());
   std::atomic<bool> stop{false};
+  std::atomic<int> requests{0};
   std::vector<std::thread> threads;
   threads.reserve(3);
   for (int t = 0; t < 3; ++t) {
@@ -358,11 +359,13 @@ TEST(DpAware, ConcurrentRequestsAndRebuildsKeepHooksBalanced) {
         Decision d = dp.select(pool.ptrs, r.ctx);
         dp.on_dispatched(d, r.ctx);
         dp.on_completed(d, r.ctx, Outcome{.status = 200, .ok = true});
+        requests.fetch_add(1);
       }
     });
   }
-  // The control thread: dp sizes change, workers leave and come back.
-  for (int i = 0; i < 300; ++i) {
+  // The control thread: dp sizes change, workers leave and come back; it goes on until the
+  // request threads have run a while too (on a loaded machine they may start late).
+  for (int i = 0; i < 300 || requests.load() < 300; ++i) {
     pool.ptrs[static_cast<size_t>(i) % 3]->set_dp_size(1 + i % 4);
     if (i % 50 == 25) {
       Pool some(0);

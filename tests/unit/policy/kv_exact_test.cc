@@ -439,6 +439,31 @@ TEST(KvExactPolicyPredict, DispatchPredictsUntilTtlOrWithdrawal) {
     TokReq r(concat(other, page_tokens(9, 1)));
     EXPECT_EQ(route(*p, rig.ptrs, r).branch, "kv_exact_miss");
   }
+
+  // A sibling sent on the prediction keeps it when the request that made it never ran: the
+  // sibling is prefilling those pages now.
+  const auto shared = page_tokens(10, 3);
+  TokReq maker(concat(shared, page_tokens(11, 1)));
+  Decision dm = route(*p, rig.ptrs, maker);
+  ASSERT_EQ(dm.branch, "kv_exact_miss");
+  p->on_dispatched(dm, maker.ctx);
+  TokReq sibling(concat(shared, page_tokens(12, 1)));
+  Decision ds = route(*p, rig.ptrs, sibling);
+  ASSERT_EQ(ds.branch, "kv_exact_hit");
+  p->on_dispatched(ds, sibling.ctx);
+  p->on_completed(dm, maker.ctx, Outcome{.status = 503, .ok = false, .started = false});
+  {
+    TokReq r(concat(shared, page_tokens(13, 1)));
+    Decision d = route(*p, rig.ptrs, r);
+    EXPECT_EQ(d.branch, "kv_exact_hit");
+    EXPECT_EQ(d.target_id, ds.target_id);
+  }
+  // Once the sibling too never ran, nothing is left predicted there.
+  p->on_completed(ds, sibling.ctx, Outcome{.status = 503, .ok = false, .started = false});
+  {
+    TokReq r(concat(shared, page_tokens(14, 1)));
+    EXPECT_EQ(route(*p, rig.ptrs, r).branch, "kv_exact_miss");
+  }
   p->stop();
 }
 

@@ -83,6 +83,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
   }
   pool->policy_ = std::move(policy);
   pool->parse_options_ = pool->policy_->parse_options();
+  pool->parse_options_.model_names_adapter = rule.kv_engine_type == rules::EngineType::kSglang;
   pool->wants_usage_ = pool->policy_->wants_usage();
   if (!rule.tokenizer_path.empty() && rule.mode == 4) {
     std::string err;
@@ -137,10 +138,12 @@ metrics::Counter* Pool::selected(const Worker& w) const {
 void Pool::start() {
   if (started_) return;
   started_ = true;
-  policy_->attach(PolicyRuntime{.control = env_.control,
-                                .tokenizer = parse_options_.tokenizer,
-                                .chat_template = parse_options_.chat_template,
-                                .keep = tokenizer_});
+  policy_->attach(PolicyRuntime{
+      .control = env_.control,
+      .tokenizer = parse_options_.tokenizer,
+      .chat_template = parse_options_.chat_template,
+      .keep = tokenizer_,
+      .dp_rank_field = env_.config ? env_.config->dp_rank_field : std::string("routed_dp_rank")});
   policy_->start();
   HealthConfig hc = env_.health;
   hc.poll_load = policy_->uses_reported_load();

@@ -262,8 +262,8 @@ class Dispatch {
   // The stream's first event: the worker's prefill is done.
   void first_token() {
     if (done_ || first_token_) return;
-    first_token_ = true;
     policy_.on_first_token(d_, ctx_);
+    first_token_ = true;  // after the hook: one that threw leaves on_completed to settle
   }
   void finish(Outcome o, Verdict v) {
     if (done_) return;

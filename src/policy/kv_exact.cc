@@ -285,10 +285,12 @@ const std::vector<kv::BlockKey>& KvExactPolicy::request_keys(RouteContext& ctx) 
 Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
-  // An adapter named in a way the request does not pin to one name (a list of adapters) has no
-  // single namespace to look in.
-  if (req.names_lora && !req.lora)
+  // An adapter's pages are keyed in its namespace only once the engines' events name adapters
+  // (SGLang builds whose recorder sends lora_name); before that, or for a request naming a list
+  // of adapters, there is no namespace to look in.
+  if (req.names_lora && (!req.lora || !lora_names_seen_.load(std::memory_order_relaxed))) {
     return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
+  }
   if (req.render_failed) {
     return fall_back(available, ctx, "kv_exact_unrendered", miss_unrendered_, *sources);
   }
@@ -483,7 +485,8 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       s->pending_prefill.fetch_sub(tokens - static_cast<int64_t>(d.predicted_tokens),
                                    std::memory_order_relaxed);
     }
-    if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty()) {
+    if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty() &&
+        (!req.names_lora || req.lora)) {
       // The worker never ran it: what it predicted there is withdrawn.
       const std::vector<kv::BlockKey>& keys = request_keys(ctx);
       std::lock_guard lock(predict_mu_);
@@ -640,12 +643,21 @@ void KvExactPolicy::rebuild_sources() {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
+  if (!lora_names_seen_.load(std::memory_order_relaxed)) {
+    for (const auto& e : batch.events) {
+      const auto* stored = std::get_if<kv::BlockStored>(&e);
+      if (stored && stored->lora_name) lora_names_seen_.store(true, std::memory_order_relaxed);
+    }
+  }
   {
     // (Stores skipped for their page size are captured too: parity is about the tokens.)
     auto sources = sources_.load();
     if (Source* s = sources->by_source(source); s && s->capturing.load(std::memory_order_relaxed)) {
-      // A parity probe runs on this rank: keep what it stores (bounded) to compare.
-      constexpr size_t kMaxEvents = 512, kMaxTokens = size_t{1} << 18;
+      // A parity probe runs on this rank: keep what it stores (bounded) to compare. Its chain
+      // starts under the root (the nonce opens its first page) and continues from there; other
+      // traffic's stores (under parents of their own) are kept only while there is room to
+      // spare, for an engine whose template adds a shared start the probe's chain hangs under.
+      constexpr size_t kMaxEvents = 512, kMaxOthers = 64, kMaxTokens = size_t{1} << 18;
       std::lock_guard lock(s->probe_mu);
       for (const auto& e : batch.events) {
         const auto* stored = std::get_if<kv::BlockStored>(&e);
@@ -653,6 +665,11 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
             s->captured_tokens + stored->token_ids.size() > kMaxTokens) {
           continue;
         }
+        bool ours = !stored->parent_block_hash ||
+                    std::any_of(s->captured.begin(), s->captured.end(), [&](const auto& c) {
+                      return !c.hashes.empty() && c.hashes.back() == *stored->parent_block_hash;
+                    });
+        if (!ours && s->captured.size() >= kMaxOthers) continue;
         s->captured_tokens += stored->token_ids.size();
         s->captured.push_back(kv_parity::Stored{.root = !stored->parent_block_hash,
                                                 .parent = stored->parent_block_hash,
@@ -858,9 +875,17 @@ log::RateLimit kLogParity(8, std::chrono::seconds(60));
 awaitable<void> send_probe(asio::any_io_executor ex, http::Target target, std::string body,
                            std::function<void(const http::FetchResult&)> done) {
   const http::Header headers[] = {{"content-type", "application/json"}};
-  auto r = co_await http::fetch(
-      ex, target, "POST", "/v1/chat/completions",
-      std::chrono::duration_cast<std::chrono::milliseconds>(kProbeTimeout), body, headers);
+  http::FetchResult r;
+  try {
+    r = co_await http::fetch(ex, target, "POST", "/v1/chat/completions",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(kProbeTimeout),
+                             body, headers);
+  } catch (const std::exception& e) {
+    // Whatever failed, the probe ends (and its rank may be probed again): never stuck pending.
+    r = http::FetchResult{};
+    r.error = http::CallError::kConnect;
+    r.detail = e.what();
+  }
   done(r);
 }
 
@@ -924,6 +949,8 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.predicted_tokens = s->predicted_sum.load(std::memory_order_relaxed);
     c.cached_tokens = s->cached_sum.load(std::memory_order_relaxed);
     c.page_size_mismatch = s->page_size_mismatch.load(std::memory_order_relaxed);
+    c.active = s->active.load(std::memory_order_relaxed);
+    c.pending_prefill = s->pending_prefill.load(std::memory_order_relaxed);
   }
   return c;
 }
@@ -982,7 +1009,7 @@ void KvExactPolicy::launch_probes(
             static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
     ++probes_running_;
     if (!kv_parity::make_probe(*rt.tokenizer, *rt.chat_template, static_cast<size_t>(page_size_),
-                               nonce, rank, *probe, err)) {
+                               nonce, rank, *probe, err, rt.dp_rank_field)) {
       finish_probe(s, *probe, 0, err);
       continue;
     }

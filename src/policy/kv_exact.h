@@ -71,6 +71,8 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     uint64_t predicted_tokens = 0;  // what it expected cached there (with a reported count)
     uint64_t cached_tokens = 0;     // what the engine reported cached
     bool page_size_mismatch = false;
+    int64_t active = 0;           // requests dispatched there, not completed
+    int64_t pending_prefill = 0;  // their uncached prompt tokens, until their first event
   };
   SourceCounts counts(kv::SourceId id) const;
 
@@ -191,6 +193,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   std::shared_ptr<Life> life_ = std::make_shared<Life>();
   int probes_running_ = 0;                    // control thread
   std::atomic<bool> probes_possible_{false};  // probes on, with a tokenizer and chat template
+  std::atomic<bool> lora_names_seen_{false};  // an event named an adapter (lora_name)
   uint64_t probe_nonce_ = 0;
   metrics::GaugeFamily* parity_ = nullptr;
   metrics::Counter* parity_mismatches_ = nullptr;

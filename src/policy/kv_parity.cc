@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 #include <unordered_map>
 
 #include "tokenizer/chat_template.h"
@@ -49,11 +50,12 @@ std::string show(const tokenizer::Tokenizer& tok, int32_t id) {
 }  // namespace
 
 bool make_probe(const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& tmpl,
-                size_t page_size, uint64_t nonce, int dp_rank, Probe& out, std::string& error) {
+                size_t page_size, uint64_t nonce, int dp_rank, Probe& out, std::string& error,
+                std::string_view dp_rank_field) {
   out = Probe{};
   out.nonce = "kvgate-parity-" + hex16(nonce);
   const size_t want = std::max<size_t>(4 * std::max<size_t>(page_size, 1), 64);
-  std::string text = "Tokenizer parity probe " + out.nonce + ". Please answer with one word.";
+  std::string text = out.nonce + ": a tokenizer parity probe. Please answer with one word.";
   std::string rendered;
   for (size_t round = 0; round < 64; ++round) {
     std::string messages = "[{\"role\":\"user\",\"content\":";
@@ -72,7 +74,11 @@ bool make_probe(const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& 
     if (out.ids.size() >= want || out.ids.size() >= 2048) {
       out.body =
           "{\"messages\":" + messages + ",\"max_tokens\":1,\"temperature\":0,\"stream\":false";
-      if (dp_rank >= 0) out.body += ",\"routed_dp_rank\":" + std::to_string(dp_rank);
+      if (dp_rank >= 0) {
+        out.body += ',';
+        json::append_string(out.body, dp_rank_field);
+        out.body += ':' + std::to_string(dp_rank);
+      }
       out.body += "}";
       return true;
     }
@@ -119,16 +125,44 @@ Verdict judge(const Probe& probe, size_t page_size, size_t matched_pages,
       i = it->second;
     }
     if (tok.decode(tokens).find(probe.nonce) == std::string::npos) continue;
-    // The probe's stores. A chain under the root starts at token 0; one under a cached parent
-    // continues the pages kvgate's keys matched (the shared start of the template).
-    const size_t offset = captured[head].root ? 0 : matched_pages * page;
-    size_t i = 0;
-    while (offset + i < probe.ids.size() && i < tokens.size() &&
-           probe.ids[offset + i] == tokens[i]) {
-      ++i;
+    // Where the probe's stores start: a chain under the root at token 0; one under a parent the
+    // engine already held (a template's shared start; kvgate may not know it: a restarted
+    // kvgate, a pruned inventory) at a page boundary, found by trying each one (the matched
+    // pages first) and keeping the longest agreement.
+    auto agree = [&](size_t offset) {
+      size_t i = 0;
+      while (offset + i < probe.ids.size() && i < tokens.size() &&
+             probe.ids[offset + i] == tokens[i]) {
+        ++i;
+      }
+      return i;
+    };
+    auto whole = [&](size_t offset, size_t i) {
+      // The engine stores whole pages only: its chain ending before ours is no difference.
+      return i == tokens.size() || offset + i >= probe.ids.size();
+    };
+    size_t offset = 0, i = agree(0);
+    if (!captured[head].root) {
+      offset = matched_pages * page;
+      i = agree(offset);
+      for (size_t k = 0; k * page < probe.ids.size() && !whole(offset, i); ++k) {
+        size_t j = agree(k * page);
+        if (j > i || whole(k * page, j)) {
+          offset = k * page;
+          i = j;
+        }
+      }
+      if (!whole(offset, i) && i < page) {
+        // No page boundary lines the two up: the chain continues a prefix kvgate cannot place.
+        v.kind = Verdict::kNotFound;
+        v.detail =
+            "the engine's stores for the probe continue a prefix kvgate has not seen and "
+            "agree with kvgate's ids at no page boundary; probe again (POST "
+            "/v1/rules/{name}/parity) once the rank's events have flowed a while";
+        return v;
+      }
     }
-    // The engine stores whole pages only: its chain ending before ours is no difference.
-    if (i == tokens.size() || offset + i >= probe.ids.size()) {
+    if (whole(offset, i)) {
       v.kind = Verdict::kMatch;
       v.detail = "the engine's ids for the probe are kvgate's (" + std::to_string(tokens.size()) +
                  " tokens compared from token " + std::to_string(offset) + ")";

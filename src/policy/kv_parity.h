@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvgate::tokenizer {
@@ -29,10 +30,13 @@ struct Probe {
 };
 
 // Builds the probe for `page_size`-token pages: at least 4 full pages (at most ~2,000 tokens),
-// the rank pinned with routed_dp_rank when `dp_rank` >= 0. False with `error` when the template
-// or tokenizer fails on it.
+// the rank pinned (`dp_rank_field`: routed_dp_rank, or data_parallel_rank for older builds) when
+// `dp_rank` >= 0. The nonce opens the message, so the probe's pages are its own from the first
+// one that holds it (a warm engine holds nothing of it, whatever probes ran before). False with
+// `error` when the template or tokenizer fails on it.
 bool make_probe(const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& tmpl,
-                size_t page_size, uint64_t nonce, int dp_rank, Probe& out, std::string& error);
+                size_t page_size, uint64_t nonce, int dp_rank, Probe& out, std::string& error,
+                std::string_view dp_rank_field = "routed_dp_rank");
 
 // A BlockStored seen on the probed (endpoint, rank) while the probe ran.
 struct Stored {
@@ -46,7 +50,7 @@ struct Verdict {
   enum Kind {
     kMatch,     // the engine's ids for the probe are kvgate's
     kMismatch,  // they differ at `position`
-    kNotFound,  // no stored event carried the probe's text
+    kNotFound,  // no stored event carried the probe's text, or it could not be placed
   };
   Kind kind = kNotFound;
   size_t position = 0;             // first differing token (in the probe's ids)

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -71,7 +72,8 @@ struct PolicyRuntime {
   boost::asio::io_context* control = nullptr;  // the control thread's loop
   const tokenizer::Tokenizer* tokenizer = nullptr;
   const tokenizer::ChatTemplate* chat_template = nullptr;
-  std::shared_ptr<const void> keep;  // owns the tokenizer and template
+  std::shared_ptr<const void> keep;              // owns the tokenizer and template
+  std::string dp_rank_field = "routed_dp_rank";  // --dp-rank-field
 };
 
 class Policy {

@@ -278,7 +278,7 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       return "\"messages\" must be a list of message objects";
     }
   }
-  if (route != ApiRoute::kGenerate) {
+  if (options.model_names_adapter && route != ApiRoute::kGenerate) {
     // SGLang's OpenAI routes: "base-model:adapter" names an adapter, which wins over lora_path.
     if (size_t colon = out.model.find(':'); colon != std::string::npos) {
       std::string_view adapter = std::string_view(out.model).substr(colon + 1);

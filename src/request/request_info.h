@@ -33,8 +33,9 @@ struct RequestInfo {
   bool include_usage = false;  // stream_options.include_usage
   // SGLang's cache_salt: the request's prefixes live in their own namespace.
   std::optional<std::string> cache_salt;
-  // A LoRA adapter named (lora_path, or an OpenAI route's model "base:adapter", which wins as
-  // SGLang's _parse_model_parameter has it): the engine caches under the adapter's namespace.
+  // A LoRA adapter named (lora_path, or with ParseOptions::model_names_adapter an OpenAI route's
+  // model "base:adapter", which wins as SGLang's _parse_model_parameter has it): the engine
+  // caches under the adapter's namespace.
   bool names_lora = false;
   std::optional<std::string> lora;  // the adapter's name, when one string names it
   // Filled only when parse options ask for it (a policy routes on content):
@@ -60,6 +61,9 @@ struct RequestInfo {
 };
 
 struct ParseOptions {
+  // The engines read an OpenAI route's model "base:adapter" as a LoRA adapter (SGLang's
+  // _parse_model_parameter); vLLM and older builds take the whole string as a served name.
+  bool model_names_adapter = false;
   bool want_text = false;
   bool want_tokens = false;  // also tokenize `text` (needs `tokenizer`)
   // With want_tokens: keep only the first max_tokens ids (0 = all), and stop tokenizing there

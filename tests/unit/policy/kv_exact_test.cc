@@ -245,6 +245,43 @@ Decision route(Policy& p, std::span<Worker* const> available, TokReq& r) {
   return p.select(available, r.ctx);
 }
 
+// The prefill a dispatch queues on its rank ends at the stream's first event (on_first_token),
+// the request itself at its completion; a request with no first event (not streamed, failed)
+// settles both at completion. Every path returns the rank's counts to zero.
+TEST(KvExactPolicyCost, QueuedPrefillEndsAtTheFirstEvent) {
+  Rig rig(1, 1);
+  PolicyConfig c = rig.config();
+  c.kv.predict_ttl = 0ms;
+  auto p = rig.make(c);
+  ASSERT_TRUE(p);
+  ASSERT_NO_FATAL_FAILURE(rig.sync({p.get()}));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(*p));
+  auto* kv = dynamic_cast<KvExactPolicy*>(p.get());
+  ASSERT_NE(kv, nullptr);
+  TokReq a(page_tokens(20, 3));
+  Decision d = route(*p, rig.ptrs, a);
+  ASSERT_NE(d.target_id, 0u);
+  const auto id = static_cast<kv::SourceId>(d.target_id);
+  p->on_dispatched(d, a.ctx);
+  EXPECT_EQ(kv->counts(id).active, 1);
+  EXPECT_EQ(kv->counts(id).pending_prefill, static_cast<int64_t>(a.info.tokens.size()));
+  p->on_first_token(d, a.ctx);
+  EXPECT_EQ(kv->counts(id).active, 1);  // decoding: still there
+  EXPECT_EQ(kv->counts(id).pending_prefill, 0);
+  p->on_completed(d, a.ctx, Outcome{.status = 200, .ok = true, .first_token = true});
+  EXPECT_EQ(kv->counts(id).active, 0);
+  EXPECT_EQ(kv->counts(id).pending_prefill, 0);
+  // No first event: completion settles the prefill too.
+  TokReq b(page_tokens(30, 3));
+  Decision e = route(*p, rig.ptrs, b);
+  p->on_dispatched(e, b.ctx);
+  EXPECT_GT(kv->counts(id).pending_prefill, 0);
+  p->on_completed(e, b.ctx, Outcome{.status = 503, .ok = false, .started = false});
+  EXPECT_EQ(kv->counts(id).active, 0);
+  EXPECT_EQ(kv->counts(id).pending_prefill, 0);
+  p->stop();
+}
+
 // 1. Cost: the holder of the prefix wins (the rank named, the cached tokens predicted) until its
 // active requests (load_tokens each) or its queued prefill outweigh what it saves; finishing them
 // brings it back.
@@ -603,13 +640,13 @@ TEST(KvExactPolicyMisses, FallbackBranchesAndItsHooks) {
   }
   for (const auto& b : rec.branches) EXPECT_EQ(b, "recorded");
 
-  // One adapter named once is keyed in its own namespace: not a lora miss (and the prefix,
-  // stored without an adapter, does not match it).
+  // One adapter named once, while no event has named an adapter (engine builds that do not
+  // publish lora_name): no namespace to look in either, a lora miss, not a silent base miss.
   {
     TokReq r(concat(prefix, page_tokens(2, 1)));
     r.info.names_lora = true;
     r.info.lora = "adapter";
-    EXPECT_EQ(route(p, rig.ptrs, r).branch, "kv_exact_miss");
+    EXPECT_EQ(route(p, rig.ptrs, r).branch, "kv_exact_lora");
   }
 
   // kv_exact's own decision: the fallback neither chooses nor hears of it.

@@ -146,6 +146,26 @@ TEST(KvParity, AStoreUnderACachedParentIsComparedFromWhereTheMatchEnded) {
   EXPECT_EQ(v.theirs, 42);
 }
 
+// A kvgate that restarted in front of a warm engine does not know the shared start the probe's
+// chain hangs under (matched_pages 0): the chain is placed at the page boundary where it agrees,
+// never read as a difference at token 0.
+TEST(KvParity, AChainUnderAPrefixKvgateNeverSawIsPlacedNotMisread) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Qwen3 m;
+  Probe p;
+  std::string err;
+  ASSERT_TRUE(make_probe(*m.tok, *m.tmpl, kPage, 17, -1, p, err)) << err;
+  std::vector<int32_t> system(2 * kPage, 9707);
+  p.ids.insert(p.ids.begin(), system.begin(), system.end());
+  Verdict same = judge(p, kPage, 0, stores(p.ids, true, 2), *m.tok);
+  EXPECT_EQ(same.kind, Verdict::kMatch) << same.detail;
+  std::vector<int32_t> theirs = p.ids;
+  theirs[5 * kPage + 5] = 42;  // past the nonce
+  Verdict differ = judge(p, kPage, 0, stores(theirs, false, 2), *m.tok);
+  ASSERT_EQ(differ.kind, Verdict::kMismatch) << differ.detail;
+  EXPECT_EQ(differ.position, 5 * kPage + 5);
+}
+
 TEST(KvParity, NoStoreCarryingTheProbeIsNotFound) {
   KVGATE_REQUIRE_MODEL("qwen3");
   Qwen3 m;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "http/message.h"
@@ -52,6 +54,32 @@ TEST(RequestInfo, ReadsModelStreamRid) {
   EXPECT_TRUE(info.stream);
   EXPECT_EQ(info.rid, "r1");
   EXPECT_TRUE(info.include_usage);
+}
+
+// SGLang reads an OpenAI route's model "base:adapter" as a LoRA adapter; other engines take the
+// whole string as a served name, so only a pool of SGLang engines reads it so.
+TEST(RequestInfo, AdapterFromLoraPathOrTheModelsSuffix) {
+  ParseOptions sglang;
+  sglang.model_names_adapter = true;
+  RequestInfo info;
+  std::string b1 = padded(R"({"model":"qwen:sql ","messages":[]})");
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, b1, info, sglang), "");
+  EXPECT_TRUE(info.names_lora);
+  EXPECT_EQ(info.lora, std::optional<std::string>("sql"));
+  EXPECT_EQ(info.model, "qwen:sql ");  // the pool is still chosen by the model as sent
+  ASSERT_EQ(parse_request(ApiRoute::kChatCompletions, b1, info), "");
+  EXPECT_FALSE(info.names_lora);
+  EXPECT_FALSE(info.lora);
+  std::string b2 = padded(R"({"model":"qwen","lora_path":"a1","text":"x"})");
+  ASSERT_EQ(parse_request(ApiRoute::kGenerate, b2, info, sglang), "");
+  EXPECT_EQ(info.lora, std::optional<std::string>("a1"));
+  std::string b3 = padded(R"({"lora_path":["a1","a2"],"text":["x","y"]})");
+  ASSERT_EQ(parse_request(ApiRoute::kGenerate, b3, info, sglang), "");
+  EXPECT_TRUE(info.names_lora);
+  EXPECT_FALSE(info.lora);  // a list: no single namespace
+  std::string b4 = padded(R"({"model":"qwen","text":"x"})");
+  ASSERT_EQ(parse_request(ApiRoute::kGenerate, b4, info, sglang), "");
+  EXPECT_FALSE(info.names_lora);  // nothing left over from the last request
 }
 
 TEST(RequestInfo, DefaultsWhenAbsentOrNull) {

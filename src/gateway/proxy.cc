@@ -262,8 +262,10 @@ class Dispatch {
   // The stream's first event: the worker's prefill is done.
   void first_token() {
     if (done_ || first_token_) return;
+    // Before the hook: a policy settles the prefill first thing in it (kv_exact), so one that
+    // threw after that must not have on_completed settle it again.
+    first_token_ = true;
     policy_.on_first_token(d_, ctx_);
-    first_token_ = true;  // after the hook: one that threw leaves on_completed to settle
   }
   void finish(Outcome o, Verdict v) {
     if (done_) return;

@@ -5,10 +5,12 @@
 #include <functional>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "http/client.h"
 #include "http/io.h"
 #include "policy/registry.h"
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
 namespace kvgate {
@@ -67,6 +69,13 @@ struct KvExactPolicy::Source {
   bool probe_running = false;
   std::vector<kv_parity::Stored> captured;
   size_t captured_tokens = 0;
+  // What tells the probe's stores from other traffic's: its nonce in their decoded tokens, or
+  // a parent among the probe's blocks already captured.
+  std::string capture_nonce;
+  const tokenizer::Tokenizer* capture_tok = nullptr;  // kept alive by the runtime
+  std::unordered_set<uint64_t> capture_blocks;
+  // Its events named an adapter (lora_name): its adapters' pages are in their namespaces.
+  std::atomic<bool> lora_names{false};
 };
 
 struct KvExactPolicy::Sources {
@@ -353,6 +362,9 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     if (it == sources->by_worker.end()) continue;
     for (Source* s : it->second) {
       if (!s->ready.load(std::memory_order_relaxed)) continue;
+      // An adapter's pages are in its namespace only on ranks whose events name adapters (a
+      // rolling upgrade may mix builds): others are not judged on them.
+      if (req.lora && !s->lora_names.load(std::memory_order_relaxed)) continue;
       any_ready = true;
       int64_t cached = 0;
       for (const auto& m : matches) {
@@ -387,6 +399,9 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
         best_cached = cached;
       }
     }
+  }
+  if (!any_ready && req.lora) {
+    return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
   }
   if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
   if (longest == 0 || best == nullptr) {
@@ -643,21 +658,27 @@ void KvExactPolicy::rebuild_sources() {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
-  if (!lora_names_seen_.load(std::memory_order_relaxed)) {
-    for (const auto& e : batch.events) {
-      const auto* stored = std::get_if<kv::BlockStored>(&e);
-      if (stored && stored->lora_name) lora_names_seen_.store(true, std::memory_order_relaxed);
+  {
+    auto sources = sources_.load();
+    Source* src = sources->by_source(source);
+    if (src && !src->lora_names.load(std::memory_order_relaxed)) {
+      for (const auto& e : batch.events) {
+        const auto* stored = std::get_if<kv::BlockStored>(&e);
+        if (stored && stored->lora_name) {
+          src->lora_names.store(true, std::memory_order_relaxed);
+          lora_names_seen_.store(true, std::memory_order_relaxed);
+        }
+      }
     }
   }
   {
     // (Stores skipped for their page size are captured too: parity is about the tokens.)
     auto sources = sources_.load();
     if (Source* s = sources->by_source(source); s && s->capturing.load(std::memory_order_relaxed)) {
-      // A parity probe runs on this rank: keep what it stores (bounded) to compare. Its chain
-      // starts under the root (the nonce opens its first page) and continues from there; other
-      // traffic's stores (under parents of their own) are kept only while there is room to
-      // spare, for an engine whose template adds a shared start the probe's chain hangs under.
-      constexpr size_t kMaxEvents = 512, kMaxOthers = 64, kMaxTokens = size_t{1} << 18;
+      // A parity probe runs on this rank: keep its stores (bounded) to compare: those whose
+      // tokens hold its nonce (decoded only while it runs, only for stores that continue no
+      // captured one) and those continuing them. Other traffic's stores are not kept.
+      constexpr size_t kMaxEvents = 512, kMaxTokens = size_t{1} << 18;
       std::lock_guard lock(s->probe_mu);
       for (const auto& e : batch.events) {
         const auto* stored = std::get_if<kv::BlockStored>(&e);
@@ -665,11 +686,14 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
             s->captured_tokens + stored->token_ids.size() > kMaxTokens) {
           continue;
         }
-        bool ours = !stored->parent_block_hash ||
-                    std::any_of(s->captured.begin(), s->captured.end(), [&](const auto& c) {
-                      return !c.hashes.empty() && c.hashes.back() == *stored->parent_block_hash;
-                    });
-        if (!ours && s->captured.size() >= kMaxOthers) continue;
+        bool ours =
+            stored->parent_block_hash && s->capture_blocks.contains(*stored->parent_block_hash);
+        if (!ours && s->capture_tok && !s->capture_nonce.empty()) {
+          ours =
+              s->capture_tok->decode(stored->token_ids).find(s->capture_nonce) != std::string::npos;
+        }
+        if (!ours) continue;
+        s->capture_blocks.insert(stored->block_hashes.begin(), stored->block_hashes.end());
         s->captured_tokens += stored->token_ids.size();
         s->captured.push_back(kv_parity::Stored{.root = !stored->parent_block_hash,
                                                 .parent = stored->parent_block_hash,
@@ -885,6 +909,10 @@ awaitable<void> send_probe(asio::any_io_executor ex, http::Target target, std::s
     r = http::FetchResult{};
     r.error = http::CallError::kConnect;
     r.detail = e.what();
+  } catch (...) {
+    r = http::FetchResult{};
+    r.error = http::CallError::kConnect;
+    r.detail = "unknown error";
   }
   done(r);
 }
@@ -902,14 +930,19 @@ struct KvExactPolicy::ProbePoll {
   void operator()(const boost::system::error_code& ec) {
     std::lock_guard lock(life->mu);
     if (!life->alive) return;
-    size_t matched = self->probe_matched_pages(*source, *probe);
-    size_t full = probe->ids.size() / static_cast<size_t>(self->page_size_);
-    if (ec || matched >= full || --left <= 0) {
-      self->finish_probe(*source, *probe, matched, "");
-      return;
+    try {
+      size_t matched = self->probe_matched_pages(*source, *probe);
+      size_t full = probe->ids.size() / static_cast<size_t>(self->page_size_);
+      if (ec || matched >= full || --left <= 0) {
+        self->finish_probe(*source, *probe, matched, "");
+        return;
+      }
+      timer->expires_after(kProbePoll);
+      timer->async_wait(std::move(*this));
+    } catch (...) {
+      // Never out of the control loop's handler: the probe ends instead.
+      self->finish_probe(*source, *probe, 0, "the probe failed inside kvgate");
     }
-    timer->expires_after(kProbePoll);
-    timer->async_wait(std::move(*this));
   }
 };
 
@@ -1013,30 +1046,47 @@ void KvExactPolicy::launch_probes(
       finish_probe(s, *probe, 0, err);
       continue;
     }
+    {
+      std::lock_guard lock(s.probe_mu);
+      s.capture_nonce = probe->nonce;
+      s.capture_tok = rt.tokenizer;
+      s.capture_blocks.clear();
+    }
     s.capturing.store(true, std::memory_order_relaxed);
     auto life = life_;
     asio::io_context* control = rt.control;
     auto done = [life, self = this, source = sp, probe, control](const http::FetchResult& r) {
       std::lock_guard lock(life->mu);
       if (!life->alive) return;
-      if (r.error != http::CallError::kNone || r.status < 200 || r.status >= 300) {
-        std::string why = r.error != http::CallError::kNone
-                              ? std::string(http::to_string(r.error)) + ": " + r.detail
-                              : "status " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
-        self->finish_probe(*source, *probe, 0, "the probe request failed (" + why + ")");
-        return;
+      try {
+        self->probe_answered(source, probe, r, life, *control);
+      } catch (...) {
+        self->finish_probe(*source, *probe, 0, "the probe failed inside kvgate");
       }
-      // The engine ran it; its stores come as events: look for them a few seconds.
-      ProbePoll poll{life, self, source, probe, std::make_shared<asio::steady_timer>(*control)};
-      poll.timer->expires_after(kProbePoll);
-      auto timer = poll.timer;
-      timer->async_wait(std::move(poll));
     };
     asio::co_spawn(
         *control,
         send_probe(control->get_executor(), s.worker->target(), probe->body, std::move(done)),
         asio::detached);
   }
+}
+
+void KvExactPolicy::probe_answered(const std::shared_ptr<Source>& source,
+                                   const std::shared_ptr<const kv_parity::Probe>& probe,
+                                   const http::FetchResult& r, const std::shared_ptr<Life>& life,
+                                   asio::io_context& control) {
+  if (r.error != http::CallError::kNone || r.status < 200 || r.status >= 300) {
+    std::string why = r.error != http::CallError::kNone
+                          ? std::string(http::to_string(r.error)) + ": " + r.detail
+                          : "status " + std::to_string(r.status) + ": " + r.body.substr(0, 200);
+    finish_probe(*source, *probe, 0, "the probe request failed (" + why + ")");
+    return;
+  }
+  // The engine ran it; its stores come as events: look for them a few seconds.
+  ProbePoll poll{life, this, source, probe, std::make_shared<asio::steady_timer>(control)};
+  poll.timer->expires_after(kProbePoll);
+  auto timer = poll.timer;
+  timer->async_wait(std::move(poll));
 }
 
 void KvExactPolicy::finish_probe(Source& s, const kv_parity::Probe& probe, size_t matched_pages,

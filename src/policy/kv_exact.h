@@ -33,6 +33,10 @@
 
 namespace kvgate {
 
+namespace http {
+struct FetchResult;
+}  // namespace http
+
 struct PolicyConfig;
 
 class KvExactPolicy final : public Policy, private kv::EventSink {
@@ -105,6 +109,11 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void finish_probe(Source& s, const kv_parity::Probe& probe, size_t matched_pages,
                     const std::string& error);
   size_t probe_matched_pages(const Source& s, const kv_parity::Probe& probe) const;
+  struct Life;
+  void probe_answered(const std::shared_ptr<Source>& source,
+                      const std::shared_ptr<const kv_parity::Probe>& probe,
+                      const http::FetchResult& r, const std::shared_ptr<Life>& life,
+                      boost::asio::io_context& control);
 
   std::string rule_;
   int64_t page_size_;

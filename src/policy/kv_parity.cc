@@ -53,9 +53,10 @@ bool make_probe(const tokenizer::Tokenizer& tok, const tokenizer::ChatTemplate& 
                 size_t page_size, uint64_t nonce, int dp_rank, Probe& out, std::string& error,
                 std::string_view dp_rank_field) {
   out = Probe{};
-  out.nonce = "kvgate-parity-" + hex16(nonce);
+  // The random part opens the message: no page holding any of it can be cached already.
+  out.nonce = hex16(nonce);
   const size_t want = std::max<size_t>(4 * std::max<size_t>(page_size, 1), 64);
-  std::string text = out.nonce + ": a tokenizer parity probe. Please answer with one word.";
+  std::string text = out.nonce + ": a kvgate tokenizer parity probe. Please answer with one word.";
   std::string rendered;
   for (size_t round = 0; round < 64; ++round) {
     std::string messages = "[{\"role\":\"user\",\"content\":";
@@ -126,9 +127,9 @@ Verdict judge(const Probe& probe, size_t page_size, size_t matched_pages,
     }
     if (tok.decode(tokens).find(probe.nonce) == std::string::npos) continue;
     // Where the probe's stores start: a chain under the root at token 0; one under a parent the
-    // engine already held (a template's shared start; kvgate may not know it: a restarted
-    // kvgate, a pruned inventory) at a page boundary, found by trying each one (the matched
-    // pages first) and keeping the longest agreement.
+    // engine already held (the template's start; kvgate may not know it: a restarted kvgate, a
+    // pruned inventory) at the page after the pages kvgate's keys matched when they did, else
+    // at the page boundary where the two agree longest.
     auto agree = [&](size_t offset) {
       size_t i = 0;
       while (offset + i < probe.ids.size() && i < tokens.size() &&
@@ -137,35 +138,83 @@ Verdict judge(const Probe& probe, size_t page_size, size_t matched_pages,
       }
       return i;
     };
-    auto whole = [&](size_t offset, size_t i) {
-      // The engine stores whole pages only: its chain ending before ours is no difference.
-      return i == tokens.size() || offset + i >= probe.ids.size();
-    };
+    // Equal ids: the engine's chain agrees up to the end of the probe's full pages (it stores
+    // whole pages only, and may store the answer's after them).
+    auto equal = [&](size_t offset, size_t i) { return offset + i >= full * page; };
     size_t offset = 0, i = agree(0);
+    const bool placed = captured[head].root || matched_pages > 0;
     if (!captured[head].root) {
       offset = matched_pages * page;
       i = agree(offset);
-      for (size_t k = 0; k * page < probe.ids.size() && !whole(offset, i); ++k) {
+    }
+    if (!placed) {
+      for (size_t k = 1; k * page < probe.ids.size() && !equal(offset, i); ++k) {
         size_t j = agree(k * page);
-        if (j > i || whole(k * page, j)) {
+        if (j > i) {
           offset = k * page;
           i = j;
         }
       }
-      if (!whole(offset, i) && i < page) {
-        // No page boundary lines the two up: the chain continues a prefix kvgate cannot place.
+      if (!equal(offset, i) && i < page) {
+        // No page boundary lines the two up. At another offset the engine's prompt before the
+        // probe's text has another length (a BOS token, a default system prompt): a mismatch.
+        // The longest run of equal ids starting at kvgate's token o and the engine's token t,
+        // one of them 0 (bounded: the probe is at most ~2,000 tokens, captures 256K).
+        auto run = [&](size_t o, size_t t) {
+          size_t j = 0;
+          while (o + j < probe.ids.size() && t + j < tokens.size() &&
+                 probe.ids[o + j] == tokens[t + j]) {
+            ++j;
+          }
+          return j;
+        };
+        size_t best_o = 0, best_t = 0, best = 0;
+        for (size_t o = 0; o < probe.ids.size(); ++o) {
+          if (size_t j = run(o, 0); j > best) {
+            best = j;
+            best_o = o;
+            best_t = 0;
+          }
+        }
+        for (size_t t = 1; t < std::min<size_t>(tokens.size(), 4 * probe.ids.size()); ++t) {
+          if (size_t j = run(0, t); j > best) {
+            best = j;
+            best_o = 0;
+            best_t = t;
+          }
+        }
         v.kind = Verdict::kNotFound;
         v.detail =
-            "the engine's stores for the probe continue a prefix kvgate has not seen and "
-            "agree with kvgate's ids at no page boundary; probe again (POST "
-            "/v1/rules/{name}/parity) once the rank's events have flowed a while";
+            "the engine's stores for the probe continue a prefix kvgate has not seen and agree "
+            "with kvgate's ids at no page boundary";
+        if (best >= page) {
+          v.kind = Verdict::kMismatch;
+          v.position = best_o;
+          v.ours = probe.ids[best_o];
+          v.theirs = tokens[best_t];
+          v.detail =
+              "the engine's token ids line up with kvgate's only off a page boundary (kvgate's "
+              "token " +
+              std::to_string(best_o) + " is the engine's " + std::to_string(best_t) +
+              " tokens into its stores): the prompt before the probe's text has another length "
+              "(a BOS token, a default system prompt, another chat template); set the rule's "
+              "tokenizerPath to the served model's directory";
+        }
         return v;
       }
     }
-    if (whole(offset, i)) {
+    if (equal(offset, i)) {
       v.kind = Verdict::kMatch;
       v.detail = "the engine's ids for the probe are kvgate's (" + std::to_string(tokens.size()) +
                  " tokens compared from token " + std::to_string(offset) + ")";
+      return v;
+    }
+    if (i == tokens.size()) {
+      // Agreeing as far as the engine's chain goes, which ends early: events missed.
+      v.kind = Verdict::kNotFound;
+      v.detail = "the engine's stores for the probe agree with kvgate's ids but end at token " +
+                 std::to_string(offset + i) + " of " + std::to_string(full * page) +
+                 " (events missed?)";
       return v;
     }
     v.kind = Verdict::kMismatch;

@@ -166,6 +166,45 @@ TEST(KvParity, AChainUnderAPrefixKvgateNeverSawIsPlacedNotMisread) {
   EXPECT_EQ(differ.position, 5 * kPage + 5);
 }
 
+// The engine's chain stops before the probe's last full page (events missed): no verdict on
+// what was not seen, whatever agreed.
+TEST(KvParity, AChainEndingEarlyIsNoMatch) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Qwen3 m;
+  Probe p;
+  std::string err;
+  ASSERT_TRUE(make_probe(*m.tok, *m.tmpl, kPage, 19, -1, p, err)) << err;
+  std::vector<int32_t> head(p.ids.begin(), p.ids.begin() + 2 * kPage);
+  Verdict v = judge(p, kPage, 0, stores(head, false), *m.tok);
+  EXPECT_EQ(v.kind, Verdict::kNotFound) << v.detail;
+}
+
+// An engine whose prompt before the probe's text is longer (a default system message it adds)
+// lines up with kvgate's ids off a page boundary: a mismatch that says so, even when the
+// engine's start was cached and kvgate never saw it.
+TEST(KvParity, APromptStartOfAnotherLengthIsAMismatch) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Qwen3 m;
+  Probe p;
+  std::string err;
+  ASSERT_TRUE(make_probe(*m.tok, *m.tmpl, kPage, 21, -1, p, err)) << err;
+  std::vector<int32_t> theirs(2 * kPage + 5, 9707);  // 37 tokens of their own start
+  theirs.insert(theirs.end(), p.ids.begin(), p.ids.end());
+  Verdict v = judge(p, kPage, 0, stores(theirs, true, 2), *m.tok);
+  ASSERT_EQ(v.kind, Verdict::kMismatch) << v.detail;
+  EXPECT_NE(v.detail.find("off a page boundary"), std::string::npos) << v.detail;
+}
+
+TEST(KvParity, TheRankFieldOfOlderBuilds) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Qwen3 m;
+  Probe p;
+  std::string err;
+  ASSERT_TRUE(make_probe(*m.tok, *m.tmpl, kPage, 23, 1, p, err, "data_parallel_rank")) << err;
+  EXPECT_NE(p.body.find("\"data_parallel_rank\":1"), std::string::npos) << p.body;
+  EXPECT_EQ(p.body.find("routed_dp_rank"), std::string::npos) << p.body;
+}
+
 TEST(KvParity, NoStoreCarryingTheProbeIsNotFound) {
   KVGATE_REQUIRE_MODEL("qwen3");
   Qwen3 m;

@@ -282,8 +282,8 @@ std::string wait_kv_ready(const Gateway& g,
         } else {
           missing += " " + std::string(endpoint) + "#" + std::to_string(rank) + " (" +
                      std::string(publisher) + (connected ? ", connected" : ", not connected") +
-                     (trusted ? ", trusted" : ", not trusted") + ", parity " +
-                     std::string(parity) + ")";
+                     (trusted ? ", trusted" : ", not trusted") + ", parity " + std::string(parity) +
+                     ")";
         }
       }
       if (good == expected.size() && sources.size() == expected.size()) {

@@ -489,18 +489,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     // against what perfect routing would have (to explain a policy's misses).
     if (FILE* f = std::fopen((o.log_dir + "/records-" + policy + ".jsonl").c_str(), "w")) {
       for (const auto& r : run.records) {
-        std::string line = "{\"session\":" + std::to_string(r.session) +
-                           ",\"turn\":" + std::to_string(r.turn) +
-                           ",\"start_s\":" + std::to_string(r.start_s) +
-                           ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
-                           ",\"prompt\":" + std::to_string(r.prompt_tokens) +
-                           ",\"cached\":" + std::to_string(r.cached_tokens) +
-                           ",\"reusable\":" + std::to_string(r.oracle_reusable_tokens) +
-                           ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
-        json::append_string(line, r.worker);
-        line += ",\"route\":";
-        json::append_string(line, r.route);
-        line += "}\n";
+        std::string line = record_json(r, 0);
         std::fputs(line.c_str(), f);
       }
       std::fclose(f);

@@ -13,6 +13,24 @@
 
 namespace kvgate::bench {
 
+std::string record_json(const RequestRecord& r, double epoch0) {
+  std::string line =
+      "{\"t\":" + std::to_string(epoch0 + r.start_s) + ",\"start_s\":" + std::to_string(r.start_s) +
+      ",\"e2e_ms\":" + std::to_string(r.e2e_ms) + ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
+      ",\"session\":" + std::to_string(r.session) + ",\"turn\":" + std::to_string(r.turn) +
+      ",\"prompt\":" + std::to_string(r.prompt_tokens) +
+      ",\"cached\":" + std::to_string(r.cached_tokens) +
+      ",\"reusable\":" + std::to_string(r.oracle_reusable_tokens) +
+      ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
+  json::append_string(line, r.worker);
+  line += ",\"route\":";
+  json::append_string(line, r.route);
+  line += ",\"error\":";
+  json::append_string(line, r.error);
+  line += "}\n";
+  return line;
+}
+
 Api parse_api(std::string_view name) {
   if (name == "completions") return Api::kCompletions;
   if (name == "generate") return Api::kGenerate;

@@ -38,6 +38,10 @@ struct RequestRecord {
   bool ok() const { return status == 200 && error.empty(); }
 };
 
+// One request as a JSON line (with its newline): what `run --records` and compare's
+// records-POLICY.jsonl keep. `t`: unix seconds of its start, given the run's start `epoch0`.
+std::string record_json(const RequestRecord& r, double epoch0);
+
 struct DriverConfig {
   std::string url;
   // More than one: requests are spread over them, turn t of session s to urls[(s + t) % n] (a

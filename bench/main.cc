@@ -492,16 +492,7 @@ int cmd_run(const Config& c) {
     errors += r.ok() ? 0 : 1;
     progress.update(done, errors);
     if (records) {
-      std::string line =
-          "{\"t\":" + std::to_string(epoch0 + r.start_s) +
-          ",\"start_s\":" + std::to_string(r.start_s) + ",\"e2e_ms\":" + std::to_string(r.e2e_ms) +
-          ",\"ttft_ms\":" + std::to_string(r.ttft_ms) +
-          ",\"session\":" + std::to_string(r.session) + ",\"turn\":" + std::to_string(r.turn) +
-          ",\"status\":" + std::to_string(r.status) + ",\"worker\":";
-      json::append_string(line, r.worker);
-      line += ",\"error\":";
-      json::append_string(line, r.error);
-      line += "}\n";
+      std::string line = record_json(r, epoch0);
       std::fputs(line.c_str(), records);
       std::fflush(records);
     }

@@ -658,87 +658,76 @@ void KvExactPolicy::rebuild_sources() {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
-  {
-    auto sources = sources_.load();
-    Source* src = sources->by_source(source);
-    if (src && !src->lora_names.load(std::memory_order_relaxed)) {
-      for (const auto& e : batch.events) {
-        const auto* stored = std::get_if<kv::BlockStored>(&e);
-        if (stored && stored->lora_name) {
-          src->lora_names.store(true, std::memory_order_relaxed);
-          lora_names_seen_.store(true, std::memory_order_relaxed);
-        }
-      }
-    }
-  }
-  {
-    // (Stores skipped for their page size are captured too: parity is about the tokens.)
-    auto sources = sources_.load();
-    if (Source* s = sources->by_source(source); s && s->capturing.load(std::memory_order_relaxed)) {
-      // A parity probe runs on this rank: keep its stores (bounded) to compare: those whose
-      // tokens hold its nonce (decoded only while it runs, only for stores that continue no
-      // captured one) and those continuing them. Other traffic's stores are not kept.
-      constexpr size_t kMaxEvents = 512, kMaxTokens = size_t{1} << 18;
-      std::lock_guard lock(s->probe_mu);
-      for (const auto& e : batch.events) {
-        const auto* stored = std::get_if<kv::BlockStored>(&e);
-        if (!stored || s->captured.size() >= kMaxEvents ||
-            s->captured_tokens + stored->token_ids.size() > kMaxTokens) {
-          continue;
-        }
-        bool ours =
-            stored->parent_block_hash && s->capture_blocks.contains(*stored->parent_block_hash);
-        if (!ours && s->capture_tok && !s->capture_nonce.empty()) {
-          ours =
-              s->capture_tok->decode(stored->token_ids).find(s->capture_nonce) != std::string::npos;
-        }
-        if (!ours) continue;
-        s->capture_blocks.insert(stored->block_hashes.begin(), stored->block_hashes.end());
-        s->captured_tokens += stored->token_ids.size();
-        s->captured.push_back(kv_parity::Stored{.root = !stored->parent_block_hash,
-                                                .parent = stored->parent_block_hash,
-                                                .hashes = stored->block_hashes,
-                                                .tokens = stored->token_ids});
-      }
-    }
-  }
   if (hasher_) check_hashes(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
-  if (st.page_size_mismatches) {
-    if (page_size_mismatches_) page_size_mismatches_->inc(st.page_size_mismatches);
-    auto sources = sources_.load();
-    for (const auto& s : sources->all) {
-      if (s->id != source || s->page_size_mismatch.exchange(true)) continue;
-      int64_t theirs = 0;
-      for (const auto& e : batch.events) {
-        const auto* stored = std::get_if<kv::BlockStored>(&e);
-        if (stored && stored->block_size != page_size_) {
-          theirs = stored->block_size;
-          break;
-        }
+  if (page_size_mismatches_ && st.page_size_mismatches) {
+    page_size_mismatches_->inc(st.page_size_mismatches);
+  }
+  // The source as the current snapshot has it (once per batch; none: it left meanwhile).
+  auto sources = sources_.load();
+  Source* s = sources->by_source(source);
+  if (!s) return;
+  if (!s->lora_names.load(std::memory_order_relaxed)) {
+    for (const auto& e : batch.events) {
+      const auto* stored = std::get_if<kv::BlockStored>(&e);
+      if (stored && stored->lora_name) {
+        s->lora_names.store(true, std::memory_order_relaxed);
+        lora_names_seen_.store(true, std::memory_order_relaxed);
       }
-      s->ready.store(false, std::memory_order_relaxed);
-      log::warn(
-          "kv_exact: an engine publishes pages of another size than the rule's kvBlockSize; "
-          "this rank is left out of kv_exact routing until it matches (set kvBlockSize to "
-          "the engine's --page-size)")
-          .kv("rule", rule_)
-          .kv("endpoint", s->url)
-          .kv("rank", s->rank)
-          .kv("engine_block_size", theirs)
-          .kv("kvBlockSize", page_size_);
     }
   }
+  if (s->capturing.load(std::memory_order_relaxed)) capture_probe_stores(*s, batch);
+  if (st.page_size_mismatches && !s->page_size_mismatch.exchange(true)) {
+    int64_t theirs = 0;
+    for (const auto& e : batch.events) {
+      const auto* stored = std::get_if<kv::BlockStored>(&e);
+      if (stored && stored->block_size != page_size_) {
+        theirs = stored->block_size;
+        break;
+      }
+    }
+    s->ready.store(false, std::memory_order_relaxed);
+    log::warn(
+        "kv_exact: an engine publishes pages of another size than the rule's kvBlockSize; "
+        "this rank is left out of kv_exact routing until it matches (set kvBlockSize to "
+        "the engine's --page-size)")
+        .kv("rule", rule_)
+        .kv("endpoint", s->url)
+        .kv("rank", s->rank)
+        .kv("engine_block_size", theirs)
+        .kv("kvBlockSize", page_size_);
+  }
   if (!events_) return;
-  // Labels per source: looked up once per batch (the subscriber's thread).
-  auto sources = sources_.load();
-  for (const auto& s : sources->all) {
-    if (s->id != source) continue;
-    std::string rank = std::to_string(s->rank);
-    if (st.stored) events_->with({rule_, s->url, rank, "stored"}).inc(st.stored);
-    if (st.removed) events_->with({rule_, s->url, rank, "removed"}).inc(st.removed);
-    if (st.cleared) events_->with({rule_, s->url, rank, "cleared"}).inc(st.cleared);
-    break;
+  std::string rank = std::to_string(s->rank);
+  if (st.stored) events_->with({rule_, s->url, rank, "stored"}).inc(st.stored);
+  if (st.removed) events_->with({rule_, s->url, rank, "removed"}).inc(st.removed);
+  if (st.cleared) events_->with({rule_, s->url, rank, "cleared"}).inc(st.cleared);
+}
+
+// A parity probe runs on this rank: keep its stores (bounded) to compare: those whose tokens hold
+// its nonce (decoded only while it runs, only for stores that continue no captured one) and those
+// continuing them; other traffic's are not kept. Stores skipped for their page size count too:
+// parity is about the tokens.
+void KvExactPolicy::capture_probe_stores(Source& s, const kv::EventBatch& batch) {
+  constexpr size_t kMaxEvents = 512, kMaxTokens = size_t{1} << 18;
+  std::lock_guard lock(s.probe_mu);
+  for (const auto& e : batch.events) {
+    const auto* stored = std::get_if<kv::BlockStored>(&e);
+    if (!stored || s.captured.size() >= kMaxEvents ||
+        s.captured_tokens + stored->token_ids.size() > kMaxTokens) {
+      continue;
+    }
+    bool ours = stored->parent_block_hash && s.capture_blocks.contains(*stored->parent_block_hash);
+    if (!ours && s.capture_tok && !s.capture_nonce.empty()) {
+      ours = s.capture_tok->decode(stored->token_ids).find(s.capture_nonce) != std::string::npos;
+    }
+    if (!ours) continue;
+    s.capture_blocks.insert(stored->block_hashes.begin(), stored->block_hashes.end());
+    s.captured_tokens += stored->token_ids.size();
+    s.captured.push_back(kv_parity::Stored{.root = !stored->parent_block_hash,
+                                           .parent = stored->parent_block_hash,
+                                           .hashes = stored->block_hashes,
+                                           .tokens = stored->token_ids});
   }
 }
 

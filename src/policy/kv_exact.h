@@ -109,6 +109,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void finish_probe(Source& s, const kv_parity::Probe& probe, size_t matched_pages,
                     const std::string& error);
   size_t probe_matched_pages(const Source& s, const kv_parity::Probe& probe) const;
+  void capture_probe_stores(Source& s, const kv::EventBatch& batch);
   struct Life;
   void probe_answered(const std::shared_ptr<Source>& source,
                       const std::shared_ptr<const kv_parity::Probe>& probe,

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "support/chats.h"
 #include "support/cluster.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -38,16 +39,6 @@ std::vector<std::string> gateway_args(bool dp_aware) {
                                 "60"};
   if (dp_aware) a.emplace_back("--dp-aware");
   return a;
-}
-
-std::string chat(const std::vector<std::string>& turns) {
-  std::string msgs;
-  for (size_t i = 0; i < turns.size(); ++i) {
-    if (i) msgs += ",";
-    msgs += std::string(R"({"role":")") + (i % 2 ? "assistant" : "user") + R"(","content":")" +
-            turns[i] + "\"}";
-  }
-  return R"({"model":"kvgate-sim","max_tokens":4,"messages":[)" + msgs + "]}";
 }
 
 // Every server's dp_size learned (kvgate_dp_ranks).
@@ -84,10 +75,9 @@ Placements multiturn(Cluster& c) {
     // robin could happen to give every conversation the same rank each turn).
     for (int i = 0; i < kConversations; ++i) {
       int conv = (i * 5 + t * 3) % kConversations;
-      std::string msg = "conversation " + std::to_string(conv) + " turn " + std::to_string(t);
-      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      std::string msg = turn_message(conv, t);
       turns[conv].push_back(msg);
-      auto r = client.post("/v1/chat/completions", chat(turns[conv]));
+      auto r = client.post("/v1/chat/completions", chat_body(turns[conv]));
       EXPECT_EQ(r.status, 200) << r.body;
       double cached = json_number_field(r.body, "cached_tokens");
       double prompt = json_number_field(r.body, "prompt_tokens");

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/chats.h"
 #include "support/cluster.h"
 #include "support/http_client.h"
 #include "support/models.h"
@@ -142,16 +143,6 @@ struct KvCluster {
   std::unique_ptr<Process> gateway;
 };
 
-std::string chat(const std::vector<std::string>& turns) {
-  std::string body = R"({"model":"m","max_tokens":4,"messages":[)";
-  for (size_t i = 0; i < turns.size(); ++i) {
-    if (i) body += ",";
-    body += std::string(R"({"role":")") + (i % 2 ? "assistant" : "user") + R"(","content":")" +
-            turns[i] + R"("})";
-  }
-  return body + "]}";
-}
-
 // Multi-turn chats through kvgate at `port`: the share of later turns' prompt tokens the servers
 // reported cached. `after` runs after each request (kv_exact: wait for its events).
 double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4,
@@ -162,10 +153,9 @@ double conversation_hit_rate(int port, int conversations = 6, int turns_per = 4,
   for (int t = 0; t < turns_per; ++t) {
     for (int conv = 0; conv < conversations; ++conv) {
       auto& history = turns[static_cast<size_t>(conv)];
-      std::string msg = "chat " + std::to_string(conv) + " turn " + std::to_string(t);
-      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      std::string msg = turn_message(conv, t, "chat");
       history.push_back(msg);
-      auto r = client.post("/v1/chat/completions", chat(history));
+      auto r = client.post("/v1/chat/completions", chat_body(history, "m"));
       EXPECT_EQ(r.status, 200) << r.body;
       if (after) after();
       if (t > 0) {
@@ -452,10 +442,9 @@ TEST(KvExact, ConversationsLandOnTheRankHoldingThemAndCachedTokensConfirmIt) {
   int hits = 0, later_turns = 0;
   for (int t = 0; t < kTurns; ++t) {
     for (int conv = 0; conv < kConversations; ++conv) {
-      std::string msg = "conversation " + std::to_string(conv) + " turn " + std::to_string(t);
-      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      std::string msg = turn_message(conv, t);
       turns[conv].push_back(msg);
-      auto r = client.post("/v1/chat/completions", chat(turns[conv]));
+      auto r = client.post("/v1/chat/completions", chat_body(turns[conv], "m"));
       ASSERT_EQ(r.status, 200) << r.body;
       if (t > 0) {
         ++later_turns;

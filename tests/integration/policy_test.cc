@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "support/chats.h"
 #include "support/cluster.h"
 #include "support/models.h"
 
@@ -22,16 +23,6 @@ std::vector<std::string> gateway(const std::string& policy) {
           "--policy-seed", "11"};
 }
 
-std::string chat(const std::vector<std::string>& turns) {
-  std::string msgs;
-  for (size_t i = 0; i < turns.size(); ++i) {
-    if (i) msgs += ",";
-    msgs += std::string(R"({"role":")") + (i % 2 ? "assistant" : "user") + R"(","content":")" +
-            turns[i] + "\"}";
-  }
-  return R"({"model":"kvgate-sim","max_tokens":4,"messages":[)" + msgs + "]}";
-}
-
 TEST(Policies, CacheAwareKeepsAConversationOnItsWorker) {
   Cluster c(4, kSim, gateway("cache_aware"));
   HttpClient client(c.port());
@@ -41,7 +32,7 @@ TEST(Policies, CacheAwareKeepsAConversationOnItsWorker) {
     for (int t = 0; t < 4; ++t) {
       turns.push_back("conversation " + std::to_string(conv) + " turn " + std::to_string(t) +
                       " with enough words to make the shared history dominate the match rate");
-      auto r = client.post("/v1/chat/completions", chat(turns));
+      auto r = client.post("/v1/chat/completions", chat_body(turns));
       ASSERT_EQ(r.status, 200) << r.body;
       std::string worker = r.header("x-kvgate-worker");
       if (t == 0) {
@@ -184,10 +175,9 @@ HitRate multiturn_hit_rate(const std::string& policy, const std::vector<std::str
   HitRate h;
   for (int t = 0; t < kTurns; ++t) {
     for (int conv = 0; conv < kConversations; ++conv) {
-      std::string msg = "conversation " + std::to_string(conv) + " turn " + std::to_string(t);
-      for (int w = 0; w < 60; ++w) msg += " word" + std::to_string((conv * 131 + t * 17 + w) % 97);
+      std::string msg = turn_message(conv, t);
       turns[conv].push_back(msg);
-      auto r = client.post("/v1/chat/completions", chat(turns[conv]));
+      auto r = client.post("/v1/chat/completions", chat_body(turns[conv]));
       EXPECT_EQ(r.status, 200) << r.body;
       double cached = json_number_field(r.body, "cached_tokens");
       double prompt = json_number_field(r.body, "prompt_tokens");

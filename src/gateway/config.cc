@@ -338,19 +338,28 @@ const std::vector<K>& table() {
          .field = &C::decode,
          .arity = flags::Arity::kAppend},
         {.name = "prefill-policy",
-         .group = kPd,
+         .group = kRouting,
          .value_name = "NAME",
-         .help = "Policy for prefill servers (default: --policy; refused at startup until P/D is "
-                 "built)",
+         .help = "Prefill/decode: the policy choosing prefill servers (default: --policy; "
+                 "kv_exact = KV-exact over the prefill servers, a rule's kvExactMode 1, with "
+                 "--kv-fallback-policy for its misses)",
          .field = &C::prefill_policy,
          .choices = policy_names()},
         {.name = "decode-policy",
-         .group = kPd,
+         .group = kRouting,
          .value_name = "NAME",
-         .help = "Policy for decode servers (default: --policy; refused at startup until P/D is "
-                 "built)",
+         .help = "Prefill/decode: the policy choosing decode servers (default: --policy, or "
+                 "round_robin when that is kv_exact)",
          .field = &C::decode_policy,
-         .choices = policy_names()},
+         .choices = fallback_policy_names()},
+        {.name = "pd-prefill-rank",
+         .group = kPd,
+         .value_name = "HOW",
+         .help = "Prefill/decode with DP ranks on prefill servers: how the prefill rank a policy "
+                 "chose reaches SGLang. room: a bootstrap_room with room % dp_size = rank (every "
+                 "SGLang build); field: also send disagg_prefill_dp_rank (builds that read it)",
+         .field = &C::pd_prefill_rank,
+         .choices = {"room", "field"}},
         {.name = "worker-startup-timeout-secs",
          .group = kPd,
          .value_name = "SECS",
@@ -752,13 +761,36 @@ std::span<const flags::Knob<GatewayConfig>> gateway_knobs() {
 }
 
 std::string validate(const GatewayConfig& c) {
-  if (c.pd_disaggregation || !c.prefill.empty() || !c.decode.empty() || !c.prefill_policy.empty() ||
-      !c.decode_policy.empty()) {
-    return "--pd-disaggregation/--prefill/--decode/--prefill-policy/--decode-policy: "
-           "prefill/decode disaggregation is not available in this build yet; list every server "
-           "with --worker-urls";
-  }
-  if (c.worker_urls.empty()) {
+  const bool pd_servers = !c.prefill.empty() || !c.decode.empty();
+  if (c.pd_disaggregation) {
+    if (c.prefill.empty() || c.decode.empty()) {
+      return "--pd-disaggregation needs at least one --prefill URL [BOOTSTRAP_PORT] and one "
+             "--decode URL";
+    }
+    if (!c.worker_urls.empty()) {
+      return "--worker-urls with --pd-disaggregation: list the servers by role with --prefill "
+             "and --decode (or put a plain pool in its own rule of a --config file)";
+    }
+    std::vector<std::string> seen;
+    auto dup = [&](const std::string& url) {
+      http::Target t;
+      if (std::string e = http::parse_url(url, t); !e.empty()) return e;
+      if (std::find(seen.begin(), seen.end(), t.url) != seen.end()) {
+        return "'" + url + "' is listed twice (a server has one role)";
+      }
+      seen.push_back(t.url);
+      return std::string();
+    };
+    for (const auto& p : c.prefill) {
+      if (std::string e = dup(p.url); !e.empty()) return "--prefill: " + e;
+    }
+    for (const auto& d : c.decode) {
+      if (std::string e = dup(d); !e.empty()) return "--decode: " + e;
+    }
+  } else if (pd_servers || !c.prefill_policy.empty() || !c.decode_policy.empty()) {
+    return "--prefill/--decode/--prefill-policy/--decode-policy apply to prefill/decode "
+           "disaggregation: add --pd-disaggregation (or list plain servers with --worker-urls)";
+  } else if (c.worker_urls.empty()) {
     return "no workers: give --worker-urls http://host:port [http://host:port ...]";
   }
   for (size_t i = 0; i < c.worker_urls.size(); ++i) {
@@ -772,6 +804,12 @@ std::string validate(const GatewayConfig& c) {
     }
   }
   std::string err;
+  if (c.pd_disaggregation && c.prefill_policy == "kv_exact" && c.tokenizer_path.empty() &&
+      c.model_path.empty()) {
+    return "--prefill-policy kv_exact matches the prefill servers' pages of token ids, so kvgate "
+           "must tokenize prompts as they do: give --tokenizer-path (the model's directory, with "
+           "tokenizer.json)";
+  }
   if (c.policy == "kv_exact") {
     if (!make_policy(policy_config(c, c.kv_fallback_policy), err)) {
       return "--kv-fallback-policy: " + err;

@@ -58,6 +58,7 @@ struct GatewayConfig {
   std::vector<std::string> decode;
   std::string prefill_policy;
   std::string decode_policy;
+  std::string pd_prefill_rank = "room";
   int64_t worker_startup_timeout_secs = 1800;
   int64_t worker_startup_check_interval = 30;
   // Logging

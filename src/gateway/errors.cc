@@ -65,6 +65,22 @@ GatewayError no_worker(size_t total) {
                            " workers is available (unhealthy or circuit open); see /readiness"};
 }
 
+GatewayError no_worker_of_role(std::string_view role, size_t total) {
+  return {503, "server_error", "no_available_workers",
+          total == 0 ? "no " + std::string(role) + " servers are configured"
+                     : "none of the " + std::to_string(total) + " " + std::string(role) +
+                           " servers is available (unhealthy or circuit open); prefill/decode "
+                           "needs one of each; see /readiness"};
+}
+
+GatewayError prefill_failed(uint64_t worker_id, std::string_view why) {
+  return {502, "server_error", "prefill_failed",
+          "the prefill server (worker #" + std::to_string(worker_id) +
+              ") failed: " + std::string(why) +
+              "; its decode request was aborted and no retry was possible (nothing was "
+              "generated)"};
+}
+
 GatewayError upstream_unreachable(int attempts) {
   return {502, "server_error", "upstream_unreachable",
           "no worker could be reached: " + std::to_string(attempts) +

@@ -40,6 +40,11 @@ GatewayError upstream_protocol(uint64_t worker_id);
 GatewayError model_not_found(std::string_view model);
 GatewayError no_rule(std::string_view path);
 GatewayError policy_refused(std::string_view policy, std::string_view branch);
+// Prefill/decode: no available server of one role ("prefill" or "decode") of `total`.
+GatewayError no_worker_of_role(std::string_view role, size_t total);
+// Prefill/decode: the prefill half failed (`why`: a short reason), so the decode half was
+// aborted before it answered.
+GatewayError prefill_failed(uint64_t worker_id, std::string_view why);
 }  // namespace errors
 
 }  // namespace kvgate

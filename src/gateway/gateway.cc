@@ -181,15 +181,40 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
 awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
                                    Clock::time_point start) {
   auto table = pools_.table();
-  size_t healthy = 0, total = 0;
+  // Ready when some pool can serve: a healthy worker, or for prefill/decode a healthy server of
+  // each role (a decode server alone would wait for a prefill that cannot come).
+  size_t healthy = 0, total = 0, prefill = 0, decode = 0;
+  bool any_pd = false, ready = false;
   for (const auto& p : table->pools) {
-    healthy += p->registry().healthy_count();
-    total += p->workers()->workers.size();
+    auto set = p->workers();
+    size_t h = 0, hp = 0, hd = 0;
+    for (const auto& w : set->workers) {
+      if (!w->healthy()) continue;
+      ++h;
+      rules::Role role = p->role(*w);
+      hp += role == rules::Role::kPrefill ? 1 : 0;
+      hd += role == rules::Role::kDecode ? 1 : 0;
+    }
+    healthy += h;
+    total += set->workers.size();
+    if (p->pd()) {
+      any_pd = true;
+      prefill += hp;
+      decode += hd;
+      ready = ready || (hp > 0 && hd > 0);
+    } else {
+      ready = ready || h > 0;
+    }
   }
-  std::string body = std::string(R"({"status":")") + (healthy ? "ready" : "not_ready") +
+  std::string body = std::string(R"({"status":")") + (ready ? "ready" : "not_ready") +
                      R"(","healthy_workers":)" + std::to_string(healthy) + R"(,"total_workers":)" +
-                     std::to_string(total) + "}";
-  int status = healthy ? 200 : 503;
+                     std::to_string(total);
+  if (any_pd) {
+    body += R"(,"healthy_prefill":)" + std::to_string(prefill) + R"(,"healthy_decode":)" +
+            std::to_string(decode);
+  }
+  body += "}";
+  int status = ready ? 200 : 503;
   co_await answer(ex, status, body, rid);
   record("/readiness", status, "", false, start);
 }

@@ -4,20 +4,37 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "gateway/knobs.h"
+#include "pd/pd.h"
 #include "policy/registry.h"
+#include "request/body_rewrite.h"
+#include "util/json.h"
 #include "util/log.h"
+#include "util/random.h"
 
 namespace kvgate {
 
-void attach_worker_metrics(Worker& w, GatewayMetrics& m) {
+std::string_view role_label(rules::Role role) {
+  switch (role) {
+    case rules::Role::kPrefill:
+      return "prefill";
+    case rules::Role::kDecode:
+      return "decode";
+    case rules::Role::kNone:
+      break;
+  }
+  return "regular";  // sgl-model-gateway's worker_type for a server without a role
+}
+
+void attach_worker_metrics(Worker& w, GatewayMetrics& m, rules::Role role) {
+  const std::string_view r = role_label(role);
   WorkerMetrics wm;
-  wm.inflight = &m.worker_active.with({w.url()});
-  wm.health = &m.worker_health.with({w.url()});
-  wm.cb_state = &m.worker_cb_state.with({w.url()});
-  wm.reported_load = &m.worker_load.with({w.url()});
-  wm.requests = &m.worker_requests.with({w.url()});
-  wm.failures = &m.worker_failures.with({w.url()});
-  wm.load_poll_failures = &m.worker_load_poll_failures.with({w.url()});
+  wm.inflight = &m.worker_active.with({w.url(), r});
+  wm.health = &m.worker_health.with({w.url(), r});
+  wm.cb_state = &m.worker_cb_state.with({w.url(), r});
+  wm.reported_load = &m.worker_load.with({w.url(), r});
+  wm.requests = &m.worker_requests.with({w.url(), r});
+  wm.failures = &m.worker_failures.with({w.url(), r});
+  wm.load_poll_failures = &m.worker_load_poll_failures.with({w.url(), r});
   w.attach_metrics(wm);
 }
 
@@ -52,20 +69,22 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     for (const auto& url : fresh) remove_worker_metrics(url, *env.registry);
     return nullptr;
   };
-  if (std::string missing = rules::not_built(rule); !missing.empty()) return fail(missing);
   if (env.config) {
     if (std::string e = rules::listener_mismatch(rule, env.config->port); !e.empty())
       return fail(e);
   }
   std::shared_ptr<Pool> pool(new Pool(rule, env));
 
-  // Policy, and what it needs read from bodies.
-  if (!policy) {
-    PolicyConfig pc = policy_config(rule.policy_knobs, rule.sel);
+  // Policies, and what they need read from bodies. A prefill/decode pool has one per side: the
+  // prefill side's is kv_exact with kvExactMode 1 (its misses go to the prefill policy).
+  const bool pd = rule.pd();
+  auto build_policy = [&](const std::string& name, const std::string& label, bool kv_exact,
+                          std::string& err) {
+    PolicyConfig pc = policy_config(rule.policy_knobs, name);
     pc.registry = env.policy_metrics ? env.registry : nullptr;
-    pc.rule = rule.name;
+    pc.rule = label;
     pc.dp_default_ranks = rule.kv_dp_rank_count;
-    if (rule.kv_exact_mode == 3) {
+    if (kv_exact) {
       pc.kv.enabled = true;
       pc.kv.page_size = rule.kv_block_size;
       pc.kv.dp_ranks = rule.kv_dp_rank_count;
@@ -73,18 +92,40 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
       pc.kv.warmup = std::chrono::seconds(rule.kv_warmup_sec);
       pc.kv.hash_algo = rule.kv_hash_algo;
       for (const auto& ep : rule.endpoints) {
-        if (!ep.kv_zmq_port) continue;
+        if (!ep.kv_zmq_port || (pd && ep.role != rules::Role::kPrefill)) continue;
         http::Target t;
         if (http::parse_url(ep.url, t).empty()) pc.kv.endpoint_ports[t.url] = *ep.kv_zmq_port;
       }
     }
-    policy = make_policy(pc, error);
-    if (!policy) return fail("sel: " + error);
+    return make_policy(pc, err);
+  };
+  if (!policy) {
+    const std::string& prefill_name = pd && !rule.policy_knobs.prefill_policy.empty()
+                                          ? rule.policy_knobs.prefill_policy
+                                          : rule.sel;
+    const bool kv = rule.kv_exact_mode == 3 || (pd && rule.kv_exact_mode == 1);
+    policy = build_policy(prefill_name, rule.name, kv, error);
+    if (!policy) return fail((pd ? "prefillPolicy: " : "sel: ") + error);
   }
   pool->policy_ = std::move(policy);
   pool->parse_options_ = pool->policy_->parse_options();
-  pool->parse_options_.model_names_adapter = rule.kv_engine_type == rules::EngineType::kSglang;
   pool->wants_usage_ = pool->policy_->wants_usage();
+  if (pd) {
+    const std::string& decode_name =
+        rule.policy_knobs.decode_policy.empty() ? rule.sel : rule.policy_knobs.decode_policy;
+    pool->decode_policy_ = build_policy(decode_name, rule.name + "/decode", false, error);
+    if (!pool->decode_policy_) return fail("decodePolicy: " + error);
+    ParseOptions d = pool->decode_policy_->parse_options();
+    ParseOptions& o = pool->parse_options_;
+    o.want_text = o.want_text || d.want_text;
+    if (d.want_tokens) {  // max_tokens 0: every token
+      size_t mine = o.want_tokens ? o.max_tokens : d.max_tokens;
+      o.max_tokens = mine == 0 || d.max_tokens == 0 ? 0 : std::max(mine, d.max_tokens);
+      o.want_tokens = true;
+    }
+    pool->wants_usage_ = pool->wants_usage_ || pool->decode_policy_->wants_usage();
+  }
+  pool->parse_options_.model_names_adapter = rule.kv_engine_type == rules::EngineType::kSglang;
   if (!rule.tokenizer_path.empty() && rule.mode == 4) {
     std::string err;
     pool->tokenizer_ = env.tokenizer ? env.tokenizer(rule.tokenizer_path, err) : nullptr;
@@ -113,21 +154,91 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
         t.tls = std::move(tls);
       }
       w = std::make_shared<Worker>(env.next_worker_id->fetch_add(1), std::move(t), env.breaker);
-      attach_worker_metrics(*w, *env.metrics);
+      attach_worker_metrics(*w, *env.metrics, ep.role);
       fresh.push_back(w->url());
     }
-    pool->selected_[w->id()] = &env.metrics->selections.with({pool->policy_->name(), w->url()});
+    const bool decode_side = pd && ep.role == rules::Role::kDecode;
+    const Policy& chooser = decode_side ? *pool->decode_policy_ : *pool->policy_;
+    pool->selected_[w->id()] = &env.metrics->selections.with({chooser.name(), w->url()});
+    pool->sides_[w->id()] = Side{
+        .role = ep.role,
+        .bootstrap_port = ep.bootstrap_port.value_or(
+            rule.pd_bootstrap_port != 0 ? rule.pd_bootstrap_port : rules::kDefaultBootstrapPort)};
     set->workers.push_back(std::move(w));
   }
+  if (pd) {
+    auto prefill = std::make_shared<WorkerSet>();
+    auto decode = std::make_shared<WorkerSet>();
+    for (const auto& w : set->workers) {
+      (pool->role(*w) == rules::Role::kDecode ? decode : prefill)->workers.push_back(w);
+    }
+    pool->prefill_set_ = std::move(prefill);
+    pool->decode_set_ = std::move(decode);
+  }
+  pool->registry_.publish(std::move(set));
   // A policy still serving the pool this one replaces hears of the new workers only once this
   // pool is in force (PoolManager::apply): a refused change must leave it untouched.
-  if (!policy_in_use) pool->policy_->on_workers_changed(*set);
-  pool->registry_.publish(std::move(set));
+  if (!policy_in_use) pool->notify_workers();
   return pool;
 }
 
 void Pool::notify_workers() {
+  if (decode_policy_) {
+    policy_->on_workers_changed(*prefill_set_);
+    decode_policy_->on_workers_changed(*decode_set_);
+    return;
+  }
   policy_->on_workers_changed(*registry_.snapshot());
+}
+
+PolicyRuntime Pool::pd_runtime(PolicyRuntime rt) const {
+  // Copies: the policy may outlive this pool (its probes run on the control loop).
+  struct Pairing {
+    std::shared_ptr<const WorkerSet> decode;
+    std::unordered_map<uint64_t, int64_t> bootstrap_ports;
+    int64_t default_dp = 1;
+    std::atomic<uint64_t> next{0};
+  };
+  auto pairing = std::make_shared<Pairing>();
+  pairing->decode = decode_set_;
+  for (const auto& [id, side] : sides_) pairing->bootstrap_ports[id] = side.bootstrap_port;
+  pairing->default_dp = rule_.kv_dp_rank_count;
+  rt.pd_pair = [pairing](const Worker& prefill, int rank, std::string& body, http::Target& decode) {
+    const auto& workers = pairing->decode->workers;
+    const Worker* chosen = nullptr;
+    for (size_t i = 0; i < workers.size() && !chosen; ++i) {
+      const auto& w = workers[pairing->next.fetch_add(1) % workers.size()];
+      if (w->healthy()) chosen = w.get();
+    }
+    if (!chosen) return false;
+    auto port = pairing->bootstrap_ports.find(prefill.id());
+    std::string host;
+    json::append_string(host, pd::bootstrap_host(prefill.target()));
+    const BodyField fields[] = {
+        {"bootstrap_host", std::move(host)},
+        {"bootstrap_port",
+         std::to_string(port == pairing->bootstrap_ports.end() ? rules::kDefaultBootstrapPort
+                                                               : port->second)},
+        {"bootstrap_room",
+         std::to_string(pd::choose_room(thread_rng().next(), rank,
+                                        prefill.dp_size().value_or(pairing->default_dp)))}};
+    std::string out = add_fields(body, fields);
+    if (out.empty()) return false;
+    body = std::move(out);
+    decode = chosen->target();
+    return true;
+  };
+  return rt;
+}
+
+rules::Role Pool::role(const Worker& w) const {
+  auto it = sides_.find(w.id());
+  return it == sides_.end() ? rules::Role::kNone : it->second.role;
+}
+
+int64_t Pool::bootstrap_port(const Worker& w) const {
+  auto it = sides_.find(w.id());
+  return it == sides_.end() ? rules::kDefaultBootstrapPort : it->second.bootstrap_port;
 }
 
 metrics::Counter* Pool::selected(const Worker& w) const {
@@ -138,47 +249,59 @@ metrics::Counter* Pool::selected(const Worker& w) const {
 void Pool::start() {
   if (started_) return;
   started_ = true;
-  policy_->attach(PolicyRuntime{
+  std::vector<Policy*> policies{policy_.get()};
+  if (decode_policy_) policies.push_back(decode_policy_.get());
+  HealthConfig hc = env_.health;
+  PolicyRuntime rt{
       .control = env_.control,
       .tokenizer = parse_options_.tokenizer,
       .chat_template = parse_options_.chat_template,
       .keep = tokenizer_,
-      .dp_rank_field = env_.config ? env_.config->dp_rank_field : std::string("routed_dp_rank")});
-  policy_->start();
-  HealthConfig hc = env_.health;
-  hc.poll_load = policy_->uses_reported_load();
-  hc.fetch_kv_events = policy_->wants_kv_events();
-  hc.fetch_dp_size = policy_->wants_dp_size();
+      .dp_rank_field = env_.config ? env_.config->dp_rank_field : std::string("routed_dp_rank")};
+  for (Policy* p : policies) {
+    // The prefill policy's own requests (kv_exact's parity probes) go as prefill/decode pairs.
+    p->attach(p == policy_.get() && decode_policy_ ? pd_runtime(rt) : rt);
+    p->start();
+    hc.poll_load = hc.poll_load || p->uses_reported_load();
+    hc.fetch_kv_events = hc.fetch_kv_events || p->wants_kv_events();
+    hc.fetch_dp_size = hc.fetch_dp_size || p->wants_dp_size();
+  }
+  // Prefill/decode: a prefill server's dp_size maps the chosen rank to a bootstrap_room.
+  hc.fetch_dp_size = hc.fetch_dp_size || pd();
   health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
   health_->start();
-  auto period = policy_->period();
-  if (period.count() <= 0) return;
-  upkeep_ = std::make_shared<Upkeep>(*env_.control);
-  // The callbacks hold the upkeep state, not the pool: after stop() one may still run (to see
-  // the flag) when the pool is gone.
-  struct Loop {
-    std::shared_ptr<Upkeep> u;
-    Policy* policy;
-    std::chrono::milliseconds period;
-    void operator()(const boost::system::error_code& ec) const {
-      if (ec || u->stopped) return;
-      policy->on_period();
-      u->timer.expires_after(period);
-      u->timer.async_wait(*this);
-    }
-  };
-  upkeep_->timer.expires_after(period);
-  upkeep_->timer.async_wait(Loop{upkeep_, policy_.get(), period});
+  for (Policy* p : policies) {
+    auto period = p->period();
+    if (period.count() <= 0) continue;
+    auto upkeep = std::make_shared<Upkeep>(*env_.control);
+    // The callbacks hold the upkeep state, not the pool: after stop() one may still run (to see
+    // the flag) when the pool is gone.
+    struct Loop {
+      std::shared_ptr<Upkeep> u;
+      Policy* policy;
+      std::chrono::milliseconds period;
+      void operator()(const boost::system::error_code& ec) const {
+        if (ec || u->stopped) return;
+        policy->on_period();
+        u->timer.expires_after(period);
+        u->timer.async_wait(*this);
+      }
+    };
+    upkeep->timer.expires_after(period);
+    upkeep->timer.async_wait(Loop{upkeep, p, period});
+    upkeep_.push_back(std::move(upkeep));
+  }
 }
 
 void Pool::stop() {
   if (!started_ || stopped_) return;
   stopped_ = true;
   policy_->stop();
+  if (decode_policy_) decode_policy_->stop();
   if (health_) health_->stop();
-  if (upkeep_) {
-    upkeep_->stopped = true;
-    upkeep_->timer.cancel();
+  for (auto& u : upkeep_) {
+    u->stopped = true;
+    u->timer.cancel();
   }
 }
 

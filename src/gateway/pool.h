@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "gateway/admission.h"
 #include "gateway/config.h"
@@ -85,6 +86,16 @@ class Pool {
   Policy& policy() { return *policy_; }
   const Policy& policy() const { return *policy_; }
   std::shared_ptr<Policy> shared_policy() const { return policy_; }
+  // Prefill/decode (the rule's endpoints have roles): policy() chooses prefill servers (kv_exact
+  // over them with kvExactMode 1), decode_policy() decode servers. Each hears only its side's
+  // workers and dispatches.
+  bool pd() const { return decode_policy_ != nullptr; }
+  Policy& decode_policy() { return *decode_policy_; }
+  // A worker's role in this pool (kNone for a worker it does not have).
+  rules::Role role(const Worker& w) const;
+  // A prefill worker's SGLang bootstrap port: its endpoint's, else the rule's pdBootstrapPort
+  // (0: 8998).
+  int64_t bootstrap_port(const Worker& w) const;
   // What the request path must read of bodies for this pool (mode 4), with its tokenizer.
   const ParseOptions& parse_options() const { return parse_options_; }
   bool reads_body() const { return rule_.mode == 4; }
@@ -101,11 +112,21 @@ class Pool {
 
  private:
   Pool(const rules::Rule& rule, const PoolEnv& env);
+  // `rt` with the pairing of prefill/decode requests the prefill policy makes on its own.
+  PolicyRuntime pd_runtime(PolicyRuntime rt) const;
 
   rules::Rule rule_;
   const PoolEnv env_;
   WorkerRegistry registry_;
-  std::shared_ptr<Policy> policy_;  // shared with the next pool of the rule when kept
+  std::shared_ptr<Policy> policy_;         // shared with the next pool of the rule when kept
+  std::shared_ptr<Policy> decode_policy_;  // prefill/decode only
+  struct Side {
+    rules::Role role = rules::Role::kNone;
+    int64_t bootstrap_port = 0;
+  };
+  std::unordered_map<uint64_t, Side> sides_;  // by worker id
+  // Prefill/decode: each side's workers (what its policy hears in on_workers_changed).
+  std::shared_ptr<const WorkerSet> prefill_set_, decode_set_;
   ParseOptions parse_options_;
   bool wants_usage_ = false;
   std::shared_ptr<const TokenizerFiles> tokenizer_;
@@ -113,7 +134,7 @@ class Pool {
   std::unique_ptr<HealthPlane> health_;
   // The upkeep loop's stop flag and timer (shared with its callbacks, which may run after stop()).
   struct Upkeep;
-  std::shared_ptr<Upkeep> upkeep_;
+  std::vector<std::shared_ptr<Upkeep>> upkeep_;  // one per policy with a period
   bool started_ = false;
   bool stopped_ = false;
 };
@@ -122,7 +143,9 @@ class Pool {
 
 // Attaches a worker's metric cells (kvgate_worker_* by URL). remove_worker_metrics() drops every
 // series labelled with the URL (the gateway's and the policies'), once no live worker has it.
-void attach_worker_metrics(Worker& w, GatewayMetrics& m);
+// `role` is the worker's role label ("regular" without one, "prefill", "decode").
+std::string_view role_label(rules::Role role);
+void attach_worker_metrics(Worker& w, GatewayMetrics& m, rules::Role role = rules::Role::kNone);
 void remove_worker_metrics(std::string_view url, metrics::Registry& registry);
 
 }  // namespace kvgate

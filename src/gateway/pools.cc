@@ -172,7 +172,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
     std::string err;
     std::shared_ptr<Policy> policy;
     bool in_use = false;
-    if (old && !dry_run && same_but_endpoints(old->rule(), r)) {
+    if (old && !dry_run && !r.pd() && same_but_endpoints(old->rule(), r)) {
       policy = old->shared_policy();  // the scaling case: what the policy learned carries on
       in_use = true;
     } else if (auto it = overrides_.find(r.name); it != overrides_.end()) {
@@ -199,7 +199,9 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
     kept_policy.clear();
     // ... and the series their policies made for rules that do not exist.
     for (const auto& n : names) {
-      if (!named_anywhere(n)) env_.registry->remove_series("rule", n);
+      if (named_anywhere(n)) continue;
+      env_.registry->remove_series("rule", n);
+      env_.registry->remove_series("rule", n + "/decode");  // a prefill/decode pool's decode side
     }
     std::set<std::string, std::less<>> live = live_urls();
     for (const auto& u : urls) {
@@ -342,7 +344,9 @@ size_t PoolManager::retire() {
   }
   // A deleted rule's policy series go with its last pool.
   for (const auto& n : retired_names) {
-    if (!named_anywhere(n)) env_.registry->remove_series("rule", n);
+    if (named_anywhere(n)) continue;
+    env_.registry->remove_series("rule", n);
+    env_.registry->remove_series("rule", n + "/decode");
   }
   if (!gone.empty()) {
     auto live = live_urls();

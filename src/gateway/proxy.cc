@@ -10,7 +10,9 @@
 #include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
+#include "pd/pd.h"
 #include "request/body_rewrite.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/random.h"
 
@@ -26,6 +28,8 @@ constexpr size_t kFirstEventLimit = 65536;
 constexpr size_t kSavedAnswerLimit = 65536;
 // Longest `model` a request may name (OpenAI and Hugging Face ids are far shorter).
 constexpr size_t kMaxModelNameBytes = 256;
+// Prefill/decode: how long a served request waits for its prefill's own answer.
+constexpr auto kPrefillAnswerWait = std::chrono::seconds(10);
 
 // Watching a client for disconnects costs an I/O operation per request, so it starts only for
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
@@ -40,6 +44,7 @@ log::RateLimit kLogRetryableStatus(20, std::chrono::seconds(10));
 log::RateLimit kLogNoFirstEvent(20, std::chrono::seconds(10));
 log::RateLimit kLogFirstEventAbort(20, std::chrono::seconds(10));
 log::RateLimit kLogMidResponse(20, std::chrono::seconds(10));
+log::RateLimit kLogPrefillFailed(20, std::chrono::seconds(10));
 
 // What a client going away cancels: its wait in the admission queue, its upstream call.
 struct Cancel {
@@ -47,10 +52,12 @@ struct Cancel {
   std::shared_ptr<Admission::Waiter> waiter;
   http::UpstreamCall* call = nullptr;
   asio::steady_timer* backoff = nullptr;  // a retry's wait (its Retry-After may be long)
+  pd::PrefillLeg* prefill = nullptr;      // prefill/decode: the prefill half's call
   void fire() {
     if (waiter && admission) admission->cancel(waiter);
     if (call) call->abort();
     if (backoff) backoff->cancel();
+    if (prefill) prefill->abort();
   }
 };
 
@@ -381,6 +388,8 @@ class Gateway::Request {
   awaitable<Next> first_event(Attempt& a);
   awaitable<void> relay(Attempt& a);
   awaitable<void> give_up();
+  // Prefill/decode: the prefill half ends with its attempt (joined, its dispatch closed).
+  awaitable<void> settle_prefill(Attempt& a, bool served);
 
  private:
   friend struct Gateway::Attempt;
@@ -389,6 +398,12 @@ class Gateway::Request {
   void client_left();
   void record(int status) { g_.record(route_label_, status, model_, streaming_, start_); }
   void list_candidates(Clock::time_point now);
+  // Prefill/decode: both sides chosen, both breakers' passes, both dispatches opened.
+  awaitable<Next> select_pd(Attempt& a);
+  // Prefill/decode: the request bodies of both halves; starts the prefill half.
+  bool start_prefill(Attempt& a, std::string& decode_body);
+  // Prefill/decode: the prefill half failed before the decode half answered anything.
+  awaitable<Next> prefill_failed(Attempt& a);
   // Whether another attempt may follow one that failed safely ("" if so; it takes a budget
   // slot), else why not.
   std::string_view may_retry();
@@ -435,6 +450,7 @@ class Gateway::Request {
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
   std::shared_ptr<const WorkerSet> set_;
   std::vector<Worker*> candidates_;
+  std::vector<Worker*> decode_candidates_;  // prefill/decode: candidates_ are the prefill side
 
   // retry: Pingora's rule, written down in docs/reliability.md
   std::vector<uint64_t> failed_;
@@ -454,7 +470,11 @@ class Gateway::Request {
 // One attempt on one worker: its decision, its dispatch (closed exactly once), its upstream call.
 struct Gateway::Attempt {
   explicit Attempt(Request& r) : r(r) {}
-  ~Attempt() { r.cancel_.call = nullptr; }
+  ~Attempt() {
+    r.cancel_.call = nullptr;
+    r.cancel_.prefill = nullptr;
+    if (prefill && prefill->leg) prefill->leg->abort();  // (joined unless torn down at shutdown)
+  }
   Attempt(const Attempt&) = delete;
   Attempt& operator=(const Attempt&) = delete;
 
@@ -480,6 +500,16 @@ struct Gateway::Attempt {
   int abort_status = 0;        // ... the status it stands for
   bool request_abort = false;  // the first event is the request's own error
   std::optional<RelayBuffer> buf;
+  // Prefill/decode: the prefill half (d, w, dispatch and call above are the decode half, whose
+  // answer the client gets).
+  struct Prefill {
+    Decision d;
+    Worker* w = nullptr;
+    std::optional<Dispatch> dispatch;
+    std::shared_ptr<pd::PrefillLeg> leg;
+    std::string rid;  // the rid both halves carry ("" when the client's body names its own)
+  };
+  std::optional<Prefill> prefill;
 };
 
 Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid)
@@ -635,6 +665,26 @@ void Gateway::Request::forward_headers() {
 }
 
 void Gateway::Request::list_candidates(Clock::time_point now) {
+  if (pool_->pd()) {
+    // Each side on its own: a side whose every worker failed once tries them again.
+    auto list = [&](rules::Role role, std::vector<Worker*>& out) {
+      out.clear();
+      for (const auto& w : set_->workers) {
+        if (pool_->role(*w) != role) continue;
+        if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
+        if (w->available(now)) out.push_back(w.get());
+      }
+      if (out.empty() && !failed_.empty()) {
+        for (const auto& w : set_->workers) {
+          if (pool_->role(*w) == role && w->available(now)) out.push_back(w.get());
+        }
+      }
+    };
+    list(rules::Role::kPrefill, candidates_);
+    list(rules::Role::kDecode, decode_candidates_);
+    if (decode_candidates_.empty()) candidates_.clear();  // no pair: nothing to try
+    return;
+  }
   candidates_.clear();
   for (const auto& w : set_->workers) {
     if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
@@ -688,6 +738,10 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
   skip_backoff_ = false;
   a.now = Clock::now();
   list_candidates(a.now);
+  if (pool_->pd()) {
+    Next next = co_await select_pd(a);
+    co_return next;
+  }
   if (candidates_.empty()) {
     if (attempts_made_ > 0) co_return Next::kGiveUp;
     co_await refuse(errors::no_worker(set_->workers.size()));
@@ -720,6 +774,189 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
   co_return Next::kOn;
 }
 
+// Phase: select, prefill/decode. The prefill policy (kv_exact with kvExactMode 1) chooses a
+// prefill server (and rank), the decode policy a decode server; each breaker gives a pass; both
+// dispatches open. A retry chooses both again.
+awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
+  if (info_.batch) {
+    co_await refuse(errors::invalid_request(
+        "a batch (a list of prompts) is not supported with prefill/decode: send one prompt per "
+        "request"));
+    co_return Next::kDone;
+  }
+  if (candidates_.empty()) {
+    if (attempts_made_ > 0) co_return Next::kGiveUp;
+    size_t prefill = 0, decode = 0, usable_prefill = 0;
+    for (const auto& w : set_->workers) {
+      bool is_decode = pool_->role(*w) == rules::Role::kDecode;
+      (is_decode ? decode : prefill) += 1;
+      if (!is_decode && w->available(a.now)) ++usable_prefill;
+    }
+    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
+    GatewayError ge = usable_prefill == 0 ? errors::no_worker_of_role("prefill", prefill)
+                                          : errors::no_worker_of_role("decode", decode);
+    co_await refuse(ge);
+    co_return Next::kDone;
+  }
+  Policy& prefill_policy = pool_->policy();
+  Policy& decode_policy = pool_->decode_policy();
+  Attempt::Prefill& p = a.prefill.emplace();
+  p.d = prefill_policy.select(candidates_, ctx_);
+  p.w = p.d.worker;
+  if (p.w != nullptr) {
+    a.d = decode_policy.select(decode_candidates_, ctx_);
+    a.w = a.d.worker;
+  }
+  if (p.w == nullptr || a.w == nullptr) {
+    Policy& refused = p.w == nullptr ? prefill_policy : decode_policy;
+    std::string_view branch = p.w == nullptr ? p.d.branch : a.d.branch;
+    g_.metrics_.branch_counter(refused.name(), branch).inc();
+    if (attempts_made_ > 0) co_return Next::kGiveUp;
+    co_await refuse(errors::policy_refused(refused.name(), branch));
+    co_return Next::kDone;
+  }
+  CircuitBreaker::Pass prefill_pass = p.w->admit(a.now);
+  CircuitBreaker::Pass decode_pass = CircuitBreaker::Pass::kDenied;
+  if (prefill_pass != CircuitBreaker::Pass::kDenied) decode_pass = a.w->admit(a.now);
+  if (prefill_pass == CircuitBreaker::Pass::kDenied ||
+      decode_pass == CircuitBreaker::Pass::kDenied) {
+    // A breaker turned (another request took the half-open trial): choose again, bounded.
+    if (prefill_pass != CircuitBreaker::Pass::kDenied) p.w->record_neutral(prefill_pass);
+    failed_.push_back((prefill_pass == CircuitBreaker::Pass::kDenied ? p.w : a.w)->id());
+    a.prefill.reset();
+    if (++denied_ > static_cast<int>(set_->workers.size()) + 1) co_return Next::kGiveUp;
+    skip_backoff_ = true;
+    co_return Next::kRetry;
+  }
+  if (metrics::Counter* c = pool_->selected(*p.w)) c->inc();
+  if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
+  g_.metrics_.branch_counter(prefill_policy.name(), p.d.branch).inc();
+  g_.metrics_.branch_counter(decode_policy.name(), a.d.branch).inc();
+  ++attempts_made_;
+  p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass);
+  a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass);
+  a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
+  a.call->set_deadline(deadline_);
+  cancel_.call = &*a.call;
+  co_return Next::kOn;
+}
+
+// Prefill/decode: SGLang's rendezvous fields (and a rid to abort the decode half by) added to the
+// body, the prefill half started with its copy; the decode half's goes in `decode_body`. False
+// when the body cannot take fields (not a JSON object).
+bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
+  Attempt::Prefill& p = *a.prefill;
+  const rules::Rule& rule = pool_->rule();
+  const int64_t dp = p.w->dp_size().value_or(rule.kv_dp_rank_count);
+  const uint64_t room = pd::choose_room(thread_rng().next(), p.d.dp_rank, dp);
+  std::string host;
+  json::append_string(host, pd::bootstrap_host(p.w->target()));
+  std::vector<BodyField> fields;
+  fields.reserve(6);
+  fields.push_back({"bootstrap_host", std::move(host)});
+  fields.push_back({"bootstrap_port", std::to_string(pool_->bootstrap_port(*p.w))});
+  fields.push_back({"bootstrap_room", std::to_string(room)});
+  if (!info_.has_rid) {
+    // SGLang's /abort_request finds a request by its rid: one of ours, new per attempt.
+    p.rid = std::string(rid_) + "-" + std::to_string(attempts_made_);
+    std::string quoted;
+    json::append_string(quoted, p.rid);
+    fields.push_back({"rid", std::move(quoted)});
+  }
+  if (p.d.dp_rank && dp > 1 && g_.config_.pd_prefill_rank == "field") {
+    fields.push_back({"disagg_prefill_dp_rank", std::to_string(*p.d.dp_rank)});
+  }
+  std::string prefill_body = add_fields(ex_.body(), fields);
+  if (prefill_body.empty()) return false;
+  if (a.d.dp_rank) {
+    // The decode server's own rank (a dp-aware decode policy), for the decode half only.
+    fields.push_back({g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)});
+  }
+  decode_body = add_fields(ex_.body(), fields);
+  WorkerPtr worker;
+  for (const auto& w : set_->workers) {
+    if (w.get() == p.w) worker = w;
+  }
+  p.leg = std::make_shared<pd::PrefillLeg>(ex_.executor(), ts_.pool, std::move(worker), deadline_);
+  // The prefill is done once its whole answer came (its KV has left): the policy hears it then.
+  p.leg->on_ok = [&p] {
+    if (p.dispatch) p.dispatch->first_token();
+  };
+  cancel_.prefill = p.leg.get();
+  p.leg->start(ex_.method(), ex_.target(), fwd_, std::move(prefill_body), &*a.call);
+  return true;
+}
+
+// Prefill/decode: the prefill half failed while the decode half had not answered (its call was
+// aborted). The decode server forgets the request (the closed connection, and SGLang's
+// /abort_request with its rid); the prefill server's failure counts against it. Another pair is
+// tried when it may be (nothing reached the client); a prefill's refusal of the request itself
+// (a 4xx) is the client's answer.
+awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
+  Attempt::Prefill& p = *a.prefill;
+  pd::PrefillLeg& leg = *p.leg;
+  http::UpstreamCall& call = *a.call;
+  call.abort();
+  if (call.request_sent() && !p.rid.empty()) {
+    // Fire and forget, bounded: the closed connection already tells SGLang the client left.
+    std::string body = R"({"rid":)";
+    json::append_string(body, p.rid);
+    body.push_back('}');
+    asio::co_spawn(
+        ex_.executor(),
+        [](asio::any_io_executor ex, http::Target t, std::string b) -> awaitable<void> {
+          co_await http::fetch(ex, t, "POST", "/abort_request", std::chrono::seconds(2), b);
+        }(ex_.executor(), a.w->target(), std::move(body)),
+        asio::detached);
+  }
+  g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
+  a.tag(log::warn(kLogPrefillFailed, "prefill failed; its decode request was aborted"))
+      .kv("prefill", p.w->url())
+      .kv("status", leg.status())
+      .kv("error", leg.error());
+  // The decode server did nothing wrong.
+  a.dispatch->finish(Outcome{.status = 502, .started = false}, Verdict::kNeutral);
+  const int status = leg.status();
+  const bool answered = status != 0;
+  const bool request_error =
+      answered && status >= 400 && status < 500 && status != 408 && status != 429;
+  const bool ran = status == 500;
+  Verdict v = request_error                ? Verdict::kNeutral
+              : ran && p.dispatch->trial() ? Verdict::kFailure
+              : ran                        ? Verdict::kNeutral
+              : answered && status < 500   ? Verdict::kNeutral
+                                           : Verdict::kFailure;
+  if (ran) {
+    ++ran_and_failed_;
+    if (!p.dispatch->trial()) charge_if_served_.push_back(p.w);
+  }
+  p.dispatch->finish(Outcome{.status = answered ? status : 502,
+                             .started = answered ? !refused_status(status) : leg.request_sent()},
+                     v);
+  failed_.push_back(p.w->id());
+  if (request_error) {
+    saved_ =
+        SavedAnswer{.status = status, .content_type = leg.answer_type(), .body = leg.answer_body()};
+    co_return Next::kGiveUp;
+  }
+  if (answered && retryable_status(status)) {
+    saved_ =
+        SavedAnswer{.status = status, .content_type = leg.answer_type(), .body = leg.answer_body()};
+  }
+  if (ran && ran_and_failed_ > 1) {
+    retry_denied("attempts");
+  } else if (auto why = may_retry(); !why.empty()) {
+    retry_denied(why);
+  } else {
+    co_return Next::kRetry;
+  }
+  GatewayError ge =
+      errors::prefill_failed(p.w->id(), answered ? "it answered HTTP " + std::to_string(status)
+                                                 : std::string("no answer"));
+  co_await refuse(ge, p.w);
+  co_return Next::kDone;
+}
+
 void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
   // A 500 ran the request and failed: it counts against the worker only if another worker then
   // serves the same request (else the request, not the worker, is at fault).
@@ -743,13 +980,32 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
   // as --dp-rank-field names it.
   std::string rewritten;
   std::string_view body = ex_.body();
-  if (a.d.dp_rank && pool_->reads_body()) {
+  if (a.prefill) {
+    // Prefill/decode: both halves at once, the same body with SGLang's rendezvous fields.
+    if (!start_prefill(a, rewritten)) {
+      a.prefill->dispatch->finish(Outcome{.status = 400, .started = false}, Verdict::kNeutral);
+      a.dispatch->finish(Outcome{.status = 400, .started = false}, Verdict::kNeutral);
+      co_await refuse(errors::invalid_request(
+          "prefill/decode adds SGLang's bootstrap fields to the request body, which must be a "
+          "JSON object"));
+      co_return Next::kDone;
+    }
+    body = rewritten;
+  } else if (a.d.dp_rank && pool_->reads_body()) {
     const BodyField rank{g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)};
     rewritten = add_fields(body, {&rank, 1});
     if (!rewritten.empty()) body = rewritten;
   }
   http::CallError e = co_await call.start(ex_.method(), ex_.target(), fwd_, body);
   a.dispatch->started_guess = call.request_sent();
+  if (a.prefill && a.prefill->leg->failed() && !ex_.client_gone()) {
+    Next next = co_await prefill_failed(a);
+    co_return next;
+  }
+  if (a.prefill && e == http::CallError::kNone &&
+      (call.status() != 200 || !call.header("content-type").starts_with("text/event-stream"))) {
+    a.prefill->leg->release_decode();  // a whole answer (or an error): nothing left to abort
+  }
   if (e == http::CallError::kAborted || ex_.client_gone()) {
     call.abort();
     a.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = call.request_sent()},
@@ -827,6 +1083,13 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
     size_t n = co_await call.read_some(a.buf->data(), kRelayBufferSize, re);
     if (n == 0 || re != http::CallError::kNone) break;
     a.pre.append(a.buf->data(), n);
+  }
+  if (a.prefill) {
+    if (a.prefill->leg->failed() && !first_event_end(a.pre) && !ex_.client_gone()) {
+      Next next = co_await prefill_failed(a);
+      co_return next;
+    }
+    a.prefill->leg->release_decode();  // its first event: the decode half had its KV
   }
   if (re == http::CallError::kAborted || ex_.client_gone()) {
     call.abort();
@@ -914,9 +1177,21 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     }
   });
   out.push_back({"x-request-id", rid_});
-  std::string route_header, attempts_header, rank_header;
+  std::string route_header, attempts_header, rank_header, prefill_route, prefill_rank;
   if (g_.config_.debug_headers) {
-    route_header = std::string(pool_->policy().name()) + "/" + std::string(a.d.branch);
+    Policy& decider = a.prefill ? pool_->decode_policy() : pool_->policy();
+    route_header = std::string(decider.name()) + "/" + std::string(a.d.branch);
+    if (a.prefill) {
+      // Prefill/decode: x-kvgate-worker and x-kvgate-route are the decode half's.
+      const Attempt::Prefill& p = *a.prefill;
+      prefill_route = std::string(pool_->policy().name()) + "/" + std::string(p.d.branch);
+      out.push_back({"x-kvgate-prefill-worker", p.w->url()});
+      out.push_back({"x-kvgate-prefill-route", prefill_route});
+      if (p.d.dp_rank) {
+        prefill_rank = std::to_string(*p.d.dp_rank);
+        out.push_back({"x-kvgate-prefill-dp-rank", prefill_rank});
+      }
+    }
     attempts_header = std::to_string(attempts_made_);
     out.push_back({"x-kvgate-worker", a.w->url()});
     out.push_back({"x-kvgate-route", route_header});
@@ -1025,6 +1300,50 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
   record(final_status);
 }
 
+// Prefill/decode: the prefill half ends with its attempt. When the decode half served the client
+// the prefill's answer is awaited (it has come, or comes soon: the decode had its KV); otherwise
+// the prefill call is ended. Its dispatch then closes with what the prefill server did.
+awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
+  Attempt::Prefill& p = *a.prefill;
+  cancel_.prefill = nullptr;
+  if (!p.dispatch) co_return;  // no dispatch opened (a breaker turned)
+  if (!p.leg) {
+    p.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = false}, Verdict::kNeutral);
+    co_return;
+  }
+  pd::PrefillLeg& leg = *p.leg;
+  if (!served || ex_.client_gone()) leg.abort();
+  // The decode half served the client, so the prefill has sent its KV and is answering; should
+  // its answer not come, it is not waited for long.
+  asio::steady_timer guard(ex_.executor(), kPrefillAnswerWait);
+  guard.async_wait([leg = p.leg](const boost::system::error_code& ec) {
+    if (!ec) leg->abort();
+  });
+  co_await leg.wait();
+  guard.cancel();
+  if (leg.state() == pd::PrefillLeg::State::kOk) {
+    p.dispatch->finish(Outcome{.status = leg.status(),
+                               .ok = true,
+                               .cached_tokens = leg.usage().cached_tokens(),
+                               .prompt_tokens = leg.usage().prompt_tokens(),
+                               .started = true},
+                       Verdict::kSuccess);
+    co_return;
+  }
+  // Ended by us (the attempt failed elsewhere, or the client left): neutral. A failure seen only
+  // now (the decode half had its KV already) still counts against the prefill server.
+  const bool ours = served ? ex_.client_gone() : true;
+  if (!ours) {
+    g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
+    a.tag(log::warn(kLogPrefillFailed, "prefill failed after its decode had the KV"))
+        .kv("prefill", p.w->url())
+        .kv("error", leg.error());
+  }
+  p.dispatch->finish(Outcome{.status = leg.status() != 0 ? leg.status() : kClientClosedStatus,
+                             .started = leg.request_sent()},
+                     ours ? Verdict::kNeutral : Verdict::kFailure);
+}
+
 // No attempt produced an answer to relay: the last refusal a worker sent, else a gateway error.
 awaitable<void> Gateway::Request::give_up() {
   if (ex_.client_gone()) {
@@ -1068,10 +1387,15 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
     Next next = co_await r.select(a);
     if (next == Next::kOn) next = co_await r.send(a);
     if (next == Next::kOn) next = co_await r.first_event(a);
+    bool served = false;
+    if (next == Next::kOn) {
+      co_await r.relay(a);  // and complete
+      served = a.status < 400 && !a.worker_abort && !a.request_abort;
+      next = Next::kDone;
+    }
+    if (a.prefill) co_await r.settle_prefill(a, served);
     if (next == Next::kRetry) continue;
     if (next == Next::kGiveUp) break;
-    if (next == Next::kDone) co_return;
-    co_await r.relay(a);  // and complete
     co_return;
   }
   co_await r.give_up();

@@ -1030,9 +1030,16 @@ void KvExactPolicy::launch_probes(
         mix(++probe_nonce_ ^ s.tiebreak ^
             static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
     ++probes_running_;
+    // Prefill/decode: the rank goes in the bootstrap_room (a pin would conflict with it), and
+    // the probe goes to a decode server too (a prefill server sends its KV to one).
     if (!kv_parity::make_probe(*rt.tokenizer, *rt.chat_template, static_cast<size_t>(page_size_),
-                               nonce, rank, *probe, err, rt.dp_rank_field)) {
+                               nonce, rt.pd_pair ? -1 : rank, *probe, err, rt.dp_rank_field)) {
       finish_probe(s, *probe, 0, err);
+      continue;
+    }
+    http::Target decode;
+    if (rt.pd_pair && !rt.pd_pair(*s.worker, s.rank, probe->body, decode)) {
+      finish_probe(s, *probe, 0, "no decode server is available to pair the probe with");
       continue;
     }
     {
@@ -1057,6 +1064,12 @@ void KvExactPolicy::launch_probes(
         *control,
         send_probe(control->get_executor(), s.worker->target(), probe->body, std::move(done)),
         asio::detached);
+    if (rt.pd_pair) {
+      asio::co_spawn(*control,
+                     send_probe(control->get_executor(), std::move(decode), probe->body,
+                                [](const http::FetchResult&) {}),
+                     asio::detached);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -74,6 +75,12 @@ struct PolicyRuntime {
   const tokenizer::ChatTemplate* chat_template = nullptr;
   std::shared_ptr<const void> keep;              // owns the tokenizer and template
   std::string dp_rank_field = "routed_dp_rank";  // --dp-rank-field
+  // Prefill/decode (kvExactMode 1): a request of the policy's own to a prefill server (rank -1:
+  // none chosen) must go as a prefill/decode pair. This adds SGLang's rendezvous fields to `body`
+  // (the rank by its bootstrap_room) and gives the decode server to send it to as well; false
+  // when no decode server is available.
+  std::function<bool(const Worker& prefill, int rank, std::string& body, http::Target& decode)>
+      pd_pair;
 };
 
 class Policy {

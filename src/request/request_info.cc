@@ -261,8 +261,17 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
         out.stream = s;
       }
     } else if (key == "rid") {
+      out.has_rid = true;
       std::string_view r;
       if (!value.get_string().get(r)) out.rid = r;
+    } else if ((route == ApiRoute::kGenerate && (key == "text" || key == "input_ids")) ||
+               (route == ApiRoute::kCompletions && key == "prompt")) {
+      // A list of strings, or a list of token id lists (a plain list of ids is one prompt).
+      simdjson::dom::array a;
+      if (!value.get_array().get(a) && a.size() > 0) {
+        element first = a.at(0).value_unsafe();
+        out.batch = first.is_string() || first.is_array();
+      }
     } else if (key == "cache_salt") {
       // SGLang keeps a salted request's prefixes in their own namespace (kv_exact keys by it).
       std::string_view salt;

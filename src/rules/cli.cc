@@ -101,8 +101,7 @@ int run_check_config_command(std::span<const std::string> args, std::ostream& ou
   if (!load(a, cfg, path, err, "check-config")) return 2;
   bool refused = false;
   for (const auto& r : cfg.rules) {
-    for (const std::string& why : {not_built(r), listener_mismatch(r, cfg.config.port)}) {
-      if (why.empty()) continue;
+    if (std::string why = listener_mismatch(r, cfg.config.port); !why.empty()) {
       err << path << ": rule " << r.name << ": " << why << "\n";
       refused = true;
     }

@@ -645,6 +645,25 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
         "sglang); remove the field");
   }
 
+  // The policies of each side of prefill/decode.
+  for (auto [name, value] : {std::pair<std::string_view, const std::string*>{
+                                 "prefillPolicy", &r.policy_knobs.prefill_policy},
+                             {"decodePolicy", &r.policy_knobs.decode_policy}}) {
+    if (value->empty() || skip({name})) continue;
+    if (endpoints_ok && !pd) {
+      err(std::string(name), json_quote(*value),
+          "applies to prefill/decode pools only (endpoints with roles prefill and decode); "
+          "remove it, or use sel for a single pool");
+    } else if (*value == "kv_exact") {
+      err(std::string(name), json_quote(*value),
+          name == "prefillPolicy"
+              ? "KV-exact over the prefill servers is kvExactMode 1 (this field then names the "
+                "policy for its misses): set kvExactMode: 1 and a policy here, or remove it"
+              : "decode servers cache only what their prefill server sent, so KV-exact routing "
+                "applies to the prefill side (kvExactMode 1): choose another decode policy");
+    }
+  }
+
   // What mode 0 (plain proxy: bodies not read) cannot do.
   if (r.mode == 0 && !skip({"mode"})) {
     if (sel_ok && policy_reads_request(r.sel)) {
@@ -927,18 +946,6 @@ std::string listener_mismatch(const Rule& rule, int64_t listener_port) {
          "), so this rule would never be used; set port to that port or remove it";
 }
 
-std::string not_built(const Rule& rule) {
-  if (rule.pd()) {
-    return "prefill/decode pools (endpoints with roles) are not built in this version of kvgate; "
-           "list the workers without roles";
-  }
-  if (rule.kv_exact_mode == 1) {
-    return "kvExactMode 1 (kv_exact over prefill/decode) is not built in this version of kvgate; "
-           "set kvExactMode 0";
-  }
-  return "";
-}
-
 void validate(const Rule& rule, std::vector<FieldError>& errors) {
   validate_impl(rule, errors, {});
 }
@@ -1050,9 +1057,17 @@ Rule rule_from_flags(const GatewayConfig& c) {
   r.kv_zmq_port = c.kv_zmq_port;
   r.kv_dp_rank_count = c.kv_dp_rank_count;
   r.kv_warmup_sec = c.kv_warmup_secs;
-  if (c.policy == "kv_exact") {  // the command line's way to say kvExactMode 3
-    r.kv_exact_mode = 3;
+  // The command line's ways to say KV-exact: --policy kv_exact (kvExactMode 3, or 1 with
+  // prefill/decode), --prefill-policy kv_exact (kvExactMode 1); --kv-fallback-policy decides
+  // its misses.
+  if (c.policy == "kv_exact") {
+    r.kv_exact_mode = r.pd() ? 1 : 3;
     r.sel = c.kv_fallback_policy;
+    r.policy_knobs.policy = r.sel;
+  }
+  if (r.pd() && c.prefill_policy == "kv_exact") {
+    r.kv_exact_mode = 1;
+    r.policy_knobs.prefill_policy = c.kv_fallback_policy;
   }
   return r;
 }

@@ -27,6 +27,8 @@ namespace kvgate::rules {
 inline constexpr size_t kMaxRules = 1024;
 inline constexpr size_t kMaxModelsPerRule = 1024;
 inline constexpr size_t kMaxEndpointsPerRule = 4096;
+// SGLang's --disaggregation-bootstrap-port default (a rule's pdBootstrapPort 0).
+inline constexpr int64_t kDefaultBootstrapPort = 8998;
 
 enum class Role { kNone, kPrefill, kDecode };
 std::string_view to_string(Role r);
@@ -96,10 +98,6 @@ void validate(const Rule& rule, std::vector<FieldError>& errors);
 void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors);
 // A rule naming a listener port kvgate does not listen on ("" when it matches or names none).
 std::string listener_mismatch(const Rule& rule, int64_t listener_port);
-
-// What a valid rule asks that this build of kvgate does not have yet ("" when none): kvgate
-// refuses such a rule when it builds its pool, and check-config says so too.
-std::string not_built(const Rule& rule);
 
 // Whether `next` may replace `current` live (kvEngineType may not change: delete and recreate).
 void validate_update(const Rule& current, const Rule& next, std::vector<FieldError>& errors);

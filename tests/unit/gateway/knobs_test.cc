@@ -76,13 +76,15 @@ const std::set<std::string, std::less<>> kReadDirectly = {
     "max-concurrent-requests", "queue-size", "queue-timeout-secs", "backend", "dp-rank-field",
     // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields
     // (kv-dp-rank-count reaches PolicyConfig too: --dp-aware's default ranks per worker)
-    "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-warmup-secs"};
+    "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-warmup-secs",
+    // prefill/decode: the command line's rule (its roles and per-side policies), and the request
+    // path's choice of how a prefill rank reaches the engine
+    "pd-disaggregation", "decode", "prefill-policy", "decode-policy", "pd-prefill-rank"};
 // sgl-model-gateway's knobs kvgate accepts and does not use: their help must say so.
 const std::set<std::string, std::less<>> kAcceptedUnused = {
     "worker-startup-timeout-secs", "worker-startup-check-interval", "cb-window-duration-secs"};
 // Knobs of features not built yet: setting one must be a startup error.
-const std::set<std::string, std::less<>> kRefused = {"pd-disaggregation", "decode",
-                                                     "prefill-policy", "decode-policy"};
+const std::set<std::string, std::less<>> kRefused = {};
 
 TEST(Knobs, EveryKnobAModuleReadsChangesItsConfig) {
   const Derived defaults = derive(GatewayConfig{});

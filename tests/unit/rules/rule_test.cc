@@ -143,6 +143,12 @@ TEST(RuleParse, AcceptedSpellings) {
        [](const Rule& r) { EXPECT_EQ(r.endpoints[0].bootstrap_port, 8999); }},
       {"base P/D without KV-exact", with(kPd, R"({"kvExactMode": 0, "tokenizerPath": null})"),
        [](const Rule& r) { EXPECT_TRUE(r.pd()); }},
+      {"a policy per side", with(kPd, R"({"sel": "round_robin", "prefillPolicy": "cache_aware",
+                     "decodePolicy": "power_of_two"})"),
+       [](const Rule& r) {
+         EXPECT_EQ(r.policy_knobs.prefill_policy, "cache_aware");
+         EXPECT_EQ(r.policy_knobs.decode_policy, "power_of_two");
+       }},
       {"models, port and path",
        with(kPool, R"({"models": ["a", "b"], "port": 8080, "pathPrefix": "/v1"})"),
        [](const Rule& r) { EXPECT_EQ(r.models.size(), 2u); }},
@@ -250,6 +256,15 @@ TEST(RuleValidation, EveryRejectedShapeSaysWhatToDo) {
        "endpoints", "", "at least one of each (role: decode)"},
       {with(kPd, R"({"kvExactMode": 0, "endpoints": [{"url": "http://d:1", "role": "decode"}]})"),
        "endpoints", "", "at least one of each (role: prefill)"},
+      {with(kPool, R"({"prefillPolicy": "cache_aware"})"), "prefillPolicy", "\"cache_aware\"",
+       "applies to prefill/decode pools only"},
+      {with(kPool, R"({"decodePolicy": "power_of_two"})"), "decodePolicy", "\"power_of_two\"",
+       "applies to prefill/decode pools only"},
+      {with(kPd, R"({"prefillPolicy": "kv_exact"})"), "prefillPolicy", "\"kv_exact\"",
+       "set kvExactMode: 1 and a policy here"},
+      {with(kPd, R"({"decodePolicy": "kv_exact"})"), "decodePolicy", "\"kv_exact\"",
+       "choose another decode policy"},
+      {with(kPd, R"({"prefillPolicy": "fastest"})"), "prefillPolicy", "\"fastest\"", "one of"},
       {with(kPd, R"({"kvEngineType": "vllm"})"), "kvEngineType", "\"vllm\"",
        "set kvEngineType: sglang, or drop the roles"},
       {with(kPd, R"({"mode": 0, "kvExactMode": 0})"), "mode", "0",
@@ -586,6 +601,47 @@ TEST(RuleFromFlags, TheDefaultRule) {
   c.backend = "vllm";
   EXPECT_EQ(rule_from_flags(c).kv_engine_type, EngineType::kVllm);
   EXPECT_EQ(rule_from_flags(c).kv_hash_algo, "sha256");
+}
+
+TEST(RuleFromFlags, PrefillDecodeServersAndKvExactOverThePrefillSide) {
+  GatewayConfig c;
+  c.pd_disaggregation = true;
+  c.prefill = {{"http://127.0.0.1:30001", 9001}, {"http://127.0.0.1:30002", std::nullopt}};
+  c.decode = {"http://127.0.0.1:30010"};
+  c.policy = "cache_aware";
+  c.decode_policy = "power_of_two";
+  c.tokenizer_path = "/models/qwen3";
+  Rule r = rule_from_flags(c);
+  ASSERT_EQ(r.endpoints.size(), 3u);
+  EXPECT_TRUE(r.pd());
+  EXPECT_EQ(r.endpoints[0].role, Role::kPrefill);
+  EXPECT_EQ(r.endpoints[0].bootstrap_port, 9001);
+  EXPECT_FALSE(r.endpoints[1].bootstrap_port.has_value());  // the rule's: 8998
+  EXPECT_EQ(r.endpoints[2].role, Role::kDecode);
+  EXPECT_EQ(r.kv_exact_mode, 0);
+  EXPECT_EQ(r.policy_knobs.decode_policy, "power_of_two");
+  std::vector<FieldError> errors;
+  validate(r, errors);
+  EXPECT_TRUE(errors.empty()) << all(errors);
+
+  // --prefill-policy kv_exact: kvExactMode 1, its misses to --kv-fallback-policy.
+  c.prefill_policy = "kv_exact";
+  c.kv_fallback_policy = "chwbl";
+  r = rule_from_flags(c);
+  EXPECT_EQ(r.kv_exact_mode, 1);
+  EXPECT_EQ(r.policy_knobs.prefill_policy, "chwbl");
+  EXPECT_EQ(r.sel, "cache_aware");
+  validate(r, errors);
+  EXPECT_TRUE(errors.empty()) << all(errors);
+
+  // --policy kv_exact with prefill/decode: kvExactMode 1 as well (3 is a single pool's).
+  c.prefill_policy.clear();
+  c.policy = "kv_exact";
+  r = rule_from_flags(c);
+  EXPECT_EQ(r.kv_exact_mode, 1);
+  EXPECT_EQ(r.sel, "chwbl");
+  validate(r, errors);
+  EXPECT_TRUE(errors.empty()) << all(errors);
 }
 
 TEST(RuleFromFlags, ModelPathWithATokenizerIsTheTokenizer) {

@@ -147,6 +147,32 @@ TEST(Validate, RequiresWorkersAndBuiltPolicy) {
   EXPECT_NE(validate(c).find("--retry-max-backoff-ms"), std::string::npos);
 }
 
+TEST(Validate, PrefillDecodeNeedsBothRolesAndTheFlag) {
+  GatewayConfig c;
+  c.decode = {"http://127.0.0.1:2"};
+  EXPECT_NE(validate(c).find("add --pd-disaggregation"), std::string::npos) << validate(c);
+  c.pd_disaggregation = true;
+  EXPECT_NE(validate(c).find("at least one --prefill"), std::string::npos) << validate(c);
+  c.prefill = {{"http://127.0.0.1:1", 8998}};
+  EXPECT_EQ(validate(c), "");
+  c.worker_urls = {"http://127.0.0.1:3"};
+  EXPECT_NE(validate(c).find("--worker-urls with --pd-disaggregation"), std::string::npos);
+  c.worker_urls.clear();
+  c.decode = {"http://127.0.0.1:1/"};
+  EXPECT_NE(validate(c).find("listed twice (a server has one role)"), std::string::npos)
+      << validate(c);
+  c.decode = {"http://127.0.0.1:2"};
+  c.prefill_policy = "kv_exact";
+  EXPECT_NE(validate(c).find("--prefill-policy kv_exact"), std::string::npos) << validate(c);
+  c.tokenizer_path = "/models/x";
+  EXPECT_EQ(validate(c), "");
+  // The per-side policies belong to prefill/decode.
+  GatewayConfig plain;
+  plain.worker_urls = {"http://127.0.0.1:1"};
+  plain.decode_policy = "round_robin";
+  EXPECT_NE(validate(plain).find("add --pd-disaggregation"), std::string::npos);
+}
+
 TEST(Validate, RequestIdHeadersDefault) {
   GatewayConfig c;
   auto names = request_id_header_names(c);

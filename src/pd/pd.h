@@ -1,0 +1,106 @@
+// pd/pd: prefill/decode disaggregation for SGLang, the parts the request path runs per attempt.
+// A prefill/decode pool's request goes to one prefill server (which computes the prompt's KV and
+// sends it on) and one decode server (which waits for that KV, then generates), at once, with the
+// same body plus SGLang's rendezvous fields: bootstrap_host (the prefill server's host),
+// bootstrap_port (its bootstrap server) and bootstrap_room (a 63-bit id both sides agree on). The
+// client gets the decode server's answer; the prefill server's is read here, beside it, to learn
+// whether the prefill failed (then the decode would wait for a room that will not come: SGLang's
+// decode gives up only after 300 s), and what it cached.
+//
+// With DP ranks on a prefill server, SGLang prefills a room on rank bootstrap_room % dp_size
+// (unless the request names disagg_prefill_dp_rank, which newer builds read), and the decode
+// server fetches the KV from that rank. choose_room() makes a random room land on the rank the
+// prefill policy chose.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gateway/usage_scanner.h"
+#include "http/client.h"
+#include "http/io.h"
+#include "workers/worker.h"
+
+namespace kvgate::pd {
+
+// A bootstrap_room from 63 random bits: as drawn without a rank (or with one rank), else the
+// nearest room below 2^63 with room % dp_size == rank.
+uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size);
+
+// The bootstrap_host of a prefill server: its URL's host, without IPv6 brackets.
+std::string bootstrap_host(const http::Target& prefill);
+
+// The prefill half of one prefill/decode attempt. start() sends the prefill request and reads its
+// answer to the end on a coroutine of its own; a failure there (no connection, an error status,
+// an aborted stream) aborts the decode call it watches, so the request path, waiting on that call,
+// wakes at once. The request path joins the leg (wait()) before its attempt ends: the leg never
+// outlives the request.
+class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
+ public:
+  enum class State { kRunning, kOk, kFailed };
+
+  PrefillLeg(asio::any_io_executor ex, http::ConnectionPool& pool, WorkerPtr worker,
+             Clock::time_point deadline);
+  ~PrefillLeg();
+  PrefillLeg(const PrefillLeg&) = delete;
+  PrefillLeg& operator=(const PrefillLeg&) = delete;
+
+  // Sends `body` to the prefill worker (the headers are copied). `decode`, when given, is aborted
+  // if the prefill fails while it is watched.
+  void start(std::string_view method, std::string_view target, http::HeaderList headers,
+             std::string body, http::UpstreamCall* decode);
+  // Called once when the prefill answered in full (its KV has left), unless abort() came first.
+  std::function<void()> on_ok;
+  // The decode half has its KV (its first event arrived, or its whole answer): a prefill failure
+  // no longer concerns it.
+  void release_decode() { decode_ = nullptr; }
+  // Ends the prefill call if it still runs (the attempt is over without it).
+  void abort();
+  // Until the leg has ended.
+  awaitable<void> wait();
+
+  State state() const { return state_; }
+  bool failed() const { return state_ == State::kFailed; }
+  bool finished() const { return state_ != State::kRunning; }
+  // The prefill's answer (0 when none came) and, for a failure, why (for logs and the client).
+  int status() const { return status_; }
+  const std::string& error() const { return error_; }
+  // The request reached the prefill server (it may have computed the prompt).
+  bool request_sent() const { return sent_; }
+  // A transport failure (no answer), as the upstream call classified it.
+  http::CallError call_error() const { return call_error_; }
+  // An error answer's own body and content type (at most 64 KiB), to give the client when the
+  // prefill refused the request itself (a 4xx).
+  const std::string& answer_body() const { return answer_body_; }
+  const std::string& answer_type() const { return answer_type_; }
+  // What the prefill server reported of the prompt (meta_info / usage).
+  const UsageScanner& usage() const { return usage_; }
+  const WorkerPtr& worker() const { return worker_; }
+
+ private:
+  awaitable<void> run(std::string method, std::string target, std::vector<std::string> headers,
+                      std::string body);
+  void finish(State s);
+
+  asio::any_io_executor ex_;
+  http::ConnectionPool& pool_;
+  WorkerPtr worker_;
+  Clock::time_point deadline_;
+  http::UpstreamCall* call_ = nullptr;    // while run() has one
+  http::UpstreamCall* decode_ = nullptr;  // aborted on a prefill failure while set
+  asio::steady_timer done_;
+  State state_ = State::kRunning;
+  bool aborted_ = false;
+  bool sent_ = false;
+  int status_ = 0;
+  http::CallError call_error_ = http::CallError::kNone;
+  std::string error_;
+  std::string answer_body_, answer_type_;
+  UsageScanner usage_;
+};
+
+}  // namespace kvgate::pd

@@ -1,0 +1,410 @@
+// Integration: prefill/decode disaggregation through kvgate, with kvgate-sim servers in prefill
+// and decode modes (2 prefill servers running 2 DP ranks each, 2 decode servers). kvgate chooses a
+// prefill (server, rank) and a decode server, adds SGLang's bootstrap fields, sends both halves at
+// once and relays the decode half's answer. Covered: every API shape streamed and not; the prefill
+// rank reaching the engine both ways SGLang takes it (the room, or disagg_prefill_dp_rank);
+// multi-turn chats staying on the prefill rank holding their history (kvExactMode 1) where round
+// robin scatters them; a dead or dying prefill server: no decode left waiting, clear errors,
+// recovery; /readiness and the role label.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "support/chats.h"
+#include "support/cluster.h"
+#include "support/models.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace kvgate::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kRanks = 2;
+
+struct PdOptions {
+  // "" : the command line (--pd-disaggregation --prefill ... --decode ...); else a rule's YAML
+  // head (fields before endpoints), for kvExactMode 1.
+  std::string rule;
+  std::vector<std::string> gateway_args;
+  std::string tokenizer;      // the sims tokenize as this model (and publish events) when given
+  double time_scale = 0;      // the sims' --time-scale
+  int decode_room_secs = 60;  // the decode sims' wait for a room (SGLang: 300 s)
+};
+
+struct PdCluster {
+  explicit PdCluster(const PdOptions& o) {
+    std::string endpoints;
+    std::vector<std::string> flags;
+    for (int i = 0; i < 2; ++i) {
+      Sim s;
+      s.port = free_port();
+      int bootstrap = free_port();
+      int events = free_ports(kRanks);
+      s.args = {"--disaggregation-mode",
+                "prefill",
+                "--disaggregation-bootstrap-port",
+                std::to_string(bootstrap),
+                "--page-size",
+                "16",
+                "--dp-size",
+                std::to_string(kRanks),
+                "--enable-cache-report",
+                "--time-scale",
+                std::to_string(o.time_scale)};
+      if (!o.tokenizer.empty()) {
+        s.args.insert(s.args.end(), {"--tokenizer-path", o.tokenizer, "--kv-events-config",
+                                     R"({"publisher":"zmq","endpoint":"tcp://*:)" +
+                                         std::to_string(events) + R"(","topic":""})"});
+      }
+      s.start();
+      endpoints += "      - {url: " + s.url() +
+                   ", role: prefill, bootstrapPort: " + std::to_string(bootstrap) +
+                   ", kvZmqPort: " + std::to_string(events) + "}\n";
+      flags.insert(flags.end(), {"--prefill", s.url(), std::to_string(bootstrap)});
+      prefill.push_back(std::move(s));
+    }
+    for (int i = 0; i < 2; ++i) {
+      Sim s;
+      s.port = free_port();
+      s.args = {"--disaggregation-mode",
+                "decode",
+                "--page-size",
+                "16",
+                "--enable-cache-report",
+                "--time-scale",
+                std::to_string(o.time_scale),
+                "--pd-room-timeout-secs",
+                std::to_string(o.decode_room_secs)};
+      if (!o.tokenizer.empty()) s.args.insert(s.args.end(), {"--tokenizer-path", o.tokenizer});
+      s.start();
+      endpoints += "      - {url: " + s.url() + ", role: decode}\n";
+      flags.insert(flags.end(), {"--decode", s.url()});
+      decode.push_back(std::move(s));
+    }
+    port = free_port();
+    metrics_port = free_port();
+    std::vector<std::string> a = {"--host",
+                                  "127.0.0.1",
+                                  "--port",
+                                  std::to_string(port),
+                                  "--prometheus-host",
+                                  "127.0.0.1",
+                                  "--prometheus-port",
+                                  std::to_string(metrics_port),
+                                  "--admin-port",
+                                  "0",
+                                  "--debug-headers",
+                                  "--shutdown-grace-period-secs",
+                                  "2",
+                                  "--health-check-interval-secs",
+                                  "1"};
+    if (o.rule.empty()) {
+      a.emplace_back("--pd-disaggregation");
+      a.insert(a.end(), flags.begin(), flags.end());
+    } else {
+      a.insert(a.end(),
+               {"--config", dir.write("kvgate.yaml", o.rule + "    endpoints:\n" + endpoints)});
+    }
+    a.insert(a.end(), o.gateway_args.begin(), o.gateway_args.end());
+    gateway = std::make_unique<Process>("kvgate", a);
+    ready = wait_until(
+        [&] {
+          if (!gateway->running()) return true;
+          HttpClient c(port);
+          c.set_timeout(500ms);
+          return c.get("/readiness").body.find("\"healthy_workers\":4") != std::string::npos;
+        },
+        20s);
+    ready = ready && gateway->running();
+  }
+  ~PdCluster() {
+    if (gateway) {
+      int status = gateway->stop(20s);
+      EXPECT_EQ(status, 0) << gateway->log();
+    }
+  }
+  double metric(const std::string& series) {
+    HttpClient c(metrics_port);
+    auto r = c.get("/metrics");
+    size_t at = r.body.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(r.body.substr(at + series.size() + 2));
+  }
+  // Requests a server is running or queueing now (all its ranks), from its /get_load.
+  static double load(const Sim& s) {
+    HttpClient c(s.port);
+    auto r = c.get("/get_load");
+    if (r.status != 200) return -1;
+    double sum = 0;
+    for (size_t at = r.body.find("\"num_reqs\":"); at != std::string::npos;
+         at = r.body.find("\"num_reqs\":", at + 1)) {
+      sum += std::stod(r.body.substr(at + 11));
+    }
+    return sum;
+  }
+  TempDir dir;
+  std::vector<Sim> prefill, decode;
+  int port = 0, metrics_port = 0;
+  bool ready = false;
+  std::unique_ptr<Process> gateway;
+};
+
+const std::string kGenerate =
+    R"({"text":"Tell me about the history of the printing press in Europe",)"
+    R"("sampling_params":{"max_new_tokens":6}})";
+const std::string kGenerateStream =
+    R"({"text":"Tell me about the history of the printing press in Europe",)"
+    R"("sampling_params":{"max_new_tokens":6},"stream":true})";
+
+std::string chat(bool stream) {
+  return R"({"model":"m","max_tokens":5,"stream":)" + std::string(stream ? "true" : "false") +
+         R"(,"messages":[{"role":"user","content":"What is a bootstrap room?"}]})";
+}
+
+TEST(Pd, EveryApiShapeStreamedAndNotGoesThroughBothHalves) {
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin"}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  HttpClient client(c.port);
+  std::set<std::string> prefills, decodes;
+  auto note = [&](const Response& r) {
+    prefills.insert(r.header("x-kvgate-prefill-worker"));
+    decodes.insert(r.header("x-kvgate-worker"));
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto g = client.post("/generate", kGenerate);
+    ASSERT_EQ(g.status, 200) << g.body;
+    EXPECT_EQ(json_number_field(g.body, "completion_tokens"), 6) << g.body;
+    note(g);
+
+    auto gs = client.post("/generate", kGenerateStream);
+    ASSERT_EQ(gs.status, 200) << gs.body;
+    note(gs);
+    EXPECT_NE(gs.body.find("data: [DONE]"), std::string::npos) << gs.body;
+    EXPECT_EQ(gs.body.find("\"abort\""), std::string::npos) << gs.body;
+
+    auto ch = client.post("/v1/chat/completions", chat(false));
+    ASSERT_EQ(ch.status, 200) << ch.body;
+    note(ch);
+    EXPECT_EQ(json_string_field(ch.body, "object"), "chat.completion");
+    EXPECT_EQ(json_number_field(ch.body, "completion_tokens"), 5) << ch.body;
+
+    auto cs = client.post("/v1/chat/completions", chat(true));
+    ASSERT_EQ(cs.status, 200) << cs.body;
+    note(cs);
+    EXPECT_NE(cs.body.find("chat.completion.chunk"), std::string::npos) << cs.body;
+    EXPECT_NE(cs.body.find("data: [DONE]"), std::string::npos) << cs.body;
+  }
+  // Both servers of each role took requests (round robin on each side).
+  EXPECT_EQ(prefills.size(), 2u);
+  EXPECT_EQ(decodes.size(), 2u);
+  for (const auto& s : c.prefill) EXPECT_TRUE(prefills.contains(s.url()));
+  for (const auto& s : c.decode) EXPECT_TRUE(decodes.contains(s.url()));
+
+  // Readiness counts each role; the workers' series carry their role.
+  auto r = client.get("/readiness");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\"healthy_prefill\":2,\"healthy_decode\":2"), std::string::npos) << r.body;
+  EXPECT_EQ(
+      c.metric("kvgate_worker_health{worker=\"" + c.prefill[0].url() + "\",role=\"prefill\"}"), 1);
+  EXPECT_EQ(c.metric("kvgate_worker_health{worker=\"" + c.decode[1].url() + "\",role=\"decode\"}"),
+            1);
+  EXPECT_GE(c.metric("kvgate_worker_requests_total{worker=\"" + c.decode[0].url() +
+                     "\",role=\"decode\"}"),
+            1);
+  EXPECT_EQ(c.metric("kvgate_pd_prefill_failures_total{worker=\"" + c.prefill[0].url() + "\"}"),
+            -1);
+}
+
+// The prefill rank a dp-aware prefill policy chooses reaches the engine, both shapes: a room with
+// room % dp_size == rank (every SGLang build), or disagg_prefill_dp_rank as well (newer builds).
+// Each prefill server's own meta_info names the rank that prefilled; the decode answers.
+void ranks_reach_engine(const std::string& shape) {
+  PdCluster c(PdOptions{
+      .gateway_args = {"--policy", "round_robin", "--dp-aware", "--pd-prefill-rank", shape}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  // kvgate learned each prefill server's dp_size.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return c.metric("kvgate_dp_ranks{rule=\"default\",worker=\"" + c.prefill[1].url() +
+                        "\"}") == kRanks;
+      },
+      15s))
+      << c.gateway->log();
+  HttpClient client(c.port);
+  std::set<std::string> ranks;
+  for (int i = 0; i < 8; ++i) {
+    auto r = client.post("/generate", i % 2 ? kGenerateStream : kGenerate);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body.find("\"abort\""), std::string::npos) << r.body;
+    EXPECT_EQ(r.body.find("conflict"), std::string::npos) << r.body;
+    ranks.insert(r.header("x-kvgate-prefill-worker") + "@" + r.header("x-kvgate-prefill-dp-rank"));
+  }
+  EXPECT_EQ(ranks.size(), 4u) << "round robin over 2 prefill servers x 2 ranks";
+}
+
+TEST(Pd, PrefillRankReachesTheEngineByRoom) {
+  ranks_reach_engine("room");
+}
+
+TEST(Pd, PrefillRankReachesTheEngineByField) {
+  ranks_reach_engine("field");
+}
+
+// Multi-turn chats: the share of later turns' prompt tokens the prefill servers had cached (the
+// decode servers report the prefill's hit), and the (prefill server, rank) of each conversation.
+struct Turns {
+  double cached = 0, prompt = 0;
+  std::map<int, std::set<std::string>> placed;
+  double rate() const { return prompt > 0 ? cached / prompt : 0; }
+};
+
+Turns multiturn(PdCluster& c, int conversations, int turns_per) {
+  HttpClient client(c.port);
+  std::vector<std::vector<std::string>> turns(static_cast<size_t>(conversations));
+  Turns out;
+  for (int t = 0; t < turns_per; ++t) {
+    for (int conv = 0; conv < conversations; ++conv) {
+      auto& history = turns[static_cast<size_t>(conv)];
+      history.push_back(turn_message(conv, t, "pd chat"));
+      auto r = client.post("/v1/chat/completions", chat_body(history, "m"));
+      EXPECT_EQ(r.status, 200) << r.body;
+      if (t > 0) {
+        out.cached += std::max(0.0, json_number_field(r.body, "cached_tokens"));
+        out.prompt += std::max(0.0, json_number_field(r.body, "prompt_tokens"));
+        out.placed[conv].insert(r.header("x-kvgate-prefill-worker") + "@" +
+                                r.header("x-kvgate-prefill-dp-rank"));
+      }
+      history.push_back("reply " + std::to_string(t) + " of chat " + std::to_string(conv));
+    }
+  }
+  return out;
+}
+
+std::string pd_rule(const std::string& tok, int kv_exact_mode, const std::string& sel) {
+  return "rules:\n  - name: default\n    mode: 4\n    sel: " + sel +
+         "\n    kvEngineType: sglang\n    kvExactMode: " + std::to_string(kv_exact_mode) +
+         "\n    kvBlockSize: 16\n    kvDpRankCount: 2\n    kvWarmupSec: 0\n"
+         "    tokenizerPath: " +
+         tok + "\n";
+}
+
+TEST(Pd, KvExactMode1KeepsConversationsOnThePrefillRankHoldingThem) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  const std::string tok = models_dir() + "/qwen3";
+  Turns kv, rr;
+  {
+    PdCluster c(PdOptions{.rule = pd_rule(tok, 1, "round_robin"), .tokenizer = tok});
+    ASSERT_TRUE(c.ready) << c.gateway->log();
+    // Every prefill (server, rank) subscribed, and its parity probe (sent as a prefill/decode
+    // pair) found the same token ids.
+    ASSERT_TRUE(wait_until(
+        [&] {
+          for (const auto& s : c.prefill) {
+            for (int r = 0; r < kRanks; ++r) {
+              std::string labels = "{rule=\"default\",endpoint=\"" + s.url() + "\",rank=\"" +
+                                   std::to_string(r) + "\"}";
+              if (c.metric("kvgate_kv_subscriber_connected" + labels) != 1 ||
+                  c.metric("kvgate_kv_tokenizer_parity" + labels) != 1) {
+                return false;
+              }
+            }
+          }
+          return true;
+        },
+        30s))
+        << c.gateway->log();
+    kv = multiturn(c, 6, 4);
+    EXPECT_GE(c.metric("kvgate_kv_exact_hits_total{rule=\"default\"}"), 10);
+    for (const auto& [conv, where] : kv.placed) {
+      EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill ranks";
+    }
+  }
+  {
+    PdCluster c(PdOptions{.rule = pd_rule(tok, 0, "round_robin"), .tokenizer = tok});
+    ASSERT_TRUE(c.ready) << c.gateway->log();
+    rr = multiturn(c, 6, 4);
+  }
+  std::cout << "prefill hit rate of later turns: kvExactMode 1 " << kv.rate() << ", round_robin "
+            << rr.rate() << "\n";
+  EXPECT_GE(kv.rate(), 0.6);
+  EXPECT_GE(kv.rate(), 2 * rr.rate());
+}
+
+// The only prefill server dies: requests fail at once with one clear error (no decode waits for a
+// room: the decode servers' room timeout here is a minute), and recover when it returns.
+TEST(Pd, DeadPrefillGivesClearErrorsLeavesNoDecodeWaitingAndRecovers) {
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin", "--retry-max-retries", "2"}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  HttpClient client(c.port);
+  c.prefill[0].kill();
+  c.prefill[1].kill();
+  for (int i = 0; i < 4; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = client.post("/generate", i % 2 ? kGenerateStream : kGenerate);
+    auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_TRUE(r.status == 502 || r.status == 503) << r.status << r.body;
+    EXPECT_NE(r.body.find("prefill"), std::string::npos) << r.body;
+    EXPECT_LT(took, 10s) << "a request waited on a room that could not come";
+  }
+  // No decode server is left holding a request.
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[0]) == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[1]) == 0; }, 5s));
+  EXPECT_GE(c.metric("kvgate_pd_prefill_failures_total{worker=\"" + c.prefill[0].url() + "\"}") +
+                c.metric("kvgate_pd_prefill_failures_total{worker=\"" + c.prefill[1].url() + "\"}"),
+            1);
+  // Readiness says no prefill server is healthy once the health checks see it.
+  EXPECT_TRUE(wait_until([&] { return client.get("/readiness").status == 503; }, 10s));
+  // Back: requests succeed again.
+  c.prefill[0].start();
+  c.prefill[1].start();
+  EXPECT_TRUE(wait_until([&] { return client.get("/readiness").status == 200; }, 15s));
+  EXPECT_TRUE(wait_until([&] { return client.post("/generate", kGenerate).status == 200; }, 15s));
+  auto r = client.post("/v1/chat/completions", chat(true));
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// A prefill server dies while it prefills: the client's request is retried on the other pair (or
+// ends with a clear error), never left hanging, and the decode servers hold nothing afterwards.
+TEST(Pd, PrefillKilledMidRequestLeavesNoHungDecode) {
+  // Slow sims (each request's prefill takes long enough to kill the server during it).
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin"}, .time_scale = 4});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  std::string long_prompt = "Describe in detail";
+  for (int i = 0; i < 400; ++i) long_prompt += " and more " + std::to_string(i);
+  const std::string body =
+      R"({"text":")" + long_prompt + R"(","sampling_params":{"max_new_tokens":4},"stream":true})";
+  std::vector<std::future<Response>> running;
+  for (int i = 0; i < 4; ++i) {
+    running.push_back(std::async(std::launch::async, [&] {
+      HttpClient client(c.port);
+      client.set_timeout(60s);
+      return client.post("/generate", body);
+    }));
+  }
+  // Kill one prefill server once it runs a request.
+  ASSERT_TRUE(wait_until([&] { return PdCluster::load(c.prefill[0]) > 0; }, 10s));
+  c.prefill[0].kill();
+  int ok = 0;
+  for (auto& f : running) {
+    ASSERT_EQ(f.wait_for(30s), std::future_status::ready) << "a request hung";
+    Response r = f.get();
+    if (r.status == 200 && r.body.find("\"abort\"") == std::string::npos &&
+        r.body.find("\"error\"") == std::string::npos) {
+      ++ok;
+    } else {
+      EXPECT_NE(r.body.find("prefill"), std::string::npos) << r.status << r.body;
+    }
+  }
+  EXPECT_GE(ok, 2) << "the other prefill server's requests, at least, succeed";
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[0]) == 0; }, 10s));
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[1]) == 0; }, 10s));
+}
+
+}  // namespace
+}  // namespace kvgate::testing

@@ -1,0 +1,60 @@
+// pd: the bootstrap_room that carries a prefill rank (SGLang prefills room % dp_size).
+#include "pd/pd.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace kvgate::pd {
+namespace {
+
+constexpr uint64_t kTop = uint64_t{1} << 63;
+
+TEST(ChooseRoom, SixtyThreeRandomBitsWithoutARank) {
+  EXPECT_EQ(choose_room(0xffffffffffffffffull, std::nullopt, 4), kTop - 1);
+  EXPECT_EQ(choose_room(12345, std::nullopt, 4), 12345u);
+  EXPECT_EQ(choose_room(12345, 3, 1), 12345u);  // one rank: nothing to choose
+  EXPECT_EQ(choose_room(12345, -1, 4), 12345u);
+}
+
+TEST(ChooseRoom, TheRoomLandsOnTheChosenRank) {
+  const uint64_t draws[] = {0,
+                            1,
+                            7,
+                            12345,
+                            kTop - 1,
+                            kTop,
+                            0xffffffffffffffffull,
+                            0x8000000000000007ull,
+                            0x123456789abcdefull};
+  for (int64_t dp : {2, 3, 4, 7, 8, 64}) {
+    for (int rank = 0; rank < dp; ++rank) {
+      for (uint64_t d : draws) {
+        uint64_t room = choose_room(d, rank, dp);
+        EXPECT_LT(room, kTop) << d << " dp " << dp << " rank " << rank;
+        EXPECT_EQ(room % static_cast<uint64_t>(dp), static_cast<uint64_t>(rank))
+            << d << " dp " << dp;
+        // Still the draw, up to a rank's shift: rooms of different draws stay different.
+        uint64_t masked = d & (kTop - 1);
+        EXPECT_LT(masked > room ? masked - room : room - masked, static_cast<uint64_t>(2 * dp));
+      }
+    }
+  }
+}
+
+TEST(ChooseRoom, DifferentDrawsGiveDifferentRooms) {
+  std::set<uint64_t> rooms;
+  for (uint64_t d = 0; d < 1000; ++d) rooms.insert(choose_room(d * 0x9e3779b97f4a7c15ull, 1, 2));
+  EXPECT_EQ(rooms.size(), 1000u);
+}
+
+TEST(BootstrapHost, IsTheServersHostWithoutBrackets) {
+  http::Target t;
+  ASSERT_EQ(http::parse_url("http://[::1]:30000", t), "");
+  EXPECT_EQ(bootstrap_host(t), "::1");
+  ASSERT_EQ(http::parse_url("http://10.0.0.21:30000", t), "");
+  EXPECT_EQ(bootstrap_host(t), "10.0.0.21");
+}
+
+}  // namespace
+}  // namespace kvgate::pd

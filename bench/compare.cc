@@ -330,8 +330,10 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     return {};
   }
   const int dp = std::max(1, o.sim_dp_size);
+  const bool pd = o.pd_decode > 0;
   std::vector<std::unique_ptr<Child>> sims;
   std::vector<std::string> sim_urls;
+  std::vector<std::string> bootstrap_ports, decode_urls;  // prefill/decode
   // kv_exact: (sim URL, rank) -> the ZeroMQ endpoint that rank publishes on.
   std::map<std::pair<std::string, int>, std::string> publishers;
   for (int i = 0; i < o.sims; ++i) {
@@ -341,6 +343,11 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                      "--port",           std::to_string(port),
                                      "--enable-metrics", "--enable-cache-report"};
     if (dp > 1) args.insert(args.end(), {"--dp-size", std::to_string(dp)});
+    if (pd) {
+      bootstrap_ports.push_back(std::to_string(free_port()));
+      args.insert(args.end(), {"--disaggregation-mode", "prefill",
+                               "--disaggregation-bootstrap-port", bootstrap_ports.back()});
+    }
     if (kv) {
       int events = free_port_run(dp);
       if (events == 0) {
@@ -365,7 +372,29 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     }
     sim_urls.push_back(url);
   }
-  status("started " + std::to_string(o.sims) + " kvgate-sim servers");
+  for (int i = 0; i < o.pd_decode; ++i) {
+    int port = free_port();
+    std::string url = "http://127.0.0.1:" + std::to_string(port);
+    std::vector<std::string> args = {"--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(port),
+                                     "--enable-metrics",
+                                     "--enable-cache-report",
+                                     "--disaggregation-mode",
+                                     "decode"};
+    args.insert(args.end(), o.sim_args.begin(), o.sim_args.end());
+    sims.push_back(std::make_unique<Child>(o.bin_dir + "/kvgate-sim", args,
+                                           o.log_dir + "/decode-" + std::to_string(i) + ".log"));
+    if (!wait_status(url, "/health", 200, *sims.back(), std::chrono::seconds(30))) {
+      error = "kvgate-sim --disaggregation-mode decode did not start (log " + sims.back()->log() +
+              "):\n" + last_lines(sims.back()->log());
+      return {};
+    }
+    decode_urls.push_back(url);
+  }
+  status("started " + std::to_string(o.sims) + " kvgate-sim servers" +
+         (pd ? " (prefill) and " + std::to_string(o.pd_decode) + " decode servers" : ""));
   const int replicas = std::max(1, o.replicas);
   std::vector<Summary> out;
   auto flush_all = [&] {
@@ -400,15 +429,23 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                        std::to_string(metrics_port),
                                        "--admin-port",
                                        std::to_string(gw.admin_port),
-                                       "--policy",
-                                       name,
                                        "--debug-headers",
                                        "--log-level",
                                        "warn",
                                        "--health-check-interval-secs",
-                                       "5",
-                                       "--worker-urls"};
-      args.insert(args.end(), sim_urls.begin(), sim_urls.end());
+                                       "5"};
+      if (pd) {
+        // The policy under test chooses the prefill server (and rank); kv_exact is kvExactMode 1.
+        args.insert(args.end(), {"--pd-disaggregation", "--prefill-policy", name, "--decode-policy",
+                                 o.pd_decode_policy});
+        for (size_t i = 0; i < sim_urls.size(); ++i) {
+          args.insert(args.end(), {"--prefill", sim_urls[i], bootstrap_ports[i]});
+        }
+        for (const auto& u : decode_urls) args.insert(args.end(), {"--decode", u});
+      } else {
+        args.insert(args.end(), {"--policy", name, "--worker-urls"});
+        args.insert(args.end(), sim_urls.begin(), sim_urls.end());
+      }
       if (is_kv) {
         // Ports come from each sim's /server_info (kv_events); until kvgate has read it, the
         // rule's port is one nobody listens on (never another sim's publisher). Trusted at once
@@ -536,7 +573,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     }
   }
   for (size_t i = 0; i < sims.size(); ++i) {
-    error = sims[i]->stop_checked("kvgate-sim " + sim_urls[i]);
+    error = sims[i]->stop_checked(
+        "kvgate-sim " + (i < sim_urls.size() ? sim_urls[i] : decode_urls[i - sim_urls.size()]));
     if (!error.empty()) return {};
   }
   return out;

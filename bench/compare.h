@@ -26,8 +26,12 @@ struct CompareOptions {
   DriverConfig driver;                    // url is filled in per policy
   int page_size = 1;
   std::string tokenizer_path;
-  int sim_dp_size = 1;                      // --dp-size of every sim
-  int replicas = 1;                         // kvgates per policy, the driver alternating them
+  int sim_dp_size = 1;  // --dp-size of every sim
+  int replicas = 1;     // kvgates per policy, the driver alternating them
+  // Prefill/decode: the `sims` are prefill servers, with this many decode servers beside them;
+  // each policy is kvgate's --prefill-policy. 0: one plain pool.
+  int pd_decode = 0;
+  std::string pd_decode_policy = "round_robin";
   std::string kv_fallback = "round_robin";  // kv_exact's --kv-fallback-policy
   std::function<void(const std::string& policy, const RequestRecord&, size_t done)> on_request;
   std::function<void(const std::string& line)> on_status;

@@ -205,8 +205,11 @@ struct Runner {
       r.error = std::string(http::to_string(err)) + ": " + call.error_detail();
     } else {
       r.status = call.status();
-      r.worker = std::string(call.header("x-kvgate-worker"));
-      r.route = std::string(call.header("x-kvgate-route"));
+      // Prefill/decode: the prefill server holds the cache (and the policy under test chose it).
+      std::string_view prefill = call.header("x-kvgate-prefill-worker");
+      r.worker = std::string(prefill.empty() ? call.header("x-kvgate-worker") : prefill);
+      r.route = std::string(prefill.empty() ? call.header("x-kvgate-route")
+                                            : call.header("x-kvgate-prefill-route"));
       std::string pending;
       char buf[16384];
       double last_token = -1;

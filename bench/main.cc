@@ -59,6 +59,8 @@ struct Config {
   double sim_time_scale = 0;
   int64_t sim_dp_size = 1;
   int64_t replicas = 1;
+  int64_t pd_decode = 0;
+  std::string pd_decode_policy = "round_robin";
   std::string kv_fallback = "round_robin";
   std::vector<std::string> sim_args;
   std::vector<std::string> gateway_args;
@@ -276,6 +278,20 @@ const std::vector<K>& knobs() {
        .field = &C::replicas,
        .min = 1,
        .max = 16},
+      {.name = "pd-decode",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "Prefill/decode: the --sims servers run as prefill servers (--disaggregation-mode "
+               "prefill) beside N decode servers, and kvgate runs --pd-disaggregation with each "
+               "policy as its --prefill-policy (kv_exact: kvExactMode 1); 0 = one plain pool",
+       .field = &C::pd_decode,
+       .min = 0,
+       .max = 64},
+      {.name = "pd-decode-policy",
+       .group = "Compare",
+       .value_name = "NAME",
+       .help = "Prefill/decode: kvgate's --decode-policy for every run",
+       .field = &C::pd_decode_policy},
       {.name = "kv-fallback-policy",
        .group = "Compare",
        .value_name = "NAME",
@@ -551,6 +567,8 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   o.sims = static_cast<int>(c.sims);
   o.sim_dp_size = static_cast<int>(c.sim_dp_size);
   o.replicas = static_cast<int>(c.replicas);
+  o.pd_decode = static_cast<int>(c.pd_decode);
+  o.pd_decode_policy = c.pd_decode_policy;
   o.kv_fallback = c.kv_fallback;
   if (c.sim_cache_tokens > 0) {
     o.sim_args.insert(o.sim_args.end(), {"--max-total-tokens", std::to_string(c.sim_cache_tokens)});
@@ -595,6 +613,10 @@ int cmd_compare(const Config& c, const std::string& argv0) {
   if (c.sim_cache_tokens > 0)
     w.description += "; " + std::to_string(c.sim_cache_tokens) + "-token caches";
   if (c.replicas > 1) w.description += "; " + std::to_string(c.replicas) + " kvgate replicas";
+  if (c.pd_decode > 0) {
+    w.description += "; prefill/decode: " + std::to_string(c.sims) + " prefill + " +
+                     std::to_string(c.pd_decode) + " decode servers, policies choose the prefill";
+  }
   std::printf("workload: %s (%s)\n", w.name.c_str(), w.description.c_str());
   std::string error;
   std::vector<Summary> rows = compare(w, o, error);
@@ -609,6 +631,11 @@ int cmd_compare(const Config& c, const std::string& argv0) {
         rows.front().upper_bound * 100);
   }
   std::string setup = std::to_string(o.sims) + " kvgate-sim servers";
+  if (o.pd_decode > 0) {
+    setup = std::to_string(o.sims) + " kvgate-sim prefill servers and " +
+            std::to_string(o.pd_decode) + " decode servers (--decode-policy " + o.pd_decode_policy +
+            ")";
+  }
   if (o.replicas > 1) setup = std::to_string(o.replicas) + " kvgates per policy, " + setup;
   for (const auto& a : o.sim_args) setup += " " + a;
   std::string base = stem(out);

@@ -320,23 +320,6 @@ const std::vector<K>& table() {
          .field = &C::policy_seed,
          .min = 0},
 
-        {.name = "pd-disaggregation",
-         .group = kPd,
-         .help = "Prefill/decode disaggregated mode",
-         .field = &C::pd_disaggregation},
-        {.name = "prefill",
-         .group = kPd,
-         .value_name = "URL [PORT|none]",
-         .help = "A prefill server and its bootstrap port (repeat the flag per server)",
-         .custom = parse_prefill,
-         .custom_min_values = 1,
-         .custom_max_values = 2},
-        {.name = "decode",
-         .group = kPd,
-         .value_name = "URL",
-         .help = "A decode server (repeat the flag per server)",
-         .field = &C::decode,
-         .arity = flags::Arity::kAppend},
         {.name = "prefill-policy",
          .group = kRouting,
          .value_name = "NAME",
@@ -349,9 +332,30 @@ const std::vector<K>& table() {
          .group = kRouting,
          .value_name = "NAME",
          .help = "Prefill/decode: the policy choosing decode servers (default: --policy, or "
-                 "round_robin when that is kv_exact)",
+                 "--kv-fallback-policy when that is kv_exact)",
          .field = &C::decode_policy,
          .choices = fallback_policy_names()},
+
+        {.name = "pd-disaggregation",
+         .group = kPd,
+         .help = "Prefill/decode disaggregation (SGLang): each request goes to a --prefill and a "
+                 "--decode server at once, with bootstrap_host, bootstrap_port and "
+                 "bootstrap_room added to its body; the client gets the decode server's answer",
+         .field = &C::pd_disaggregation},
+        {.name = "prefill",
+         .group = kPd,
+         .value_name = "URL [PORT|none]",
+         .help = "A prefill server and its SGLang bootstrap port (default and 'none': 8998, "
+                 "SGLang's --disaggregation-bootstrap-port default; repeat the flag per server)",
+         .custom = parse_prefill,
+         .custom_min_values = 1,
+         .custom_max_values = 2},
+        {.name = "decode",
+         .group = kPd,
+         .value_name = "URL",
+         .help = "A decode server (repeat the flag per server)",
+         .field = &C::decode,
+         .arity = flags::Arity::kAppend},
         {.name = "pd-prefill-rank",
          .group = kPd,
          .value_name = "HOW",
@@ -417,7 +421,9 @@ const std::vector<K>& table() {
         {.name = "debug-headers",
          .group = kRequests,
          .help = "Add x-kvgate-worker (the worker's URL), x-kvgate-route, x-kvgate-attempts and "
-                 "(when a rank was chosen) x-kvgate-dp-rank to responses",
+                 "(when a rank was chosen) x-kvgate-dp-rank to responses; with prefill/decode also "
+                 "x-kvgate-prefill-worker, x-kvgate-prefill-route and "
+                 "x-kvgate-prefill-dp-rank (x-kvgate-worker is then the decode server)",
          .field = &C::debug_headers},
 
         {.name = "api-key",

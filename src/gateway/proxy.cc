@@ -30,6 +30,8 @@ constexpr size_t kSavedAnswerLimit = 65536;
 constexpr size_t kMaxModelNameBytes = 256;
 // Prefill/decode: how long a served request waits for its prefill's own answer.
 constexpr auto kPrefillAnswerWait = std::chrono::seconds(10);
+// Prefill/decode with return_logprob: the longest answer (or stream event) merged.
+constexpr size_t kMaxMergedAnswer = 64 << 20;
 
 // Watching a client for disconnects costs an I/O operation per request, so it starts only for
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
@@ -390,6 +392,12 @@ class Gateway::Request {
   awaitable<void> give_up();
   // Prefill/decode: the prefill half ends with its attempt (joined, its dispatch closed).
   awaitable<void> settle_prefill(Attempt& a, bool served);
+  // Prefill/decode: until the prefill half ended (its answer not awaited long: the decode half
+  // had its KV, so the prefill is done or ends soon).
+  awaitable<void> wait_prefill(Attempt& a);
+  // Prefill/decode, /generate with return_logprob: the decode half's answer relayed with the
+  // prompt's logprobs the prefill half computed (the decode computes none).
+  awaitable<void> relay_with_prompt_logprobs(Attempt& a, http::HeaderList out, Verdict verdict);
 
  private:
   friend struct Gateway::Attempt;
@@ -878,6 +886,7 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
     if (w.get() == p.w) worker = w;
   }
   p.leg = std::make_shared<pd::PrefillLeg>(ex_.executor(), ts_.pool, std::move(worker), deadline_);
+  if (info_.return_logprob) p.leg->keep_answer();
   // The prefill is done once its whole answer came (its KV has left): the policy hears it then.
   p.leg->on_ok = [&p] {
     if (p.dispatch) p.dispatch->first_token();
@@ -1221,6 +1230,10 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     complete(a, final_status, verdict, usage);
     co_return;
   }
+  if (a.prefill && info_.return_logprob && status == 200 && !a.worker_abort) {
+    co_await relay_with_prompt_logprobs(a, out, verdict);
+    co_return;
+  }
   auto length = call.content_length();
   co_await ex_.begin_body(status, out, length);
   bool ok = true;
@@ -1313,14 +1326,7 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   }
   pd::PrefillLeg& leg = *p.leg;
   if (!served || ex_.client_gone()) leg.abort();
-  // The decode half served the client, so the prefill has sent its KV and is answering; should
-  // its answer not come, it is not waited for long.
-  asio::steady_timer guard(ex_.executor(), kPrefillAnswerWait);
-  guard.async_wait([leg = p.leg](const boost::system::error_code& ec) {
-    if (!ec) leg->abort();
-  });
-  co_await leg.wait();
-  guard.cancel();
+  co_await wait_prefill(a);
   if (leg.state() == pd::PrefillLeg::State::kOk) {
     p.dispatch->finish(Outcome{.status = leg.status(),
                                .ok = true,
@@ -1342,6 +1348,103 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   p.dispatch->finish(Outcome{.status = leg.status() != 0 ? leg.status() : kClientClosedStatus,
                              .started = leg.request_sent()},
                      ours ? Verdict::kNeutral : Verdict::kFailure);
+}
+
+awaitable<void> Gateway::Request::wait_prefill(Attempt& a) {
+  const std::shared_ptr<pd::PrefillLeg>& leg = a.prefill->leg;
+  if (leg->finished()) co_return;
+  asio::steady_timer guard(ex_.executor(), kPrefillAnswerWait);
+  guard.async_wait([leg](const boost::system::error_code& ec) {
+    if (!ec) leg->abort();
+  });
+  co_await leg->wait();
+  guard.cancel();
+}
+
+awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::HeaderList out,
+                                                             Verdict verdict) {
+  http::UpstreamCall& call = *a.call;
+  co_await wait_prefill(a);
+  const pd::PrefillLeg& leg = *a.prefill->leg;
+  const std::string& prefill = leg.answer_json();
+  UsageScanner usage;
+  int final_status = a.status;
+  auto failed = [&](http::CallError re) {
+    g_.metrics_.upstream_errors
+        .with({a.w->url(), "mid_response_" + std::string(http::to_string(re))})
+        .inc();
+    verdict = Verdict::kFailure;
+    return re == http::CallError::kTimeout
+               ? errors::upstream_timeout(static_cast<long>(g_.timeout_.count()))
+               : errors::upstream_failed(a.w->id());
+  };
+  if (!a.sse) {
+    std::string body;
+    http::CallError re = co_await call.read_all(body, kMaxMergedAnswer);
+    if (re != http::CallError::kNone) {
+      GatewayError ge = failed(re);
+      co_await g_.fail(ex_, ge, rid_, a.w);
+      complete(a, ge.status, verdict, usage);
+      co_return;
+    }
+    std::string merged = prefill.empty() ? std::string() : pd::merge_input_logprobs(prefill, body);
+    if (!merged.empty()) body = std::move(merged);
+    usage.feed(body);
+    bool sent = co_await ex_.respond(a.status, out, body);
+    complete(a, sent ? final_status : kClientClosedStatus, verdict, usage);
+    co_return;
+  }
+  // A stream: each event rewritten as it comes (the prefill's rows in every one that carries
+  // meta_info), the rest relayed as is.
+  co_await ex_.begin_body(a.status, out, std::nullopt);
+  std::string pending = std::move(a.pre);
+  char* buf = a.buf->data();
+  bool ok = true;
+  for (;;) {
+    while (ok) {
+      auto end = first_event_end(pending);
+      if (!end) break;
+      std::string_view event(pending.data(), *end);
+      std::string merged =
+          prefill.empty() ? std::string() : pd::merge_input_logprobs_event(prefill, event);
+      std::string_view send = merged.empty() ? event : std::string_view(merged);
+      usage.feed(send);
+      ok = co_await ex_.write_body(send);
+      pending.erase(0, *end);
+    }
+    if (!ok) break;
+    http::CallError re = http::CallError::kNone;
+    size_t n = co_await call.read_some(buf, kRelayBufferSize, re);
+    if (n > 0) {
+      if (pending.size() + n > kMaxMergedAnswer) {
+        re = http::CallError::kProtocol;  // an event past any sane size
+      } else {
+        pending.append(buf, n);
+      }
+    }
+    if (re == http::CallError::kAborted || ex_.client_gone()) {
+      ok = false;
+      break;
+    }
+    if (re != http::CallError::kNone) {
+      GatewayError ge = failed(re);
+      final_status = ge.status;
+      std::string event = "data: " + error_body(ge) + "\n\ndata: [DONE]\n\n";
+      co_await ex_.write_body(event);
+      co_await ex_.end_body();
+      break;
+    }
+    if (n == 0) {
+      if (!pending.empty()) ok = co_await ex_.write_body(pending);
+      if (ok) ok = co_await ex_.end_body();
+      break;
+    }
+  }
+  if (!ok) {
+    call.abort();
+    final_status = kClientClosedStatus;
+  }
+  complete(a, final_status, verdict, usage);
 }
 
 // No attempt produced an answer to relay: the last refusal a worker sent, else a gateway error.

@@ -4,6 +4,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <nlohmann/json.hpp>
 
 #include "gateway/stream_check.h"
 
@@ -13,8 +14,53 @@ namespace {
 constexpr size_t kReadBuffer = 16384;
 // An error answer kept for the client, and the longest stream event checked for an abort.
 constexpr size_t kKeptLimit = 65536;
+// The prefill's answer kept for a logprobs merge (a long prompt's rows are large).
+constexpr size_t kKeepLimit = 64 << 20;
+
+// The data payload of one SSE event ("" for none or [DONE]).
+std::string_view event_data(std::string_view event) {
+  size_t at = event.starts_with("data:") ? 0 : event.find("\ndata:");
+  if (at == std::string_view::npos) return {};
+  if (at != 0) ++at;
+  std::string_view data = event.substr(at + 5);
+  if (!data.empty() && data.front() == ' ') data.remove_prefix(1);
+  data = data.substr(0, data.find('\n'));
+  while (!data.empty() && data.back() == '\r') data.remove_suffix(1);
+  return data == "[DONE]" ? std::string_view{} : data;
+}
 
 }  // namespace
+
+std::string merge_input_logprobs(std::string_view prefill, std::string_view decode) {
+  using nlohmann::json;
+  json p = json::parse(prefill, nullptr, false);
+  json d = json::parse(decode, nullptr, false);
+  if (!p.is_object() || !d.is_object()) return "";
+  auto pm = p.find("meta_info");
+  auto dm = d.find("meta_info");
+  if (pm == p.end() || dm == d.end() || !pm->is_object() || !dm->is_object()) return "";
+  bool merged = false;
+  for (const char* key :
+       {"input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs"}) {
+    auto pv = pm->find(key);
+    if (pv == pm->end() || !pv->is_array()) continue;
+    json rows = *pv;
+    auto dv = dm->find(key);
+    if (dv != dm->end() && dv->is_array()) {
+      for (auto& row : *dv) rows.push_back(std::move(row));
+    }
+    (*dm)[key] = std::move(rows);
+    merged = true;
+  }
+  return merged ? d.dump() : "";
+}
+
+std::string merge_input_logprobs_event(std::string_view prefill, std::string_view event) {
+  std::string_view data = event_data(event);
+  if (data.empty()) return "";
+  std::string merged = merge_input_logprobs(prefill, data);
+  return merged.empty() ? "" : "data: " + merged + "\n\n";
+}
 
 uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size) {
   uint64_t room = random & ((uint64_t{1} << 63) - 1);
@@ -122,6 +168,7 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
   // a stream's events and a whole answer for an abort.
   const bool sse = call.header("content-type").starts_with("text/event-stream");
   std::string pending;
+  const size_t limit = keep_ ? kKeepLimit : kKeptLimit;
   std::unique_ptr<char[]> buf(new char[kReadBuffer]);
   for (;;) {
     http::CallError re = http::CallError::kNone;
@@ -129,7 +176,7 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
     if (n > 0) {
       std::string_view piece(buf.get(), n);
       usage_.feed(piece);
-      if (pending.size() + n <= kKeptLimit) {
+      if (pending.size() + n <= limit) {
         pending.append(piece);
       } else {
         pending.clear();  // an event this long is not checked (nor is a long whole answer)
@@ -143,6 +190,10 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
           call.abort();
           finish(State::kFailed);
           co_return;
+        }
+        if (keep_) {
+          std::string_view data = event_data(std::string_view(pending).substr(0, *end));
+          if (!data.empty()) kept_.assign(data);
         }
         pending.erase(0, *end);
       }
@@ -166,6 +217,7 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
       finish(State::kFailed);
       co_return;
     }
+    if (keep_) kept_ = std::move(pending);
   }
   finish(State::kOk);
 }

@@ -34,6 +34,17 @@ uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size);
 // The bootstrap_host of a prefill server: its URL's host, without IPv6 brackets.
 std::string bootstrap_host(const http::Target& prefill);
 
+// /generate with return_logprob: SGLang's decode server computes no prompt rows, its prefill
+// server does. Prepends the prompt's logprobs of `prefill` (a /generate answer or one stream
+// event's JSON: meta_info.input_token_logprobs, input_top_logprobs, input_token_ids_logprobs) to
+// those of `decode` (the same, from the decode server), as sgl-model-gateway does. Returns the
+// merged JSON, or "" when either is not such an object or the prefill has none (`decode` is then
+// relayed as it is).
+std::string merge_input_logprobs(std::string_view prefill, std::string_view decode);
+// The same for one SSE event of the decode server's stream (its raw text, blank line included):
+// the event rewritten, or "" to relay it as it is.
+std::string merge_input_logprobs_event(std::string_view prefill, std::string_view event);
+
 // The prefill half of one prefill/decode attempt. start() sends the prefill request and reads its
 // answer to the end on a coroutine of its own; a failure there (no connection, an error status,
 // an aborted stream) aborts the decode call it watches, so the request path, waiting on that call,
@@ -53,6 +64,11 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   // if the prefill fails while it is watched.
   void start(std::string_view method, std::string_view target, http::HeaderList headers,
              std::string body, http::UpstreamCall* decode);
+  // Keep the answer's JSON (a whole answer, or a stream's last data event), for
+  // merge_input_logprobs. Before start().
+  void keep_answer() { keep_ = true; }
+  // The kept JSON ("" when none, or longer than 64 MiB).
+  const std::string& answer_json() const { return kept_; }
   // Called once when the prefill answered in full (its KV has left), unless abort() came first.
   std::function<void()> on_ok;
   // The decode half has its KV (its first event arrived, or its whole answer): a prefill failure
@@ -95,6 +111,8 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   asio::steady_timer done_;
   State state_ = State::kRunning;
   bool aborted_ = false;
+  bool keep_ = false;
+  std::string kept_;
   bool sent_ = false;
   int status_ = 0;
   http::CallError call_error_ = http::CallError::kNone;

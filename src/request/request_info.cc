@@ -280,6 +280,9 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       out.names_lora = !value.is_null();
       std::string_view name;
       if (!value.get_string().get(name)) out.lora = name;
+    } else if (key == "return_logprob" && route == ApiRoute::kGenerate) {
+      bool lp = false;
+      if (!value.get_bool().get(lp)) out.return_logprob = lp;
     } else if (key == "stream_options") {
       bool u = false;
       if (!value["include_usage"].get_bool().get(u)) out.include_usage = u;

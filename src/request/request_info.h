@@ -34,7 +34,8 @@ struct RequestInfo {
   // A batch: /generate's text or input_ids, or /v1/completions' prompt, is a list of prompts
   // (SGLang then takes per-prompt lists for its per-request fields, bootstrap_room included).
   bool batch = false;
-  bool include_usage = false;  // stream_options.include_usage
+  bool include_usage = false;   // stream_options.include_usage
+  bool return_logprob = false;  // /generate's return_logprob (prefill/decode merges the prompt's)
   // SGLang's cache_salt: the request's prefixes live in their own namespace.
   std::optional<std::string> cache_salt;
   // A LoRA adapter named (lora_path, or with ParseOptions::model_names_adapter an OpenAI route's

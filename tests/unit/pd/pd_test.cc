@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <set>
 
 namespace kvgate::pd {
@@ -54,6 +55,39 @@ TEST(BootstrapHost, IsTheServersHostWithoutBrackets) {
   EXPECT_EQ(bootstrap_host(t), "::1");
   ASSERT_EQ(http::parse_url("http://10.0.0.21:30000", t), "");
   EXPECT_EQ(bootstrap_host(t), "10.0.0.21");
+}
+
+TEST(MergeInputLogprobs, PrefillRowsComeFirst) {
+  const std::string prefill =
+      R"({"text":"x","meta_info":{"id":"a","input_token_logprobs":[[-0.5,11,null],[-1.25,12,null]],)"
+      R"("input_top_logprobs":[null,[[-0.1,7,null]]],"output_token_logprobs":[[-2,99,null]]}})";
+  const std::string decode =
+      R"({"text":"hello","meta_info":{"id":"b","input_token_logprobs":[[-3,13,null]],)"
+      R"("output_token_logprobs":[[-0.75,5,null]],"cached_tokens":16}})";
+  std::string merged = merge_input_logprobs(prefill, decode);
+  auto j = nlohmann::json::parse(merged);
+  EXPECT_EQ(j["text"], "hello");
+  EXPECT_EQ(j["meta_info"]["id"], "b");
+  EXPECT_EQ(j["meta_info"]["cached_tokens"], 16);
+  ASSERT_EQ(j["meta_info"]["input_token_logprobs"].size(), 3u);
+  EXPECT_EQ(j["meta_info"]["input_token_logprobs"][0][1], 11);
+  EXPECT_EQ(j["meta_info"]["input_token_logprobs"][2][1], 13);
+  // A key the decode answer lacks is the prefill's; the decode's own output rows stay.
+  EXPECT_EQ(j["meta_info"]["input_top_logprobs"].size(), 2u);
+  EXPECT_EQ(j["meta_info"]["output_token_logprobs"][0][1], 5);
+}
+
+TEST(MergeInputLogprobs, NothingToMergeRelaysAsIs) {
+  EXPECT_EQ(merge_input_logprobs(R"({"meta_info":{}})", R"({"meta_info":{}})"), "");
+  EXPECT_EQ(merge_input_logprobs("not json", R"({"meta_info":{}})"), "");
+  EXPECT_EQ(merge_input_logprobs(R"({"meta_info":{"input_token_logprobs":[]}})", "[1]"), "");
+  EXPECT_EQ(merge_input_logprobs_event(R"({"meta_info":{"input_token_logprobs":[[0,1,null]]}})",
+                                       "data: [DONE]\n\n"),
+            "");
+  std::string ev = merge_input_logprobs_event(
+      R"({"meta_info":{"input_token_logprobs":[[0,1,null]]}})",
+      "data: {\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":null}}\n\n");
+  EXPECT_EQ(ev, "data: {\"meta_info\":{\"input_token_logprobs\":[[0,1,null]]},\"text\":\"a\"}\n\n");
 }
 
 }  // namespace

@@ -361,7 +361,8 @@ const std::vector<K>& table() {
          .value_name = "HOW",
          .help = "Prefill/decode with DP ranks on prefill servers: how the prefill rank a policy "
                  "chose reaches SGLang. room: a bootstrap_room with room % dp_size = rank (every "
-                 "SGLang build); field: also send disagg_prefill_dp_rank (builds that read it)",
+                 "SGLang build); field: a random room, the prefill pinned with --dp-rank-field "
+                 "and disagg_prefill_dp_rank sent to both servers (builds that read it)",
          .field = &C::pd_prefill_rank,
          .choices = {"room", "field"}},
         {.name = "worker-startup-timeout-secs",

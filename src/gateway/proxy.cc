@@ -856,7 +856,11 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
   Attempt::Prefill& p = *a.prefill;
   const rules::Rule& rule = pool_->rule();
   const int64_t dp = p.w->dp_size().value_or(rule.kv_dp_rank_count);
-  const uint64_t room = pd::choose_room(thread_rng().next(), p.d.dp_rank, dp);
+  // The prefill rank reaches SGLang by the room (room % dp_size, every build), or pinned
+  // (routed_dp_rank) with disagg_prefill_dp_rank, which lets the prefill take a pin other than
+  // the room's rank and tells the decode where the KV is (--pd-prefill-rank field).
+  const bool pin = p.d.dp_rank && dp > 1 && g_.config_.pd_prefill_rank == "field";
+  const uint64_t room = pd::choose_room(thread_rng().next(), pin ? std::nullopt : p.d.dp_rank, dp);
   std::string host;
   json::append_string(host, pd::bootstrap_host(p.w->target()));
   std::vector<BodyField> fields;
@@ -871,11 +875,11 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
     json::append_string(quoted, p.rid);
     fields.push_back({"rid", std::move(quoted)});
   }
-  if (p.d.dp_rank && dp > 1 && g_.config_.pd_prefill_rank == "field") {
-    fields.push_back({"disagg_prefill_dp_rank", std::to_string(*p.d.dp_rank)});
-  }
+  if (pin) fields.push_back({"disagg_prefill_dp_rank", std::to_string(*p.d.dp_rank)});
+  if (pin) fields.push_back({g_.config_.dp_rank_field, std::to_string(*p.d.dp_rank)});
   std::string prefill_body = add_fields(ex_.body(), fields);
   if (prefill_body.empty()) return false;
+  if (pin) fields.pop_back();  // the pin is the prefill's; the decode has its own rank
   if (a.d.dp_rank) {
     // The decode server's own rank (a dp-aware decode policy), for the decode half only.
     fields.push_back({g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)});
@@ -1007,13 +1011,16 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
   }
   http::CallError e = co_await call.start(ex_.method(), ex_.target(), fwd_, body);
   a.dispatch->started_guess = call.request_sent();
-  if (a.prefill && a.prefill->leg->failed() && !ex_.client_gone()) {
-    Next next = co_await prefill_failed(a);
-    co_return next;
-  }
-  if (a.prefill && e == http::CallError::kNone &&
-      (call.status() != 200 || !call.header("content-type").starts_with("text/event-stream"))) {
-    a.prefill->leg->release_decode();  // a whole answer (or an error): nothing left to abort
+  if (a.prefill) {
+    // (Before any suspension: once released, the prefill half can no longer abort the call.)
+    if (e == http::CallError::kNone &&
+        (call.status() != 200 || !call.header("content-type").starts_with("text/event-stream"))) {
+      a.prefill->leg->release_decode();  // a whole answer (or an error): the decode is done
+    }
+    if (a.prefill->leg->aborted_decode() && !ex_.client_gone()) {
+      Next next = co_await prefill_failed(a);
+      co_return next;
+    }
   }
   if (e == http::CallError::kAborted || ex_.client_gone()) {
     call.abort();
@@ -1094,7 +1101,9 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
     a.pre.append(a.buf->data(), n);
   }
   if (a.prefill) {
-    if (a.prefill->leg->failed() && !first_event_end(a.pre) && !ex_.client_gone()) {
+    // Nothing reached the client yet: a decode stream the prefill's failure cut (even after its
+    // first event) is that failure, retried as such.
+    if (a.prefill->leg->aborted_decode() && !ex_.client_gone()) {
       Next next = co_await prefill_failed(a);
       co_return next;
     }

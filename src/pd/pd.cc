@@ -115,7 +115,10 @@ awaitable<void> PrefillLeg::wait() {
 void PrefillLeg::finish(State s) {
   if (state_ != State::kRunning) return;
   state_ = s;
-  if (s == State::kFailed && decode_) decode_->abort();
+  if (s == State::kFailed && decode_) {
+    decode_->abort();
+    aborted_decode_ = true;
+  }
   decode_ = nullptr;
   if (s == State::kOk && on_ok) {
     auto f = std::move(on_ok);

@@ -81,6 +81,8 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
 
   State state() const { return state_; }
   bool failed() const { return state_ == State::kFailed; }
+  // The leg's failure aborted the decode call it watched (which then reports kAborted).
+  bool aborted_decode() const { return aborted_decode_; }
   bool finished() const { return state_ != State::kRunning; }
   // The prefill's answer (0 when none came) and, for a failure, why (for logs and the client).
   int status() const { return status_; }
@@ -112,6 +114,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   State state_ = State::kRunning;
   bool aborted_ = false;
   bool keep_ = false;
+  bool aborted_decode_ = false;
   std::string kept_;
   bool sent_ = false;
   int status_ = 0;

@@ -52,7 +52,7 @@ RequestRegistry::Entry::~Entry() {
 }
 
 std::unique_ptr<RequestRegistry::Entry> RequestRegistry::add(
-    std::vector<std::string> rids, std::shared_ptr<RequestControl> control) {
+    std::vector<std::string> rids, const std::shared_ptr<RequestControl>& control) {
   const RequestControl* raw = control.get();
   {
     std::lock_guard lock(mu_);

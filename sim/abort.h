@@ -67,7 +67,7 @@ class RequestRegistry {
     const RequestControl* control_;
   };
   [[nodiscard]] std::unique_ptr<Entry> add(std::vector<std::string> rids,
-                                           std::shared_ptr<RequestControl> control);
+                                           const std::shared_ptr<RequestControl>& control);
   // SGLang's abort: the requests whose rid is `rid` (every one with `abort_all`); SGLang's
   // tokenizer manager ignores a rid it does not know. Returns how many were aborted.
   size_t abort(std::string_view rid, bool abort_all);

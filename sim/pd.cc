@@ -309,19 +309,22 @@ awaitable<void> BootstrapServer::Impl::route_get(http::Exchange& ex) {
     }
     auto e = python_int(*engine_rank);
     auto g = python_int(*dp_group);
-    if (!e || !g) {
-      co_await internal_error(ex);
-    } else if (*e == -1 && *g == -1) {
-      co_await ex.respond(200, kJson,
-                          "{\"prefill_tp_size\": " + std::to_string(attn_tp_size) +
-                              ", \"prefill_dp_size\": " + std::to_string(dp_size) +
-                              ", \"prefill_pp_size\": " + std::to_string(pp_size) + "}");
-    } else if (auto a = table.find(*g); a != table.end() && a->second.count(0) &&
-                                        a->second.at(0).count(*e) &&
-                                        a->second.at(0).at(*e).count(0)) {
-      co_await ex.respond(200, kJson, rank_json(a->second.at(0).at(*e).at(0)));
+    std::string answer;
+    if (e && g && *e == -1 && *g == -1) {
+      answer = "{\"prefill_tp_size\": " + std::to_string(attn_tp_size) +
+               ", \"prefill_dp_size\": " + std::to_string(dp_size) +
+               ", \"prefill_pp_size\": " + std::to_string(pp_size) + "}";
+    } else if (e && g) {
+      auto a = table.find(*g);
+      if (a != table.end() && a->second.count(0) && a->second.at(0).count(*e) &&
+          a->second.at(0).at(*e).count(0)) {
+        answer = rank_json(a->second.at(0).at(*e).at(0));
+      }
+    }
+    if (answer.empty()) {
+      co_await internal_error(ex);  // int() of a bad value, or the old handler's KeyError
     } else {
-      co_await internal_error(ex);  // the old handler's KeyError
+      co_await ex.respond(200, kJson, answer);
     }
     co_return;
   }

@@ -77,7 +77,7 @@ void BatchCore::fail(Req& r, std::string_view message) {
 void BatchCore::finish(Req& r, Clock::time_point now, bool completed) {
   if (r.state == Req::State::kDone) return;
   if (r.state == Req::State::kTransfer && setup_.rooms && r.seq->request().bootstrap) {
-    setup_.rooms->room_failed(r.seq->request().bootstrap->room,
+    setup_.rooms->room_failed(r.seq->request().bootstrap->room, setup_.dp_rank,
                               "the prefill request was cancelled");
   }
   if (setup_.caching && r.h.kv_len > r.h.tree_len) {
@@ -268,7 +268,7 @@ void BatchCore::complete_transfers(Clock::time_point now) {
     if (r->transfer_done > now || r->seq->cancelled()) continue;
     if (setup_.rooms) {
       setup_.rooms->room_ready(
-          r->seq->request().bootstrap->room,
+          r->seq->request().bootstrap->room, setup_.dp_rank,
           RoomInfo{.prompt_tokens = r->prompt_len, .cached_tokens = r->cached});
     }
     r->seq->mark_started(r->cached, false);
@@ -306,6 +306,7 @@ RankLoad BatchCore::load() const {
   l.dp_rank = setup_.dp_rank;
   l.running = static_cast<int64_t>(running_.size() + transferring_.size());
   l.waiting = static_cast<int64_t>(waiting_.size());
+  l.prefill_inflight = static_cast<int64_t>(transferring_.size());
   l.used_tokens = cache_.used_tokens();
   l.cached_tokens = cache_.tree_tokens();
   l.max_total_tokens = cache_.capacity();
@@ -360,6 +361,16 @@ void BatchScheduler::stop() {
 }
 
 void BatchScheduler::submit(std::shared_ptr<Sequence> seq) {
+  // A cancelled request is reaped at once, not at the next step: the scheduler may be idle until a
+  // KV transfer ends, and the decode waiting for that room must hear of it now. (submit and cancel
+  // both run on the request's executor.)
+  seq->set_cancel_hook([this] {
+    {
+      std::lock_guard lock(mu_);
+      new_work_ = true;
+    }
+    cv_.notify_one();
+  });
   {
     std::lock_guard lock(mu_);
     if (stop_) {

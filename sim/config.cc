@@ -191,7 +191,8 @@ std::vector<K> build_table() {
       {.name = "disaggregation-bootstrap-port",
        .group = kPd,
        .value_name = "PORT",
-       .help = "Prefill role: port of the bootstrap rendezvous (decode servers connect to it)",
+       .help = "Prefill role: port of SGLang's bootstrap server (HTTP; decode servers ask it "
+               "where the prefill ranks are, and the sim's KV transfer meets there)",
        .field = &C::disaggregation_bootstrap_port,
        .min = 0,
        .max = 65535},
@@ -212,8 +213,9 @@ std::vector<K> build_table() {
       {.name = "pd-room-timeout-secs",
        .group = kPd,
        .value_name = "SECS",
-       .help = "Decode role: how long a request waits for its prefill's KV before failing (sim; "
-               "wall-clock, not scaled)",
+       .help = "Decode role: how long a request waits for its prefill's KV before it is aborted "
+               "(KVPoll.WaitingForInput; wall-clock, not scaled). SGLang's is 300 s "
+               "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT); the short default suits tests",
        .field = &C::pd_room_timeout_secs,
        .min = 0.001,
        .max = 86400},

@@ -55,6 +55,7 @@ Engine::Engine(EngineConfig config, const Tokenizer& tokenizer, SimMetrics& metr
       sinks_(std::move(sinks)) {
   const bool vllm = config.event_format == kv::WireFormat::kVllm;
   for (int r = 0; r < config.dp_size; ++r) {
+    decode_queues_.push_back(std::make_unique<DecodeQueues>());
     RankSetup s;
     s.dp_rank = r;
     s.cache =
@@ -116,16 +117,21 @@ std::string Engine::check_queue(std::optional<int64_t> rank, size_t n) const {
   return "The request queue is full.";
 }
 
-int Engine::pick_rank(std::optional<int64_t> routed) {
+int Engine::pick_rank(std::optional<int64_t> routed, std::optional<uint64_t> room) {
   if (routed) return static_cast<int>(*routed);
   if (config_.dp_size == 1) return 0;
+  if (config_.role == PdRole::kPrefill && room) {
+    return static_cast<int>(*room % static_cast<uint64_t>(config_.dp_size));
+  }
   return static_cast<int>(next_rank_.fetch_add(1, std::memory_order_relaxed) %
                           static_cast<uint64_t>(config_.dp_size));
 }
 
 std::shared_ptr<Sequence> Engine::submit(GenerationRequest request,
                                          std::shared_ptr<Notifier> notifier) {
-  int rank = pick_rank(request.routed_dp_rank);
+  int rank = pick_rank(
+      request.routed_dp_rank,
+      request.bootstrap ? std::optional<uint64_t>(request.bootstrap->room) : std::nullopt);
   auto& sp = request.sampling;
   const auto prompt = static_cast<int64_t>(request.prompt.size());
   // SGLang clips max_new_tokens to what fits the KV pool (max_req_len - input length).
@@ -145,6 +151,9 @@ std::vector<RankLoad> Engine::loads() const {
   for (const auto& r : ranks_) {
     out.push_back(r->load());
     out.back().max_running_requests = config_.limits.max_running_requests;
+    const DecodeQueues& q = *decode_queues_[out.size() - 1];
+    out.back().decode_prealloc = q.prealloc.load(std::memory_order_relaxed);
+    out.back().decode_transfer = q.transfer.load(std::memory_order_relaxed);
   }
   return out;
 }

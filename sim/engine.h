@@ -1,8 +1,8 @@
 // sim/engine: the simulated inference engine behind the HTTP layer. Owns the model stand-in
 // (PseudoText), one Scheduler per DP rank (each with its own radix cache and KV event publisher),
-// and the DP dispatch (routed_dp_rank, else round robin as SGLang's default controller does). The
-// HTTP layer hands it GenerationRequests and reads the returned Sequences; it never sees timing,
-// caches or ranks' internals.
+// and the DP dispatch (routed_dp_rank, else bootstrap_room % dp_size on a PD prefill server, else
+// round robin as SGLang's default controller does). The HTTP layer hands it GenerationRequests and
+// reads the returned Sequences; it never sees timing, caches or ranks' internals.
 #pragma once
 
 #include <atomic>
@@ -15,6 +15,7 @@
 #include "sim/batch_scheduler.h"
 #include "sim/fixed_delay_scheduler.h"
 #include "sim/kv_events.h"
+#include "sim/pd.h"
 #include "sim/pseudo_text.h"
 #include "sim/scheduler.h"
 #include "sim/sim_metrics.h"
@@ -23,7 +24,6 @@
 namespace kvgate::sim {
 
 struct SimConfig;
-class RoomListener;
 
 enum class SchedulerKind { kBatch, kFixed };
 
@@ -67,8 +67,10 @@ class Engine {
   std::string check_rank(std::optional<int64_t> rank) const;
   // "" when `n` more requests may queue (--max-queued-requests), else the 503 message.
   std::string check_queue(std::optional<int64_t> rank, size_t n) const;
-  // The rank a request goes to: its routed_dp_rank, else the next in round robin.
-  int pick_rank(std::optional<int64_t> routed);
+  // The rank a request goes to: its routed_dp_rank; else, on a PD prefill server, its
+  // bootstrap_room % dp_size (SGLang's prefill DP controller defaults to follow_bootstrap_room);
+  // else the next in round robin.
+  int pick_rank(std::optional<int64_t> routed, std::optional<uint64_t> room = std::nullopt);
   // meta_info.dp_rank of a request served by `rank`: -1 (null) with dp_size 1, where SGLang's
   // scheduler runs without a DP rank.
   int meta_dp_rank(int rank) const { return config_.dp_size > 1 ? rank : -1; }
@@ -91,6 +93,8 @@ class Engine {
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const PseudoText& model() const { return model_; }
   RankMetrics& rank_metrics(int rank) { return metrics_.rank(rank); }
+  // PD decode: the rank's prealloc and transfer queues (reported by loads()).
+  DecodeQueues& decode_queues(int rank) { return *decode_queues_[static_cast<size_t>(rank)]; }
 
  private:
   EngineConfig config_;
@@ -99,6 +103,7 @@ class Engine {
   PseudoText model_;
   std::vector<std::unique_ptr<RankEventSink>> sinks_;
   std::vector<std::unique_ptr<Scheduler>> ranks_;
+  std::vector<std::unique_ptr<DecodeQueues>> decode_queues_;
   std::atomic<uint64_t> next_rank_{0};
 };
 

@@ -118,13 +118,13 @@ awaitable<void> FixedDelayScheduler::run(std::shared_ptr<Sequence> seq) {
     co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
     if (seq->cancelled()) {
       if (setup_.rooms) {
-        setup_.rooms->room_failed(seq->request().bootstrap->room,
+        setup_.rooms->room_failed(seq->request().bootstrap->room, setup_.dp_rank,
                                   "the prefill request was cancelled");
       }
       co_return;
     }
     if (setup_.rooms) {
-      setup_.rooms->room_ready(seq->request().bootstrap->room,
+      setup_.rooms->room_ready(seq->request().bootstrap->room, setup_.dp_rank,
                                RoomInfo{.prompt_tokens = prompt, .cached_tokens = cached});
     }
     deadline = Clock::now();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 
+#include "sim/abort.h"
 #include "sim/pd.h"
 #include "sim/responses.h"
 #include "sim/stream_writer.h"
@@ -223,40 +224,9 @@ InstantShape instant_shape(int64_t max_new, int32_t eos) {
           FinishReason{.kind = FinishReason::Kind::kLength, .length = static_cast<int64_t>(words)}};
 }
 
-// The PD fields a request needs on this server: "" or the 400 message.
-std::string check_bootstrap(const ParsedRequest& req, PdRole role) {
-  if (role == PdRole::kNone) return "";
-  const size_t n = req.prompts.size();
-  if (n > 1 && req.bootstrap_rooms.size() == 1) {
-    return "'bootstrap_room' must be a list of " + std::to_string(n) +
-           " rooms for a batch (one per prompt)";
-  }
-  for (size_t i = 0; i < n; ++i) {
-    std::string host;
-    int64_t port = 0;
-    uint64_t room = 0;
-    bool has_host = false, has_port = false, has_room = false;
-    req.bootstrap(i, host, port, room, has_host, has_port, has_room);
-    std::string missing;
-    auto add = [&missing](std::string_view f) {
-      if (!missing.empty()) missing += ", ";
-      missing += f;
-    };
-    if (role == PdRole::kDecode) {
-      if (!has_host || host.empty()) add("bootstrap_host");
-      if (!has_port || port == 0) add("bootstrap_port");
-    }
-    if (!has_room) add("bootstrap_room");
-    if (!missing.empty()) {
-      return std::string("this server runs --disaggregation-mode ") +
-             (role == PdRole::kDecode ? "decode" : "prefill") +
-             ": a request needs bootstrap_host, bootstrap_port and bootstrap_room (as a PD "
-             "gateway adds them); missing: " +
-             missing;
-    }
-  }
-  return "";
-}
+// SGLang's FAKE_BOOTSTRAP_HOST: a request with this bootstrap_host uses the fake transfer backend
+// (no KV moves; SGLang's own PD warmup sends it).
+constexpr std::string_view kFakeBootstrapHost = "2.2.2.2";
 
 }  // namespace
 
@@ -321,7 +291,6 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   }
   if (err.empty()) err = check_loras(scratch, config_.enable_lora, lora_adapters_);
   if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
-  if (err.empty() && !config_.instant) err = check_bootstrap(scratch, engine_.role());
   if (!err.empty()) {
     co_await respond_error(ex, route, 400, err);
     co_return;
@@ -386,10 +355,10 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     head_started = true;
   }
   auto notifier = std::make_shared<Notifier>(ex.executor());
-  // Wakes the KV wait of a PD decode request when the client goes away.
-  auto gone = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
-  ex.watch_disconnect([notifier, gone] {
-    gone->cancel();
+  // What ends the request early: the client going away, or /abort_request with one of its rids.
+  auto control = std::make_shared<RequestControl>(ex.executor());
+  ex.watch_disconnect([notifier, control] {
+    control->client_gone();
     notifier->notify();
   });
   std::vector<Track> tracks(req.prompts.size());
@@ -401,12 +370,15 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
       }
     }
   } cancel_on_exit{tracks};
+  std::vector<std::string> rids;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     tracks[i].id = req.rids[i].empty() ? random_hex_id() : req.rids[i];
     tracks[i].prompt_tokens = static_cast<int64_t>(req.prompts[i].size());
+    rids.push_back(tracks[i].id);
   }
-  // A failed KV transfer aborts the request, as SGLang's decode scheduler does: in the stream
-  // under status 200, or as the whole answer's error status.
+  auto registered = registry_.add(std::move(rids), control);
+  // An abort before any token (a failed KV transfer, a request PD cannot serve), as SGLang's
+  // scheduler sends it: in the stream under status 200, or as the whole answer's error status.
   auto abort_answer = [&](const FinishReason& reason) {
     std::vector<std::string> ids;
     std::vector<int64_t> prompt_tokens;
@@ -418,23 +390,56 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
                              seconds_between(start, Clock::now()));
     return make_abort_answer(req, views, reason, config_.enable_cache_report);
   };
+  const PdRole role = engine_.role();
+  std::optional<AbortAnswer> refused;
+  for (size_t i = 0; i < req.prompts.size() && role != PdRole::kNone && !refused; ++i) {
+    Bootstrap b;
+    bool has_host = false, has_port = false, has_room = false;
+    req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room);
+    const auto dp = static_cast<uint64_t>(engine_.dp_size());
+    if (!has_room) {
+      // Scheduler.handle_generate_request: a disaggregated request without a room is aborted.
+      refused = abort_answer(abort_reason(400, missing_room_message(tracks[i].id)));
+    } else if (role == PdRole::kPrefill && dp > 1 && !req.disagg_prefill_dp_rank &&
+               req.routed_dp_rank && static_cast<uint64_t>(*req.routed_dp_rank) != b.room % dp) {
+      // CommonKVSender: routed_dp_rank overrode follow_bootstrap_room, so the decode (which looks
+      // for the room on bootstrap_room % dp_size) would never find it.
+      refused = abort_answer(abort_reason(
+          500, prefill_bootstrap_failure(tracks[i].id, b.room,
+                                         follow_bootstrap_room_conflict(*req.routed_dp_rank, b.room,
+                                                                        engine_.dp_size()))));
+    }
+  }
+  if (refused) {
+    co_await send_abort(ex, refused->status, refused->stream, refused->body, head_started);
+    co_return;
+  }
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     Track& t = tracks[i];
     GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
     g.ns = req.cache_namespace(i);
     Bootstrap b;
     bool has_host = false, has_port = false, has_room = false;
-    if (req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room) && has_room &&
-        engine_.role() != PdRole::kNone) {
-      g.bootstrap = b;
-    }
-    if (engine_.role() == PdRole::kDecode) {
-      // The prompt's KV comes from the prefill server of the room: wait for it.
-      auto timeout =
+    req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room);
+    if (role != PdRole::kNone) g.bootstrap = b;
+    if (role == PdRole::kDecode && b.host != kFakeBootstrapHost) {
+      // SGLang dispatches a decode request to its DP rank first; that rank's prealloc and transfer
+      // queues hold it until the KV from the prefill rank that holds the room arrived.
+      const int decode_rank = engine_.pick_rank(req.routed_dp_rank);
+      g.routed_dp_rank = decode_rank;
+      RoomRequest rr;
+      rr.queues = &engine_.decode_queues(decode_rank);
+      rr.host = has_host ? b.host : std::string();
+      if (has_port) rr.port = b.port;
+      rr.room = b.room;
+      rr.rid = t.id;
+      rr.prefill_dp_rank = req.disagg_prefill_dp_rank;
+      rr.timeout =
           std::chrono::milliseconds(static_cast<int64_t>(config_.pd_room_timeout_secs * 1000));
-      RoomWait w =
-          co_await wait_for_room(b.host, static_cast<uint16_t>(b.port), b.room, timeout, gone);
-      if (ex.client_gone()) co_return;
+      rr.retry_interval = std::clamp(rr.timeout / kEnsureInfoAttempts, std::chrono::milliseconds(1),
+                                     std::chrono::milliseconds(1000));
+      RoomWait w = co_await wait_for_room(std::move(rr), prefill_infos_, control);
+      if (ex.client_gone() || control->gone()) co_return;
       std::optional<AbortAnswer> failed;
       if (w.ok && w.info.prompt_tokens != t.prompt_tokens) {
         failed = abort_answer(abort_reason(
@@ -443,16 +448,24 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
                      std::to_string(t.prompt_tokens) +
                      " (prefill and decode must get the same body)"));
       } else if (!w.ok) {
-        failed = abort_answer(abort_reason(w.status, "PD transfer failed: " + w.error));
+        failed = abort_answer(abort_reason(500, w.error));
       }
       if (failed) {
         co_await send_abort(ex, failed->status, failed->stream, failed->body, head_started);
         co_return;
       }
       g.transferred_cached_tokens = w.info.cached_tokens;
+    } else if (role == PdRole::kDecode) {
+      g.transferred_cached_tokens = 0;  // the fake transfer backend: nothing arrives
     }
     t.seq = engine_.submit(std::move(g), notifier);
     t.dp_rank = engine_.meta_dp_rank(t.seq->dp_rank());
+    control->add_sequence(t.seq);
+    if (control->aborted()) {
+      // Aborted while an earlier prompt waited: this one ends at once too.
+      t.seq->abort("Aborted");
+      t.seq->cancel();
+    }
   }
 
   OpenAIContext c{.id = tracks[0].id,

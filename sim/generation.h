@@ -1,7 +1,9 @@
 // sim/generation: the three generation routes (/generate, /v1/completions, /v1/chat/completions)
 // for one HTTP exchange: parse the body, apply injected faults, then either answer at once
 // (--instant) or submit the prompts to the Engine and relay their progress as one JSON answer or
-// as SSE events in SGLang's shapes. A client disconnect cancels the request's sequences.
+// as SSE events in SGLang's shapes. A client disconnect cancels the request's sequences; so does
+// /abort_request with one of the request's rids. On a PD decode server a request first waits for
+// its prompt's KV from the prefill server (sim/pd.h).
 #pragma once
 
 #include <optional>
@@ -9,10 +11,12 @@
 #include <vector>
 
 #include "http/server.h"
+#include "sim/abort.h"
 #include "sim/chat_template.h"
 #include "sim/config.h"
 #include "sim/engine.h"
 #include "sim/faults.h"
+#include "sim/pd.h"
 #include "sim/request.h"
 #include "sim/responses.h"
 
@@ -42,6 +46,8 @@ class GenerationHandler {
   GenerationHandler(const SimConfig& config, Engine& engine, FaultInjector& faults,
                     const ChatTemplate& chat_template);
   awaitable<void> handle(http::Exchange& ex, Route route);
+  // SGLang's /abort_request: ends the requests in flight with that rid (all with abort_all).
+  size_t abort(std::string_view rid, bool abort_all) { return registry_.abort(rid, abort_all); }
 
  private:
   // Timed generation through the engine. `drop_after`: a drop fault (events before the cut).
@@ -61,6 +67,8 @@ class GenerationHandler {
   RequestLimits limits_;
   InstantCompletion instant_;
   std::vector<std::string> lora_adapters_;  // --lora-paths names
+  RequestRegistry registry_;                // requests in flight, by rid (/abort_request)
+  PrefillInfoTable prefill_infos_;          // PD decode: what each prefill server reported
 };
 
 // Error answers in the shape of each route (OpenAI flat error, or /generate's {"error":{}}).

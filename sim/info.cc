@@ -278,9 +278,9 @@ void append_load(std::string& out, const SimConfig& c, const RankLoad& l, double
     out.push_back('{');
     kv(out, "mode", std::string_view(c.disaggregation_mode));
     kv(out, "prefill_bootstrap_queue_reqs", int64_t{0});
-    kv(out, "prefill_inflight_queue_reqs", int64_t{0});
-    kv(out, "decode_prealloc_queue_reqs", int64_t{0});
-    kv(out, "decode_transfer_queue_reqs", int64_t{0});
+    kv(out, "prefill_inflight_queue_reqs", l.prefill_inflight);
+    kv(out, "decode_prealloc_queue_reqs", l.decode_prealloc);
+    kv(out, "decode_transfer_queue_reqs", l.decode_transfer);
     kv(out, "decode_retracted_queue_reqs", int64_t{0});
     kv(out, "kv_transfer_speed_gb_s", 0.0);
     kv(out, "kv_transfer_latency_ms", 0.0);

@@ -106,9 +106,12 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<BootstrapServer> bootstrap;
   if (cfg.disaggregation_mode == "prefill") {
-    bootstrap =
-        BootstrapServer::start(cfg.host, static_cast<uint16_t>(cfg.disaggregation_bootstrap_port),
-                               std::chrono::seconds(300), error);
+    bootstrap = BootstrapServer::start(
+        BootstrapSettings{.host = cfg.host,
+                          .port = static_cast<uint16_t>(cfg.disaggregation_bootstrap_port),
+                          .dp_size = static_cast<int>(cfg.dp_size),
+                          .page_size = cfg.page_size},
+        error);
     if (!bootstrap) return fail(error);
     cfg.disaggregation_bootstrap_port = bootstrap->port();  // reported when 0 was given
   }
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<http::Server>> servers;
   if (std::string e = listen(cfg, contexts, sim, servers); !e.empty()) return fail(e);
   cfg.port = servers[0]->port();  // /get_server_info reports the bound port
+  if (bootstrap) bootstrap->set_http_port(cfg.port);
   for (auto& s : servers) s->start();
   log::info("kvgate-sim listening")
       .kv("address", cfg.host + ":" + std::to_string(cfg.port))

@@ -170,7 +170,8 @@ std::string get_rids(const object& o, ParsedRequest& out) {
 std::string get_routing(const object& o, ParsedRequest& out) {
   // routed_dp_rank wins; data_parallel_rank (deprecated) counts only without it.
   if (auto err = get_int(o, "data_parallel_rank", out.routed_dp_rank); !err.empty()) return err;
-  return get_int(o, "routed_dp_rank", out.routed_dp_rank);
+  if (auto err = get_int(o, "routed_dp_rank", out.routed_dp_rank); !err.empty()) return err;
+  return get_int(o, "disagg_prefill_dp_rank", out.disagg_prefill_dp_rank);
 }
 
 // A string per request, or (`per_prompt`, /generate) a list with one string (or null) per prompt.
@@ -478,6 +479,7 @@ void ParsedRequest::clear() {
   sampling.stop.clear();
   sampling.stop_token_ids.clear();
   routed_dp_rank.reset();
+  disagg_prefill_dp_rank.reset();
   cache_salts.clear();
   loras.clear();
   bootstrap_hosts.clear();
@@ -502,7 +504,8 @@ bool ParsedRequest::bootstrap(size_t i, std::string& host, int64_t& port, uint64
   has_room = !bootstrap_rooms.empty();
   host = has_host ? pick(bootstrap_hosts) : std::string();
   port = has_port ? pick(bootstrap_ports) : 0;
-  room = has_room ? pick(bootstrap_rooms) : 0;
+  // GenerateReqInput: one room for a batch becomes [room + i for i in range(n)].
+  room = !has_room ? 0 : bootstrap_rooms.size() == 1 ? bootstrap_rooms[0] + i : bootstrap_rooms[i];
   return has_host || has_port || has_room;
 }
 

@@ -32,13 +32,17 @@ struct ParsedRequest {
   // routed_dp_rank, else its deprecated alias data_parallel_rank (OpenAI routes: the
   // X-Data-Parallel-Rank header overrides both, see apply_dp_rank_header).
   std::optional<int64_t> routed_dp_rank;
+  // PD: the prefill DP rank that holds the prompt's KV (SGLang reads it on the decode server; on
+  // the prefill server it only lifts the follow_bootstrap_room conflict check).
+  std::optional<int64_t> disagg_prefill_dp_rank;
   // cache_salt and LoRA adapter (lora_path; on the OpenAI routes the model "BASE:ADAPTER" wins
   // over lora_path): each empty (absent), one value for every prompt, or one per prompt of a batch
   // ("" where a prompt has none).
   std::vector<std::string> cache_salts;
   std::vector<std::string> loras;
   // PD fields (SGLang's bootstrap_host/port/room): each empty (absent), one value for every
-  // prompt, or one per prompt of a batch.
+  // prompt (a single room is room + i for prompt i, as GenerateReqInput normalizes it), or one per
+  // prompt of a batch.
   std::vector<std::string> bootstrap_hosts;
   std::vector<int64_t> bootstrap_ports;
   std::vector<uint64_t> bootstrap_rooms;

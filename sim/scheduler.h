@@ -36,6 +36,12 @@ struct RankLoad {
   int64_t waiting_tokens = 0;
   int64_t waiting_uncached_tokens = 0;
   int64_t prefilled_tokens = 0;  // uncached prompt tokens computed so far (cumulative)
+  // PD queues (SGLang's disaggregation load section): prefill requests whose KV is leaving, decode
+  // requests in the handshake with the prefill server (prealloc) and waiting for their KV
+  // (transfer).
+  int64_t prefill_inflight = 0;
+  int64_t decode_prealloc = 0;
+  int64_t decode_transfer = 0;
   int64_t total_tokens() const { return used_tokens + waiting_tokens; }
   double token_usage() const {
     return max_total_tokens > 0 ? static_cast<double>(used_tokens) / max_total_tokens : 0;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "sim/info.h"
@@ -86,6 +87,12 @@ awaitable<void> SimServer::handle(http::Exchange& ex) {
     co_await flush_cache(ex);
   } else if (path == "/sim/faults") {
     co_await sim_faults(ex);
+  } else if (path == "/abort_request") {
+    if (m != "POST") {
+      co_await method_not_allowed(ex);
+    } else {
+      co_await abort_request(ex);
+    }
   } else if (path == "/v1/loads" && method_ok(m, Method::kGet)) {
     const std::string_view target = ex.target();
     const size_t q = target.find('?');
@@ -161,6 +168,38 @@ awaitable<void> SimServer::flush_cache(http::Exchange& ex) {
   co_await ex.respond(status, kText,
                       "Cache flushed.\nPlease check backend logs for more details. (When there "
                       "are running or waiting requests, the operation will not be performed.)\n");
+}
+
+awaitable<void> SimServer::abort_request(http::Exchange& ex) {
+  // SGLang's AbortReq body: {"rid": "", "abort_all": false}; FastAPI answers 422 for a body that
+  // is not one.
+  std::string_view invalid;
+  std::string rid;
+  bool abort_all = false;
+  nlohmann::json j = nlohmann::json::parse(ex.body(), nullptr, false);
+  if (ex.body().empty()) {
+    invalid =
+        R"({"detail":[{"type":"missing","loc":["body"],"msg":"Field required","input":null}]})";
+  } else if (!j.is_object()) {
+    invalid =
+        R"({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{},"ctx":{"error":"Expecting value"}}]})";
+  } else if (j.contains("rid") && !j["rid"].is_string()) {
+    invalid =
+        R"({"detail":[{"type":"string_type","loc":["body","rid"],"msg":"Input should be a valid string"}]})";
+  } else if (j.contains("abort_all") && !j["abort_all"].is_boolean()) {
+    invalid =
+        R"({"detail":[{"type":"bool_type","loc":["body","abort_all"],"msg":"Input should be a valid boolean"}]})";
+  } else {
+    rid = j.value("rid", std::string());
+    abort_all = j.value("abort_all", false);
+  }
+  if (!invalid.empty()) {
+    co_await ex.respond(422, kJson, invalid);
+    co_return;
+  }
+  size_t n = generation_.abort(rid, abort_all);
+  log::info("abort_request").kv("rid", rid).kv("abort_all", abort_all).kv("aborted", n);
+  co_await ex.respond(200, {}, "");
 }
 
 awaitable<void> SimServer::sim_faults(http::Exchange& ex) {

@@ -1,7 +1,7 @@
 // sim/server: kvgate-sim's HTTP surface. Routes each exchange: the generation routes go to the
 // GenerationHandler; embeddings and rerank to sim/pooling; health, server info, loads, models,
-// metrics, cache flush and the test-control endpoint /sim/faults are answered here. Unknown paths
-// get FastAPI's 404 {"detail":"Not Found"}.
+// metrics, cache flush, /abort_request and the test-control endpoint /sim/faults are answered
+// here. Unknown paths get FastAPI's 404 {"detail":"Not Found"}.
 #pragma once
 
 #include "http/server.h"
@@ -31,6 +31,7 @@ class SimServer {
   awaitable<void> metrics(http::Exchange& ex);
   awaitable<void> flush_cache(http::Exchange& ex);
   awaitable<void> sim_faults(http::Exchange& ex);
+  awaitable<void> abort_request(http::Exchange& ex);
 
   const SimConfig& config_;
   Engine& engine_;

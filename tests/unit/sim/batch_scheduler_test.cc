@@ -28,8 +28,15 @@ std::vector<int32_t> seq(int from, int n) {
 struct Rooms final : RoomListener {
   std::vector<std::pair<uint64_t, RoomInfo>> ready;
   std::vector<uint64_t> failed;
-  void room_ready(uint64_t room, RoomInfo info) override { ready.emplace_back(room, info); }
-  void room_failed(uint64_t room, std::string) override { failed.push_back(room); }
+  std::vector<int> ranks;
+  void room_ready(uint64_t room, int rank, RoomInfo info) override {
+    ready.emplace_back(room, info);
+    ranks.push_back(rank);
+  }
+  void room_failed(uint64_t room, int rank, std::string) override {
+    failed.push_back(room);
+    ranks.push_back(rank);
+  }
 };
 
 class BatchCoreTest : public ::testing::Test {

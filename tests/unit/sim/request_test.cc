@@ -151,13 +151,50 @@ TEST_F(SimRequest, ErrorsNameTheProblem) {
   }
 }
 
+// The PD fields, on every route: bootstrap_host/port/room (per prompt), disagg_prefill_dp_rank,
+// and the rid the abort finds the request by.
+TEST_F(SimRequest, PdFieldsAndRids) {
+  ASSERT_EQ(parse(Route::kChatCompletions,
+                  R"({"messages":[{"role":"user","content":"hi"}],"rid":"c1",
+                      "bootstrap_host":"10.0.0.1","bootstrap_port":8998,"bootstrap_room":12,
+                      "routed_dp_rank":1,"disagg_prefill_dp_rank":0})"),
+            "");
+  EXPECT_EQ(req.rids, std::vector<std::string>{"c1"});
+  EXPECT_EQ(req.routed_dp_rank, 1);
+  EXPECT_EQ(req.disagg_prefill_dp_rank, 0);
+  std::string host;
+  int64_t port = 0;
+  uint64_t room = 0;
+  bool has_host = false, has_port = false, has_room = false;
+  ASSERT_TRUE(req.bootstrap(0, host, port, room, has_host, has_port, has_room));
+  EXPECT_EQ(host, "10.0.0.1");
+  EXPECT_EQ(port, 8998);
+  EXPECT_EQ(room, 12u);
+
+  // A batch with one room: GenerateReqInput gives prompt i the room + i.
+  ASSERT_EQ(parse(Route::kGenerate, R"({"text":["a","b","c"],"bootstrap_room":100})"), "");
+  for (size_t i = 0; i < 3; ++i) {
+    req.bootstrap(i, host, port, room, has_host, has_port, has_room);
+    EXPECT_TRUE(has_room);
+    EXPECT_FALSE(has_host);
+    EXPECT_EQ(room, 100 + i);
+  }
+  ASSERT_EQ(parse(Route::kGenerate, R"({"text":["a","b"],"bootstrap_room":[7,3]})"), "");
+  req.bootstrap(1, host, port, room, has_host, has_port, has_room);
+  EXPECT_EQ(room, 3u);
+  EXPECT_NE(parse(Route::kGenerate, R"({"text":"a","disagg_prefill_dp_rank":"x"})"), "");
+}
+
 TEST_F(SimRequest, ClearKeepsNothingFromTheLastRequest) {
-  ASSERT_EQ(parse(Route::kGenerate, R"({"text":["a","b"],"stream":true,"routed_dp_rank":2})"), "");
+  ASSERT_EQ(parse(Route::kGenerate, R"({"text":["a","b"],"stream":true,"routed_dp_rank":2,
+                                        "disagg_prefill_dp_rank":1})"),
+            "");
   ASSERT_EQ(parse(Route::kGenerate, R"({"text":"c"})"), "");
   EXPECT_EQ(req.prompts.size(), 1u);
   EXPECT_FALSE(req.stream);
   EXPECT_FALSE(req.batch);
   EXPECT_FALSE(req.routed_dp_rank.has_value());
+  EXPECT_FALSE(req.disagg_prefill_dp_rank.has_value());
 }
 
 }  // namespace

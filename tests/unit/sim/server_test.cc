@@ -7,6 +7,7 @@
 #include <simdjson.h>
 
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "sim/pooling.h"
@@ -492,6 +493,32 @@ TEST_F(SimServerTest, ClientDisconnectCancelsTheGeneration) {
     c.set_timeout(50ms);
     c.post("/v1/completions", R"({"prompt":"x","max_tokens":500})");
   }
+  EXPECT_TRUE(testing::wait_until([&] { return s.load().running == 0; }, 2s));
+  EXPECT_LT(s.metrics->rank(0).generation_tokens->value(), 200u);
+}
+
+// SGLang's POST /abort_request: 200 with an empty body; a running request with that rid ends
+// with finish_reason {"type":"abort","message":"Aborted"} (no status: the whole answer is a 200).
+TEST_F(SimServerTest, AbortRequestEndsARunningRequestByRid) {
+  Sim s({"--ttft-ms", "1", "--tpot-ms", "20"});
+  HttpClient control(s.port);
+  auto none = control.post("/abort_request", R"({"rid":"nobody"})");
+  EXPECT_EQ(none.status, 200);
+  EXPECT_EQ(none.body, "");
+  EXPECT_EQ(control.get("/abort_request").status, 405);
+  EXPECT_EQ(control.post("/abort_request", "[1").status, 422);
+  EXPECT_EQ(control.post("/abort_request", R"({"rid":5})").status, 422);
+  EXPECT_EQ(control.post("/abort_request", "").status, 422);
+
+  auto answer = std::async(std::launch::async, [&] {
+    return HttpClient(s.port).post("/v1/completions",
+                                   R"({"prompt":"x","max_tokens":500,"rid":"run-1"})");
+  });
+  ASSERT_TRUE(testing::wait_until([&] { return s.load().running == 1; }, 5s));
+  EXPECT_EQ(control.post("/abort_request", R"({"rid":"run-1","abort_all":false})").status, 200);
+  auto r = answer.get();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find(R"("finish_reason":"abort")"), std::string::npos) << r.body;
   EXPECT_TRUE(testing::wait_until([&] { return s.load().running == 0; }, 2s));
   EXPECT_LT(s.metrics->rank(0).generation_tokens->value(), 200u);
 }

@@ -63,9 +63,12 @@ class Sim {
       }
     }
     if (cfg.disaggregation_mode == "prefill") {
-      bootstrap =
-          BootstrapServer::start(cfg.host, static_cast<uint16_t>(cfg.disaggregation_bootstrap_port),
-                                 std::chrono::seconds(300), error);
+      bootstrap = BootstrapServer::start(
+          BootstrapSettings{.host = "127.0.0.1",
+                            .port = static_cast<uint16_t>(cfg.disaggregation_bootstrap_port),
+                            .dp_size = static_cast<int>(cfg.dp_size),
+                            .page_size = cfg.page_size},
+          error);
       if (!bootstrap) throw std::runtime_error(error);
       cfg.disaggregation_bootstrap_port = bootstrap->port();
     }
@@ -81,6 +84,7 @@ class Sim {
                                             [this](http::Exchange& ex) { return sim->handle(ex); });
     port = server->port();
     cfg.port = port;  // as main() does: /get_server_info reports the bound port
+    if (bootstrap) bootstrap->set_http_port(port);
     server->start();
     thread = std::thread([this] {
       auto guard = asio::make_work_guard(ctx);

@@ -307,6 +307,15 @@ class Dispatch {
   bool first_token_ = false;
 };
 
+// Prefill/decode: the prefill half of an attempt (its decision, dispatch and call).
+struct PrefillHalf {
+  Decision d;
+  Worker* w = nullptr;
+  std::optional<Dispatch> dispatch;
+  std::shared_ptr<pd::PrefillLeg> leg;
+  std::string rid;  // the rid both halves carry ("" when the client's body names its own)
+};
+
 // A worker's answer kept to give the client when no retry works out (its own 429/503...).
 struct SavedAnswer {
   int status = 0;
@@ -510,13 +519,7 @@ struct Gateway::Attempt {
   std::optional<RelayBuffer> buf;
   // Prefill/decode: the prefill half (d, w, dispatch and call above are the decode half, whose
   // answer the client gets).
-  struct Prefill {
-    Decision d;
-    Worker* w = nullptr;
-    std::optional<Dispatch> dispatch;
-    std::shared_ptr<pd::PrefillLeg> leg;
-    std::string rid;  // the rid both halves carry ("" when the client's body names its own)
-  };
+  using Prefill = PrefillHalf;
   std::optional<Prefill> prefill;
 };
 

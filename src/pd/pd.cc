@@ -76,8 +76,8 @@ std::string bootstrap_host(const http::Target& prefill) {
   return prefill.host;
 }
 
-PrefillLeg::PrefillLeg(asio::any_io_executor ex, http::ConnectionPool& pool, WorkerPtr worker,
-                       Clock::time_point deadline)
+PrefillLeg::PrefillLeg(const asio::any_io_executor& ex, http::ConnectionPool& pool,
+                       WorkerPtr worker, Clock::time_point deadline)
     : ex_(ex),
       pool_(pool),
       worker_(std::move(worker)),

@@ -54,7 +54,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
  public:
   enum class State { kRunning, kOk, kFailed };
 
-  PrefillLeg(asio::any_io_executor ex, http::ConnectionPool& pool, WorkerPtr worker,
+  PrefillLeg(const asio::any_io_executor& ex, http::ConnectionPool& pool, WorkerPtr worker,
              Clock::time_point deadline);
   ~PrefillLeg();
   PrefillLeg(const PrefillLeg&) = delete;

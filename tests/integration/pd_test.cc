@@ -381,6 +381,7 @@ TEST(Pd, PrefillKilledMidRequestLeavesNoHungDecode) {
   const std::string body =
       R"({"text":")" + long_prompt + R"(","sampling_params":{"max_new_tokens":4},"stream":true})";
   std::vector<std::future<Response>> running;
+  running.reserve(4);
   for (int i = 0; i < 4; ++i) {
     running.push_back(std::async(std::launch::async, [&] {
       HttpClient client(c.port);

@@ -264,9 +264,10 @@ struct Turns {
   double rate() const { return prompt > 0 ? cached / prompt : 0; }
 };
 
-Turns multiturn(PdCluster& c, int conversations, int turns_per) {
+Turns multiturn(PdCluster& c, int conversations, int turns_per,
+                const std::vector<std::string>& preface = {}) {
   HttpClient client(c.port);
-  std::vector<std::vector<std::string>> turns(static_cast<size_t>(conversations));
+  std::vector<std::vector<std::string>> turns(static_cast<size_t>(conversations), preface);
   Turns out;
   for (int t = 0; t < turns_per; ++t) {
     for (int conv = 0; conv < conversations; ++conv) {
@@ -335,6 +336,68 @@ TEST(Pd, KvExactMode1KeepsConversationsOnThePrefillRankHoldingThem) {
             << rr.rate() << "\n";
   EXPECT_GE(kv.rate(), 0.6);
   EXPECT_GE(kv.rate(), 2 * rr.rate());
+}
+
+// The prefill policy routes a chat on its whole conversation (sgl-model-gateway's PD routes on the
+// first message only and loses multi-turn affinity): cache_aware keeps each conversation on the
+// prefill server that has its history.
+TEST(Pd, CacheAwarePrefillKeepsEachConversationOnOneServer) {
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin", "--prefill-policy",
+                                         "cache_aware", "--decode-policy", "power_of_two"}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  // Every conversation opens with the same long exchange: its first message says nothing of it.
+  std::string shared = "You are a careful assistant for a team of librarians.";
+  for (int w = 0; w < 150; ++w) shared += " rule" + std::to_string(w);
+  Turns t = multiturn(c, 5, 4, {shared, "Understood."});
+  for (const auto& [conv, where] : t.placed) {
+    EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill servers";
+  }
+  EXPECT_GT(t.rate(), 0.5) << "later turns find their history cached on the prefill server";
+}
+
+// A prefill server that answers an error status, or aborts its stream in the first event: its
+// decode request is aborted at once (the decode servers' room timeout here is a minute), and the
+// pair is chosen again: the client gets the other prefill server's answer.
+TEST(Pd, PrefillErrorsAbortTheirDecodeAndThePairIsChosenAgain) {
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin"}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  HttpClient client(c.port);
+  HttpClient bad(c.prefill[0].port);
+  for (const std::string faults : {R"({"fail_rate":1.0,"fail_status":503})",
+                                   R"({"fail_rate":0,"abort_first_event_rate":1.0})"}) {
+    ASSERT_EQ(bad.post("/sim/faults", faults).status, 200);
+    for (int i = 0; i < 4; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto r = client.post(i % 2 ? "/generate" : "/v1/chat/completions",
+                           i % 2 ? kGenerateStream : chat(true));
+      EXPECT_EQ(r.status, 200) << faults << r.body;
+      EXPECT_EQ(r.body.find("\"error\""), std::string::npos) << faults << r.body;
+      EXPECT_EQ(r.body.find("\"abort\""), std::string::npos) << faults << r.body;
+      EXPECT_EQ(r.header("x-kvgate-prefill-worker"), c.prefill[1].url());
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << faults;
+    }
+  }
+  EXPECT_GE(c.metric("kvgate_pd_prefill_failures_total{worker=\"" + c.prefill[0].url() + "\"}"), 2);
+  // The aborted decodes hold nothing.
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[0]) == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[1]) == 0; }, 5s));
+
+  // A prefill's refusal of the request itself (a 4xx) is the client's answer, not retried.
+  ASSERT_EQ(
+      bad.post("/sim/faults", R"({"fail_rate":1.0,"fail_status":400,"abort_first_event_rate":0})")
+          .status,
+      200);
+  ASSERT_EQ(HttpClient(c.prefill[1].port)
+                .post("/sim/faults", R"({"fail_rate":1.0,"fail_status":400})")
+                .status,
+            200);
+  const double retries = c.metric("kvgate_retries_total{route=\"/generate\"}");
+  auto r = client.post("/generate", kGenerate);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("error"), std::string::npos) << r.body;
+  EXPECT_EQ(c.metric("kvgate_retries_total{route=\"/generate\"}"), retries);
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[0]) == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return PdCluster::load(c.decode[1]) == 0; }, 5s));
 }
 
 // The only prefill server dies: requests fail at once with one clear error (no decode waits for a

@@ -44,6 +44,7 @@ enum class FieldKind {
   kTokenizer,
   kKnob,
   kEndpoints,
+  kPdMode,
 };
 
 struct FieldDef {
@@ -191,6 +192,15 @@ const std::vector<FieldDef>& fields() {
     int_field("kvWarmupSec", &Rule::kv_warmup_sec, 0, 3600,
               "kv_exact: a rank is trusted once its event subscriber has been connected this "
               "long, or holds blocks; until then its requests go to sel");
+    t.push_back({.name = "pd_disagg_mode",
+                 .kind = FieldKind::kPdMode,
+                 .type = "boolean",
+                 .help =
+                     "SGLang prefill/decode on or off (the name KV-exact gateways use): true needs "
+                     "prefill and decode endpoints (roles 1 and 2), false none; printed back as "
+                     "whether the endpoints have roles",
+                 .default_note = "whether endpoints have roles",
+                 .range = "true, false"});
     int_field("pdBootstrapPort", &Rule::pd_bootstrap_port, 0, 65535,
               "SGLang prefill/decode only: the prefill servers' bootstrap port (an endpoint's "
               "bootstrapPort overrides it); 0 means 8998",
@@ -385,6 +395,11 @@ void parse_field(const FieldDef& def, const RuleDoc& v, Rule& r, const std::stri
     case FieldKind::kInt:
       want_int(v, field, r.*def.member, errors);
       return;
+    case FieldKind::kPdMode: {
+      bool b = false;
+      if (want_bool(v, field, b, errors)) r.pd_disagg_mode = b;
+      return;
+    }
     case FieldKind::kPathPrefix:
       want_string(v, field, r.path_prefix, errors);
       return;
@@ -626,6 +641,13 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
           "decode endpoints without a prefill endpoint: prefill/decode needs at least one of "
           "each (role: prefill)");
     }
+    if (r.pd_disagg_mode && *r.pd_disagg_mode != pd && !skip({"pd_disagg_mode"})) {
+      err("pd_disagg_mode", *r.pd_disagg_mode ? "true" : "false",
+          *r.pd_disagg_mode ? "needs prefill and decode endpoints: give each endpoint a role "
+                              "(prefill or 1, decode or 2)"
+                            : "the endpoints have prefill/decode roles: set pd_disagg_mode: true, "
+                              "or drop the roles");
+    }
     if (pd && !skip({"kvEngineType"}) && r.kv_engine_type != EngineType::kSglang) {
       err("kvEngineType", json_quote(engine),
           "prefill/decode roles need kvEngineType sglang: kvgate runs SGLang's prefill/decode "
@@ -783,6 +805,9 @@ Json rule_json(const Rule& r) {
         break;
       case FieldKind::kInt:
         j[def.name] = r.*def.member;
+        break;
+      case FieldKind::kPdMode:
+        j[def.name] = r.pd();
         break;
       case FieldKind::kPathPrefix:
         j[def.name] = r.path_prefix;

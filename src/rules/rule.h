@@ -61,6 +61,9 @@ struct Rule {
   int64_t kv_dp_rank_count = 1;
   int64_t kv_warmup_sec = 30;
   int64_t pd_bootstrap_port = 0;  // 0: 8998
+  // pd_disagg_mode as written (KV-exact gateways' P/D switch): must agree with the endpoints'
+  // roles.
+  std::optional<bool> pd_disagg_mode;
   std::string tokenizer_path;
   // The policy's own knobs, defaulting to the gateway's command-line values: the routing group
   // of the knob table, written in camelCase in a rule (cache-threshold -> cacheThreshold).

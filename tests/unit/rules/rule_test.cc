@@ -143,6 +143,13 @@ TEST(RuleParse, AcceptedSpellings) {
        [](const Rule& r) { EXPECT_EQ(r.endpoints[0].bootstrap_port, 8999); }},
       {"base P/D without KV-exact", with(kPd, R"({"kvExactMode": 0, "tokenizerPath": null})"),
        [](const Rule& r) { EXPECT_TRUE(r.pd()); }},
+      {"the seed guide's base P/D: pd_disagg_mode and roles 1/2",
+       with(kPd, R"({"pd_disagg_mode": true, "kvExactMode": 0, "tokenizerPath": null,
+                     "endpoints": [{"url": "http://p:1", "role": 1}, {"url": "http://d:1", "role": 2}]})"),
+       [](const Rule& r) {
+         EXPECT_TRUE(r.pd());
+         EXPECT_NE(to_json(r).find("\"pd_disagg_mode\":true"), std::string::npos) << to_json(r);
+       }},
       {"a policy per side", with(kPd, R"({"sel": "round_robin", "prefillPolicy": "cache_aware",
                      "decodePolicy": "power_of_two"})"),
        [](const Rule& r) {
@@ -256,6 +263,10 @@ TEST(RuleValidation, EveryRejectedShapeSaysWhatToDo) {
        "endpoints", "", "at least one of each (role: decode)"},
       {with(kPd, R"({"kvExactMode": 0, "endpoints": [{"url": "http://d:1", "role": "decode"}]})"),
        "endpoints", "", "at least one of each (role: prefill)"},
+      {with(kPool, R"({"pd_disagg_mode": true})"), "pd_disagg_mode", "true",
+       "needs prefill and decode endpoints"},
+      {with(kPd, R"({"pd_disagg_mode": false})"), "pd_disagg_mode", "false",
+       "set pd_disagg_mode: true, or drop the roles"},
       {with(kPool, R"({"prefillPolicy": "cache_aware"})"), "prefillPolicy", "\"cache_aware\"",
        "applies to prefill/decode pools only"},
       {with(kPool, R"({"decodePolicy": "power_of_two"})"), "decodePolicy", "\"power_of_two\"",

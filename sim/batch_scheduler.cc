@@ -151,11 +151,12 @@ std::optional<Clock::duration> BatchCore::begin_step(Clock::time_point now) {
       reserved_kv += r.max_new;
     } else {
       if (budget <= 0) break;
-      // SGLang matches at most prompt_len - 1 tokens: the last one must be computed for logits.
+      // SGLang matches at most prompt_len - 1 tokens (the last one must be computed for logits),
+      // and no further than an explicit logprob_start_len of a return_logprob request.
       RadixCache::Handle h;
-      if (setup_.caching && r.prompt_len > 1) {
-        h = cache_.acquire(r.prompt().first(static_cast<size_t>(r.prompt_len - 1)),
-                           r.seq->request().ns);
+      const int64_t limit = r.seq->request().max_prefix_len();
+      if (setup_.caching && limit > 0) {
+        h = cache_.acquire(r.prompt().first(static_cast<size_t>(limit)), r.seq->request().ns);
       }
       const int64_t need = (r.prompt_len - h.tree_len) + r.max_new;
       if (need > cache_.free_tokens() + cache_.evictable_tokens() - reserved_kv) {
@@ -312,10 +313,10 @@ RankLoad BatchCore::load() const {
   l.max_total_tokens = cache_.capacity();
   for (const auto& r : waiting_) {
     l.waiting_tokens += r->prompt_len;
+    const int64_t limit = r->seq->request().max_prefix_len();
     const int64_t hit =
-        setup_.caching && r->prompt_len > 1
-            ? cache_.peek_match(r->prompt().first(static_cast<size_t>(r->prompt_len - 1)),
-                                r->seq->request().ns)
+        setup_.caching && limit > 0
+            ? cache_.peek_match(r->prompt().first(static_cast<size_t>(limit)), r->seq->request().ns)
             : 0;
     l.waiting_uncached_tokens += r->prompt_len - hit;
   }

@@ -52,6 +52,7 @@ Engine::Engine(EngineConfig config, const Tokenizer& tokenizer, SimMetrics& metr
       tokenizer_(tokenizer),
       metrics_(metrics),
       model_(tokenizer),
+      logprobs_(tokenizer, config.seed),
       sinks_(std::move(sinks)) {
   const bool vllm = config.event_format == kv::WireFormat::kVllm;
   for (int r = 0; r < config.dp_size; ++r) {

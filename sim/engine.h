@@ -15,6 +15,7 @@
 #include "sim/batch_scheduler.h"
 #include "sim/fixed_delay_scheduler.h"
 #include "sim/kv_events.h"
+#include "sim/logprobs.h"
 #include "sim/pd.h"
 #include "sim/pseudo_text.h"
 #include "sim/scheduler.h"
@@ -92,6 +93,8 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const PseudoText& model() const { return model_; }
+  // The model's log-probabilities (/generate's return_logprob), seeded by --seed.
+  const LogprobModel& logprob_model() const { return logprobs_; }
   RankMetrics& rank_metrics(int rank) { return metrics_.rank(rank); }
   // PD decode: the rank's prealloc and transfer queues (reported by loads()).
   DecodeQueues& decode_queues(int rank) { return *decode_queues_[static_cast<size_t>(rank)]; }
@@ -101,6 +104,7 @@ class Engine {
   const Tokenizer& tokenizer_;
   SimMetrics& metrics_;
   PseudoText model_;
+  LogprobModel logprobs_;
   std::vector<std::unique_ptr<RankEventSink>> sinks_;
   std::vector<std::unique_ptr<Scheduler>> ranks_;
   std::vector<std::unique_ptr<DecodeQueues>> decode_queues_;

@@ -42,8 +42,9 @@ RadixCache::Handle FixedDelayScheduler::admit(const Sequence& seq) {
   RadixCache::Handle h;
   if (seq.request().transferred_cached_tokens) {
     // PD decode: the prompt's KV arrived from the prefill server.
-  } else if (setup_.caching && n > 1) {
-    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(n - 1)),
+  } else if (const int64_t limit = seq.request().max_prefix_len(); setup_.caching && limit > 0) {
+    // At most prompt_len - 1 tokens (and no further than return_logprob's logprob_start_len).
+    h = cache_.acquire(std::span<const int32_t>(prompt).first(static_cast<size_t>(limit)),
                        seq.request().ns);
   }
   // No admission control here: when even eviction leaves no room the slots are not counted.

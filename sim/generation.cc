@@ -128,9 +128,11 @@ awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>
 // chunk when usage was asked for; then [DONE]. Whole answers: the abort's status with FastAPI's
 // HTTPException body on every route, or, for a 400, the route's own error body (SGLang raises a
 // ValueError then).
-FinishReason abort_reason(int status, std::string message) {
-  return FinishReason{
-      .kind = FinishReason::Kind::kAbort, .message = std::move(message), .status_code = status};
+FinishReason abort_reason(int status, std::string message, std::string err_type = {}) {
+  return FinishReason{.kind = FinishReason::Kind::kAbort,
+                      .message = std::move(message),
+                      .status_code = status,
+                      .err_type = std::move(err_type)};
 }
 
 struct AbortAnswer {
@@ -199,10 +201,11 @@ int scratch_rank(const ParsedRequest& r) {
   return static_cast<int>(r.routed_dp_rank.value_or(0));
 }
 
-// The abort of a request before it reached the engine: a full queue, --abort-first-event-rate.
+// The abort of a request before it reached the engine: a full queue, --abort-first-event-rate,
+// a logprob_start_len past the prompt.
 AbortAnswer abort_before_start(const ParsedRequest& req, int status, std::string message,
-                               bool cache_report, int meta_dp_rank) {
-  const FinishReason abort = abort_reason(status, std::move(message));
+                               bool cache_report, int meta_dp_rank, std::string err_type = {}) {
+  const FinishReason abort = abort_reason(status, std::move(message), std::move(err_type));
   std::vector<std::string> ids;
   std::vector<int64_t> prompt_tokens;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
@@ -222,6 +225,22 @@ InstantShape instant_shape(int64_t max_new, int32_t eos) {
   }
   return {words, words,
           FinishReason{.kind = FinishReason::Kind::kLength, .length = static_cast<int64_t>(words)}};
+}
+
+// Scheduler.handle_generate_request: with return_logprob, a logprob_start_len that leaves no
+// prompt token is a 400 abort (set_finish_with_abort, err_type "BadRequestError"). "" when every
+// prompt is fine, else the message.
+std::string check_logprob_start(const ParsedRequest& req) {
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    const LogprobParams& lp = req.logprob(i);
+    const auto n = static_cast<int64_t>(req.prompts[i].size());
+    if (lp.return_logprob && lp.start_len >= n) {
+      return "req.logprob_start_len=" + std::to_string(lp.start_len) +
+             " is higher than the number of input tokens len(req.origin_input_ids)=" +
+             std::to_string(n) + ". Please use a smaller logprob_start_len.";
+    }
+  }
+  return "";
 }
 
 // SGLang's FAKE_BOOTSTRAP_HOST: a request with this bootstrap_host uses the fake transfer backend
@@ -293,6 +312,14 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
   if (!err.empty()) {
     co_await respond_error(ex, route, 400, err);
+    co_return;
+  }
+  if (std::string bad = check_logprob_start(scratch); !bad.empty()) {
+    // The scheduler's 400 abort: a whole answer is the route's 400, a stream carries the abort.
+    AbortAnswer a =
+        abort_before_start(scratch, 400, bad, config_.enable_cache_report,
+                           engine_.meta_dp_rank(scratch_rank(scratch)), "BadRequestError");
+    co_await send_abort(ex, a.status, a.stream, a.body, false);
     co_return;
   }
   if (!config_.instant) {
@@ -418,6 +445,7 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     Track& t = tracks[i];
     GenerationRequest g{std::move(req.prompts[i]), req.sampling, t.id, req.routed_dp_rank};
     g.ns = req.cache_namespace(i);
+    g.logprob = req.logprob(i);
     Bootstrap b;
     bool has_host = false, has_port = false, has_room = false;
     req.bootstrap(i, b.host, b.port, b.room, has_host, has_port, has_room);
@@ -460,6 +488,13 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     }
     t.seq = engine_.submit(std::move(g), notifier);
     t.dp_rank = engine_.meta_dp_rank(t.seq->dp_rank());
+    if (t.seq->request().logprob.return_logprob) {
+      // A decode server's prompt rows are the prefill server's (SGLang's decode sends none).
+      t.logprobs = LogprobRows{.model = &engine_.logprob_model(),
+                               .params = &t.seq->request().logprob,
+                               .prompt = t.seq->request().prompt,
+                               .prompt_rows = role != PdRole::kDecode};
+    }
     control->add_sequence(t.seq);
     if (control->aborted()) {
       // Aborted while an earlier prompt waited: this one ends at once too.
@@ -510,6 +545,12 @@ void GenerationHandler::instant_outputs(const ParsedRequest& req, const InstantS
                                .dp_rank = engine_.meta_dp_rank(rank),
                                .finish = &shape.finish,
                                .e2e_latency = seconds_between(start, Clock::now())});
+    if (req.logprob(i).return_logprob) {
+      views.back().logprobs = LogprobRows{.model = &engine_.logprob_model(),
+                                          .params = &req.logprob(i),
+                                          .prompt = req.prompts[i],
+                                          .output = out_ids};
+    }
   }
   RankMetrics& m = engine_.rank_metrics(rank);
   m.prompt_tokens->inc(static_cast<uint64_t>(prompt_total));
@@ -528,6 +569,7 @@ void GenerationHandler::instant_events(const ParsedRequest& req, const OpenAICon
     tracks[i].prompt_tokens = views[i].prompt_tokens;
     tracks[i].dp_rank = views[i].dp_rank;
     tracks[i].e2e = views[i].e2e_latency;
+    tracks[i].logprobs = views[i].logprobs;
   }
   auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
   // Step k shows the first k tokens, as a timed generation would one tick at a time.

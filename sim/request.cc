@@ -285,6 +285,90 @@ std::string get_bootstrap(const object& o, ParsedRequest& out) {
                         });
 }
 
+// SGLang's TokenizerManager._validate_token_ids_logprob, for one prompt's list.
+std::string get_token_ids_logprob(const element& e, int32_t vocab, std::vector<int32_t>& out) {
+  array a;
+  if (e.get_array().get(a)) return "token_ids_logprob must be a flat list of integers.";
+  for (element item : a) {
+    int64_t id = 0;
+    if (!item.is_int64() && !item.is_uint64()) {
+      return "token_ids_logprob must be a flat list of integers.";
+    }
+    as_integer(item, id);
+    if (id < 0 || id >= vocab) {
+      return "token_ids_logprob contains out-of-vocabulary token id " + std::to_string(id) +
+             "; valid range is [0, " + std::to_string(vocab) + ").";
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return "";
+}
+
+// /generate's logprob fields. Each is a value for every prompt or (a batch) a list with one per
+// prompt, as GenerateReqInput normalizes them; token_ids_logprob is a list of ids for every
+// prompt or a list of such lists (null or [] for none), one per prompt.
+std::string get_logprobs(const object& o, const Tokenizer& tok, ParsedRequest& out) {
+  const size_t n = out.prompts.size();
+  std::vector<char> ret;  // bools
+  std::vector<int64_t> start, top;
+  std::vector<std::vector<int32_t>> token_ids;
+  auto read_int = [](const element& e, int64_t& v) { return as_integer(e, v); };
+  if (auto err = get_per_prompt(o, "return_logprob", n, ret, "true or false",
+                                [](const element& e, char& v) {
+                                  bool b = false;
+                                  if (e.get_bool().get(b)) return false;
+                                  v = b ? 1 : 0;
+                                  return true;
+                                });
+      !err.empty()) {
+    return err;
+  }
+  if (auto err = get_per_prompt(o, "logprob_start_len", n, start, "an integer", read_int);
+      !err.empty()) {
+    return err;
+  }
+  if (auto err = get_per_prompt(o, "top_logprobs_num", n, top, "an integer", read_int);
+      !err.empty()) {
+    return err;
+  }
+  element ids;
+  if (lookup(o, "token_ids_logprob", ids)) {
+    array a;
+    if (ids.get_array().get(a)) return "token_ids_logprob must be a flat list of integers.";
+    if (a.size() > 0 && (a.at(0).value_unsafe().is_array() || a.at(0).value_unsafe().is_null())) {
+      if (a.size() != n) {
+        return "'token_ids_logprob' must be a list of ids, or a list of " + std::to_string(n) +
+               " such lists (one per prompt)";
+      }
+      for (element item : a) {
+        auto& list = token_ids.emplace_back();
+        if (item.is_null()) continue;
+        if (auto err = get_token_ids_logprob(item, tok.vocab_size(), list); !err.empty()) {
+          return err;
+        }
+      }
+    } else if (auto err = get_token_ids_logprob(ids, tok.vocab_size(), token_ids.emplace_back());
+               !err.empty()) {
+      return err;
+    }
+  }
+  bool text = false;
+  if (auto err = get_bool(o, "return_text_in_logprobs", text); !err.empty()) return err;
+  if (ret.empty() && start.empty() && top.empty() && token_ids.empty()) return "";
+  auto pick = [](const auto& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  out.logprobs.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    LogprobParams& lp = out.logprobs[i];
+    lp.return_logprob = !ret.empty() && pick(ret, i) != 0;
+    // None normalizes to -1 (output rows only); any negative value is read as that default.
+    lp.start_len = start.empty() ? -1 : std::max<int64_t>(pick(start, i), -1);
+    lp.top_logprobs_num = top.empty() ? 0 : std::max<int64_t>(pick(top, i), 0);
+    if (!token_ids.empty()) lp.token_ids = pick(token_ids, i);
+    lp.return_text_in_logprobs = text;
+  }
+  return "";
+}
+
 std::string check_n(const object& o) {
   std::optional<int64_t> n;
   if (auto err = get_int(o, "n", n); !err.empty()) return err;
@@ -328,6 +412,7 @@ std::string parse_generate(const object& o, const Tokenizer& tok, ParsedRequest&
     if (auto err = check_n(spo); !err.empty()) return err;
   }
   if (max_new && *max_new < 0) return "max_new_tokens must be at least 0";
+  if (auto err = get_logprobs(o, tok, out); !err.empty()) return err;
   return get_bool(o, "stream", out.stream);
 }
 
@@ -485,6 +570,13 @@ void ParsedRequest::clear() {
   bootstrap_hosts.clear();
   bootstrap_ports.clear();
   bootstrap_rooms.clear();
+  logprobs.clear();
+}
+
+const LogprobParams& ParsedRequest::logprob(size_t i) const {
+  static const LogprobParams kNone;
+  if (logprobs.empty()) return kNone;
+  return logprobs.size() == 1 ? logprobs[0] : logprobs[i];
 }
 
 CacheNamespace ParsedRequest::cache_namespace(size_t i) const {

@@ -46,6 +46,12 @@ struct ParsedRequest {
   std::vector<std::string> bootstrap_hosts;
   std::vector<int64_t> bootstrap_ports;
   std::vector<uint64_t> bootstrap_rooms;
+  // /generate's return_logprob, logprob_start_len, top_logprobs_num, token_ids_logprob and
+  // return_text_in_logprobs: empty when the body names none, else one per prompt.
+  std::vector<LogprobParams> logprobs;
+
+  // The logprob parameters of prompt `i` (return_logprob off when none were given).
+  const LogprobParams& logprob(size_t i) const;
 
   // The bootstrap fields of prompt `i` (absent ones left empty / 0); false when none was given.
   bool bootstrap(size_t i, std::string& host, int64_t& port, uint64_t& room, bool& has_host,

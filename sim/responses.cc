@@ -38,7 +38,8 @@ void append_generate_finish(std::string& out, const FinishReason* f) {
       }
       break;
     case FinishReason::Kind::kAbort:
-      // SGLang's FINISH_ABORT.to_json(); err_type stays None for the aborts the sim models.
+      // SGLang's FINISH_ABORT.to_json(): err_type None but for the scheduler's 400 aborts
+      // (set_finish_with_abort: "BadRequestError").
       out.append(R"({"type":"abort","message":)");
       json::append_string(out, f->message);
       out.append(R"(,"status_code":)");
@@ -47,7 +48,12 @@ void append_generate_finish(std::string& out, const FinishReason* f) {
       } else {
         out.append("null");
       }
-      out.append(R"(,"err_type":null)");
+      out.append(R"(,"err_type":)");
+      if (f->err_type.empty()) {
+        out.append("null");
+      } else {
+        json::append_string(out, f->err_type);
+      }
       break;
   }
   out.push_back('}');
@@ -168,7 +174,9 @@ void append_generate_object(std::string& out, const OutputView& o, int index) {
   append_int(out, o.prompt_tokens);
   out.append(R"(,"weight_version":)");
   json::append_string(out, kWeightVersion);
-  out.append(R"(,"total_retractions":0,"completion_tokens":)");
+  out.append(R"(,"total_retractions":0)");
+  append_logprob_keys(out, o.logprobs);
+  out.append(R"(,"completion_tokens":)");
   append_int(out, o.completion_tokens);
   out.append(R"(,"cached_tokens":)");
   append_int(out, o.cached_tokens);

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "sim/logprobs.h"
 #include "sim/sequence.h"
 
 namespace kvgate::sim {
@@ -24,6 +25,7 @@ struct OutputView {
       0;  // meta_info.dp_rank; < 0: null (SGLang's scheduler has no DP rank with dp_size 1)
   const FinishReason* finish = nullptr;  // null while running
   double e2e_latency = -1;               // written when >= 0 (the last chunk, whole answers)
+  LogprobRows logprobs;                  // /generate with return_logprob (model null: none)
 };
 
 struct OpenAIContext {
@@ -40,7 +42,9 @@ void append_int(std::string& out, int64_t v);
 void append_double(std::string& out, double v);
 
 // --- /generate ---
-// {"text","output_ids","meta_info":{...}} (+ "index" when index >= 0, for batch streams).
+// {"text","output_ids","meta_info":{...}} (+ "index" when index >= 0, for batch streams); with
+// return_logprob, meta_info carries the logprob keys between total_retractions and
+// completion_tokens, where SGLang's tokenizer manager adds them.
 void append_generate_object(std::string& out, const OutputView& o, int index = -1);
 // /generate's 400 body: {"error":{"message"}}.
 void append_generate_error(std::string& out, std::string_view message);

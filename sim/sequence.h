@@ -5,6 +5,7 @@
 // scheduler (the fixed-delay one now, continuous batching later) shares them.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "http/io.h"
+#include "sim/logprobs.h"
 #include "sim/pseudo_text.h"
 #include "sim/radix_cache.h"
 
@@ -44,6 +46,17 @@ struct GenerationRequest {
   // Decode side of PD: the prompt's KV arrived from the prefill server, which found this many
   // tokens in its cache (reported as this request's cached_tokens). The scheduler skips prefill.
   std::optional<int64_t> transferred_cached_tokens;
+  LogprobParams logprob;  // /generate's return_logprob and its options
+
+  // How much of the prompt a cache match may cover (SGLang's Req._compute_max_prefix_len): at
+  // most prompt_len - 1 tokens, the last one being computed for its logits; with return_logprob
+  // and an explicit logprob_start_len, at most that many, as the prompt rows from there on need
+  // their logits computed.
+  int64_t max_prefix_len() const {
+    int64_t n = static_cast<int64_t>(prompt.size()) - 1;
+    if (logprob.return_logprob && logprob.start_len >= 0) n = std::min(n, logprob.start_len);
+    return std::max<int64_t>(n, 0);
+  }
 };
 
 struct FinishReason {
@@ -54,6 +67,7 @@ struct FinishReason {
   int32_t matched_token = -1;  // kStop by a token id
   std::string message;         // kAbort
   int status_code = 0;         // kAbort: the HTTP status SGLang's abort carries (0: none)
+  std::string err_type;        // kAbort: FINISH_ABORT's err_type ("": null)
   // The last output token is the matched stop and is not part of the visible text.
   bool hides_last_token() const { return kind == Kind::kStop; }
 };

@@ -15,15 +15,20 @@ bool Track::update(const Tokenizer& tok) {
 }
 
 OutputView Track::view() const {
-  return OutputView{.id = id,
-                    .ids = ids,
-                    .text = text,
-                    .prompt_tokens = prompt_tokens,
-                    .completion_tokens = static_cast<int64_t>(ids.size()),
-                    .cached_tokens = p.cached_tokens,
-                    .dp_rank = dp_rank,
-                    .finish = p.finish ? &*p.finish : nullptr,
-                    .e2e_latency = finished() ? e2e : -1};
+  OutputView v{.id = id,
+               .ids = ids,
+               .text = text,
+               .prompt_tokens = prompt_tokens,
+               .completion_tokens = static_cast<int64_t>(ids.size()),
+               .cached_tokens = p.cached_tokens,
+               .dp_rank = dp_rank,
+               .finish = p.finish ? &*p.finish : nullptr,
+               .e2e_latency = finished() ? e2e : -1};
+  if (logprobs.model) {
+    v.logprobs = logprobs;
+    v.logprobs.output = ids;
+  }
+  return v;
 }
 
 namespace {
@@ -38,8 +43,10 @@ class GenerateStream final : public StreamWriter {
     }
     OutputView v = t.view();
     if (incremental_) {
+      // SGLang's _slice_streaming_output_meta_info cuts the output logprob lists the same way.
       v.ids = v.ids.subspan(t.sent_ids);
       v.text = v.text.substr(t.sent_text);
+      v.logprobs.output_from = t.sent_ids;
     }
     em.event([&](std::string& out) { append_generate_object(out, v, batch_ ? index : -1); });
     t.sent_ids = t.ids.size();

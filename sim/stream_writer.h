@@ -28,6 +28,9 @@ struct Track {
   size_t sent_ids = 0;
   size_t sent_text = 0;
   bool announced = false;  // chat: the role chunk went out
+  // /generate with return_logprob: the model, the request's parameters, its prompt and PD role
+  // (model null: no logprobs). view() adds the output so far.
+  LogprobRows logprobs;
 
   bool finished() const { return p.finish.has_value(); }
   // Reads the sequence's progress; true when tokens arrived or it finished. A matched stop token

@@ -9,6 +9,7 @@
 // side caches the prompt; the decode side reports the prefill's hit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 
 #include "support/cluster.h"
@@ -20,7 +21,8 @@ using namespace std::chrono_literals;
 
 struct Pd {
   // `prefill_dp`: the prefill server's --dp-size; `timeout`: the decode's --pd-room-timeout-secs.
-  explicit Pd(int prefill_dp = 1, double timeout = 1, std::vector<std::string> prefill_extra = {}) {
+  explicit Pd(int prefill_dp = 1, double timeout = 1, std::vector<std::string> prefill_extra = {},
+              std::vector<std::string> decode_extra = {}) {
     bootstrap = free_port();
     prefill.port = free_port();
     prefill.args = {"--disaggregation-mode",
@@ -39,6 +41,7 @@ struct Pd {
     decode.args = {"--disaggregation-mode",  "decode",
                    "--time-scale",           "0.05",
                    "--pd-room-timeout-secs", std::to_string(timeout)};
+    decode.args.insert(decode.args.end(), decode_extra.begin(), decode_extra.end());
     decode.start();
   }
   // A /generate body; `extra` is more fields (",\"routed_dp_rank\":1").
@@ -427,6 +430,133 @@ TEST(SimPd, MissingRoomIsThe400Abort) {
     EXPECT_EQ(s.status, 200);
     EXPECT_TRUE(has(s.body, R"("status_code":400)")) << s.body;
   }
+}
+
+// The raw JSON value of the first "key": at or after `from` ("" when absent): an array or an
+// object up to its matching bracket (strings skipped), else up to the next ',' or '}'.
+std::string json_value(const std::string& text, const std::string& key, size_t from = 0) {
+  const std::string k = "\"" + key + "\":";
+  size_t at = text.find(k, from);
+  if (at == std::string::npos) return "";
+  at += k.size();
+  size_t i = at;
+  if (text[i] != '[' && text[i] != '{') {
+    while (i < text.size() && text[i] != ',' && text[i] != '}') ++i;
+    return text.substr(at, i - at);
+  }
+  int depth = 0;
+  bool in_string = false;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if ((c == ']' || c == '}') && --depth == 0) {
+      return text.substr(at, i + 1 - at);
+    }
+  }
+  return "";
+}
+
+// The data payloads of a stream's events, without [DONE].
+std::vector<std::string> stream_events(const Response& r) {
+  auto data = sse_data(r.body);
+  EXPECT_FALSE(data.empty()) << r.body;
+  if (!data.empty() && data.back() == "[DONE]") data.pop_back();
+  return data;
+}
+
+// /generate with return_logprob in PD, as SGLang answers it: the prefill server computes the
+// prompt's rows (the same a plain server computes for the prompt) and its one output token's; the
+// decode server computes none (empty input lists) but returns every output row, the first one
+// having come with the KV. A PD gateway's merged answer is therefore a plain server's.
+TEST(SimPd, PromptLogprobsComeFromThePrefill) {
+  Pd pd(1, 5);
+  Sim plain;
+  plain.port = free_port();
+  plain.args = {"--time-scale", "0.05", "--page-size", "4"};
+  plain.start();
+  const std::string lp =
+      R"(,"return_logprob":true,"logprob_start_len":0,"top_logprobs_num":2,"token_ids_logprob":[7])";
+  auto whole = HttpClient(plain.port)
+                   .post("/generate", R"({"text":")" + kText +
+                                          R"(","sampling_params":{"max_new_tokens":6})" + lp + "}");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const auto prompt = static_cast<size_t>(json_number_field(whole.body, "prompt_tokens"));
+  const std::string rows = json_value(whole.body, "input_token_logprobs");
+  ASSERT_TRUE(rows.starts_with("[[null,")) << "the first prompt row has no logprob: " << rows;
+  ASSERT_EQ(std::count(rows.begin(), rows.end(), '['), static_cast<long>(prompt + 1))
+      << "one row per prompt token: " << rows;
+
+  auto [p, d] = pd.both(pd.body(0x51, kText, 6, lp));
+  ASSERT_EQ(p.status, 200) << p.body;
+  ASSERT_EQ(d.status, 200) << d.body;
+  for (const char* key :
+       {"input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs"}) {
+    EXPECT_EQ(json_value(p.body, key), json_value(whole.body, key)) << key;
+    EXPECT_EQ(json_value(d.body, key), "[]") << key << ": the decode computes no prompt rows";
+  }
+  for (const char* key : {"output_token_logprobs", "output_top_logprobs"}) {
+    EXPECT_EQ(json_value(d.body, key), json_value(whole.body, key)) << key;
+  }
+  EXPECT_EQ(json_number_field(d.body, "output_token_logprobs_length"), 6);
+  // The prefill's one token, and its row.
+  const std::string first = json_value(whole.body, "output_token_logprobs");
+  EXPECT_EQ(json_value(p.body, "output_token_logprobs"),
+            first.substr(0, first.find("],[") + 1) + "]");
+  // token_ids_logprob rows do not travel with the KV: the decode's start at its second token.
+  const std::string ids = json_value(whole.body, "output_token_ids_logprobs");
+  EXPECT_EQ(json_value(d.body, "output_token_ids_logprobs"),
+            "[" + ids.substr(ids.find("]],[[") + 3))
+      << ids;
+
+  // Streamed: the decode's every chunk has empty input lists and the output rows so far; the
+  // prefill's chunk has the prompt rows.
+  auto [ps, ds] = pd.both(stream_of(pd.body(0x52, kText, 6, lp)));
+  auto pe = stream_events(ps);
+  ASSERT_EQ(pe.size(), 1u) << ps.body;
+  EXPECT_EQ(json_value(pe[0], "input_token_logprobs"),
+            json_value(whole.body, "input_token_logprobs"));
+  auto de = stream_events(ds);
+  ASSERT_FALSE(de.empty()) << ds.body;
+  size_t rows_before = 0;
+  for (const auto& e : de) {
+    EXPECT_EQ(json_value(e, "input_token_logprobs"), "[]") << e;
+    const auto n = static_cast<size_t>(json_number_field(e, "output_token_logprobs_length"));
+    EXPECT_GT(n, rows_before) << "cumulative: each chunk has every output row so far";
+    EXPECT_EQ(n, static_cast<size_t>(json_number_field(e, "completion_tokens")));
+    rows_before = n;
+  }
+  EXPECT_EQ(json_value(de.back(), "output_token_logprobs"),
+            json_value(whole.body, "output_token_logprobs"));
+}
+
+// With --incremental-streaming-output the decode's chunks carry only their new output rows (the
+// input lists, empty, in every chunk).
+TEST(SimPd, IncrementalDecodeStreamCutsTheOutputRows) {
+  Pd pd(1, 5, {}, {"--incremental-streaming-output"});
+  auto [p, d] = pd.both(stream_of(pd.body(0x53, kText, 5, R"(,"return_logprob":true)")));
+  ASSERT_EQ(p.status, 200) << p.body;
+  auto de = stream_events(d);
+  ASSERT_FALSE(de.empty()) << d.body;
+  size_t rows = 0;
+  for (const auto& e : de) {
+    EXPECT_EQ(json_value(e, "input_token_logprobs"), "[]") << e;
+    const std::string out = json_value(e, "output_token_logprobs");
+    const auto in_chunk = static_cast<size_t>(std::count(out.begin(), out.end(), '[') - 1);
+    const std::string ids = json_value(e, "output_ids");
+    EXPECT_EQ(in_chunk, static_cast<size_t>(std::count(ids.begin(), ids.end(), ',') + 1)) << e;
+    rows += in_chunk;
+    EXPECT_EQ(json_number_field(e, "output_token_logprobs_length"), static_cast<double>(rows));
+  }
+  EXPECT_EQ(rows, 5u);
 }
 
 TEST(SimCli, BadKvEventsConfigAndPortsAreStartupErrors) {

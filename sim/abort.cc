@@ -61,6 +61,11 @@ std::unique_ptr<RequestRegistry::Entry> RequestRegistry::add(
   return std::make_unique<Entry>(*this, std::move(rids), raw);
 }
 
+bool RequestRegistry::live(std::string_view rid) const {
+  std::lock_guard lock(mu_);
+  return by_rid_.find(std::string(rid)) != by_rid_.end();
+}
+
 size_t RequestRegistry::abort(std::string_view rid, bool abort_all) {
   std::vector<std::shared_ptr<RequestControl>> hit;
   {

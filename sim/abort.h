@@ -71,6 +71,9 @@ class RequestRegistry {
   // SGLang's abort: the requests whose rid is `rid` (every one with `abort_all`); SGLang's
   // tokenizer manager ignores a rid it does not know. Returns how many were aborted.
   size_t abort(std::string_view rid, bool abort_all);
+  // Whether a request in flight has this rid (SGLang refuses a second one: "Duplicate request ID
+  // detected").
+  bool live(std::string_view rid) const;
   size_t size() const;
 
  private:

@@ -310,6 +310,12 @@ awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   }
   if (err.empty()) err = check_loras(scratch, config_.enable_lora, lora_adapters_);
   if (err.empty()) err = engine_.check_rank(scratch.routed_dp_rank);
+  for (size_t i = 0; err.empty() && i < scratch.rids.size(); ++i) {
+    // TokenizerManager: a rid still in flight is refused (a ValueError: 400).
+    if (!scratch.rids[i].empty() && registry_.live(scratch.rids[i])) {
+      err = "Duplicate request ID detected: " + scratch.rids[i];
+    }
+  }
   if (!err.empty()) {
     co_await respond_error(ex, route, 400, err);
     co_return;

@@ -31,22 +31,19 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets
                            std::move(buckets))),
       in_flight(r.gauge("kvgate_requests_in_flight", "Requests being handled now")),
       worker_active(r.gauge("kvgate_worker_requests_active",
-                            "Requests in flight to each worker through this gateway",
-                            {"worker", "role"})),
-      worker_health(r.gauge("kvgate_worker_health", "1 when the worker passes health checks",
-                            {"worker", "role"})),
+                            "Requests in flight to each worker through this gateway", {"worker"})),
+      worker_health(
+          r.gauge("kvgate_worker_health", "1 when the worker passes health checks", {"worker"})),
       worker_cb_state(r.gauge("kvgate_worker_cb_state",
-                              "Circuit breaker state: 0 closed, 1 open, 2 half-open",
-                              {"worker", "role"})),
+                              "Circuit breaker state: 0 closed, 1 open, 2 half-open", {"worker"})),
       worker_load(r.gauge("kvgate_worker_reported_load",
                           "Running + waiting requests the worker last reported on /get_load",
-                          {"worker", "role"})),
+                          {"worker"})),
       worker_requests(r.counter("kvgate_worker_requests_total",
-                                "Attempts sent to each worker (retries included)",
-                                {"worker", "role"})),
+                                "Attempts sent to each worker (retries included)", {"worker"})),
       worker_failures(r.counter("kvgate_worker_failures_total",
                                 "Attempts that failed (connect error, reset, timeout or 5xx)",
-                                {"worker", "role"})),
+                                {"worker"})),
       retries(r.counter("kvgate_retries_total", "Attempts beyond the first, by route", {"route"})),
       upstream_errors(r.counter("kvgate_upstream_errors_total",
                                 "Failed upstream attempts by worker and kind", {"worker", "kind"})),
@@ -71,13 +68,19 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets
                               "Streams a worker aborted in their first event (HTTP 200, then an "
                               "abort or error event), by worker",
                               {"worker"})),
+      worker_role(
+          r.gauge("kvgate_worker_role",
+                  "1 for each worker, labelled with its role: regular, or prefill / decode in "
+                  "a prefill/decode pool (sgl-model-gateway's worker types); join on worker "
+                  "for any worker series by role",
+                  {"worker", "role"})),
       pd_prefill_failures(r.counter("kvgate_pd_prefill_failures_total",
                                     "Prefill/decode: prefill halves that failed (no answer, an "
                                     "error status or an aborted stream), by prefill worker; "
                                     "their decode requests were aborted",
                                     {"worker"})),
       worker_load_poll_failures(r.counter("kvgate_worker_load_poll_failures_total",
-                                          "Failed /get_load polls, by worker", {"worker", "role"})),
+                                          "Failed /get_load polls, by worker", {"worker"})),
       in_flight_now(in_flight.with({})),
       queue_depth_now(queue_depth.with({})) {}
 

@@ -52,6 +52,7 @@ struct GatewayMetrics {
   metrics::CounterFamily& client_disconnects;
   metrics::CounterFamily& retries_denied;
   metrics::CounterFamily& stream_aborts;
+  metrics::GaugeFamily& worker_role;
   metrics::CounterFamily& pd_prefill_failures;
   metrics::CounterFamily& worker_load_poll_failures;
   LabelLimiter models{64};

@@ -26,16 +26,24 @@ std::string_view role_label(rules::Role role) {
 }
 
 void attach_worker_metrics(Worker& w, GatewayMetrics& m, rules::Role role) {
-  const std::string_view r = role_label(role);
   WorkerMetrics wm;
-  wm.inflight = &m.worker_active.with({w.url(), r});
-  wm.health = &m.worker_health.with({w.url(), r});
-  wm.cb_state = &m.worker_cb_state.with({w.url(), r});
-  wm.reported_load = &m.worker_load.with({w.url(), r});
-  wm.requests = &m.worker_requests.with({w.url(), r});
-  wm.failures = &m.worker_failures.with({w.url(), r});
-  wm.load_poll_failures = &m.worker_load_poll_failures.with({w.url(), r});
+  wm.inflight = &m.worker_active.with({w.url()});
+  wm.health = &m.worker_health.with({w.url()});
+  wm.cb_state = &m.worker_cb_state.with({w.url()});
+  wm.reported_load = &m.worker_load.with({w.url()});
+  wm.requests = &m.worker_requests.with({w.url()});
+  wm.failures = &m.worker_failures.with({w.url()});
+  wm.load_poll_failures = &m.worker_load_poll_failures.with({w.url()});
   w.attach_metrics(wm);
+  set_worker_role(w, m, role);
+}
+
+void set_worker_role(Worker& w, GatewayMetrics& m, rules::Role role) {
+  const std::string_view r = role_label(role);
+  if (w.role() == r) return;
+  if (!w.role().empty()) m.worker_role.remove({w.url(), w.role()});
+  w.set_role(r);
+  m.worker_role.with({w.url(), r}).set(1);
 }
 
 void remove_worker_metrics(std::string_view url, metrics::Registry& registry) {
@@ -143,6 +151,9 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     http::Target t;
     if (std::string e = http::parse_url(ep.url, t); !e.empty()) return fail("endpoints: " + e);
     WorkerPtr w = existing ? existing(t.url) : nullptr;
+    // The same server in a new role (a rule changed it): kvgate_worker_role says so (not for a
+    // dry run, which must change nothing live).
+    if (w && env.policy_metrics) set_worker_role(*w, *env.metrics, ep.role);
     if (!w) {
       if (std::string e = http::resolve(t); !e.empty()) return fail("endpoints: " + e);
       if (t.https) {
@@ -163,7 +174,8 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     pool->sides_[w->id()] = Side{
         .role = ep.role,
         .bootstrap_port = ep.bootstrap_port.value_or(
-            rule.pd_bootstrap_port != 0 ? rule.pd_bootstrap_port : rules::kDefaultBootstrapPort)};
+            rule.pd_bootstrap_port != 0 ? rule.pd_bootstrap_port : rules::kDefaultBootstrapPort),
+        .worker = w};
     set->workers.push_back(std::move(w));
   }
   if (pd) {
@@ -212,16 +224,11 @@ PolicyRuntime Pool::pd_runtime(PolicyRuntime rt) const {
     }
     if (!chosen) return false;
     auto port = pairing->bootstrap_ports.find(prefill.id());
-    std::string host;
-    json::append_string(host, pd::bootstrap_host(prefill.target()));
-    const BodyField fields[] = {
-        {"bootstrap_host", std::move(host)},
-        {"bootstrap_port",
-         std::to_string(port == pairing->bootstrap_ports.end() ? rules::kDefaultBootstrapPort
-                                                               : port->second)},
-        {"bootstrap_room",
-         std::to_string(pd::choose_room(thread_rng().next(), rank,
-                                        prefill.dp_size().value_or(pairing->default_dp)))}};
+    const auto fields = pd::bootstrap_fields(
+        prefill.target(),
+        port == pairing->bootstrap_ports.end() ? rules::kDefaultBootstrapPort : port->second,
+        pd::choose_room(thread_rng().next(), rank,
+                        prefill.dp_size().value_or(pairing->default_dp)));
     std::string out = add_fields(body, fields);
     if (out.empty()) return false;
     body = std::move(out);
@@ -229,6 +236,11 @@ PolicyRuntime Pool::pd_runtime(PolicyRuntime rt) const {
     return true;
   };
   return rt;
+}
+
+WorkerPtr Pool::worker_ptr(const Worker& w) const {
+  auto it = sides_.find(w.id());
+  return it == sides_.end() ? nullptr : it->second.worker;
 }
 
 rules::Role Pool::role(const Worker& w) const {

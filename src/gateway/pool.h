@@ -96,6 +96,8 @@ class Pool {
   // A prefill worker's SGLang bootstrap port: its endpoint's, else the rule's pdBootstrapPort
   // (0: 8998).
   int64_t bootstrap_port(const Worker& w) const;
+  // The pool's own reference to one of its workers (null for one it does not have).
+  WorkerPtr worker_ptr(const Worker& w) const;
   // What the request path must read of bodies for this pool (mode 4), with its tokenizer.
   const ParseOptions& parse_options() const { return parse_options_; }
   bool reads_body() const { return rule_.mode == 4; }
@@ -123,6 +125,7 @@ class Pool {
   struct Side {
     rules::Role role = rules::Role::kNone;
     int64_t bootstrap_port = 0;
+    WorkerPtr worker;
   };
   std::unordered_map<uint64_t, Side> sides_;  // by worker id
   // Prefill/decode: each side's workers (what its policy hears in on_workers_changed).
@@ -146,6 +149,8 @@ class Pool {
 // `role` is the worker's role label ("regular" without one, "prefill", "decode").
 std::string_view role_label(rules::Role role);
 void attach_worker_metrics(Worker& w, GatewayMetrics& m, rules::Role role = rules::Role::kNone);
+// kvgate_worker_role{worker, role} for the worker's role (control loop only).
+void set_worker_role(Worker& w, GatewayMetrics& m, rules::Role role);
 void remove_worker_metrics(std::string_view url, metrics::Registry& registry);
 
 }  // namespace kvgate

@@ -47,6 +47,7 @@ log::RateLimit kLogNoFirstEvent(20, std::chrono::seconds(10));
 log::RateLimit kLogFirstEventAbort(20, std::chrono::seconds(10));
 log::RateLimit kLogMidResponse(20, std::chrono::seconds(10));
 log::RateLimit kLogPrefillFailed(20, std::chrono::seconds(10));
+log::RateLimit kLogNoPromptLogprobs(20, std::chrono::seconds(10));
 
 // What a client going away cancels: its wait in the admission queue, its upstream call.
 struct Cancel {
@@ -295,6 +296,7 @@ class Dispatch {
     policy_.on_completed(d_, ctx_, o);
   }
   bool trial() const { return pass_ == CircuitBreaker::Pass::kTrial; }
+  bool done() const { return done_; }
   // For the destructor: whether the worker may have the request (true until known otherwise).
   bool started_guess = true;
 
@@ -477,6 +479,7 @@ class Gateway::Request {
   int denied_ = 0;
   http::CallError last_error_ = http::CallError::kNone;
   std::optional<SavedAnswer> saved_;
+  std::optional<GatewayError> prefill_error_;  // prefill/decode: the last prefill's failure
   std::optional<std::chrono::milliseconds> retry_after_;
   BudgetSlot budget_slot_;
   asio::steady_timer backoff_timer_;
@@ -516,6 +519,8 @@ struct Gateway::Attempt {
   bool abort_ran = false;      // ... with status 500 (ran and failed, like an HTTP 500)
   int abort_status = 0;        // ... the status it stands for
   bool request_abort = false;  // the first event is the request's own error
+  // Prefill/decode: the decode half says its KV transfer failed (the prefill side's fault).
+  bool blame_prefill = false;
   std::optional<RelayBuffer> buf;
   // Prefill/decode: the prefill half (d, w, dispatch and call above are the decode half, whose
   // answer the client gets).
@@ -789,10 +794,15 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
 // prefill server (and rank), the decode policy a decode server; each breaker gives a pass; both
 // dispatches open. A retry chooses both again.
 awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
-  if (info_.batch) {
-    co_await refuse(errors::invalid_request(
-        "a batch (a list of prompts) is not supported with prefill/decode: send one prompt per "
-        "request"));
+  if (info_.batch || route_ == ApiRoute::kEmbeddings || route_ == ApiRoute::kRerank) {
+    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
+    GatewayError ge = errors::invalid_request(
+        info_.batch ? "a batch (a list of prompts) is not supported with prefill/decode: send one "
+                      "prompt per request"
+                    : std::string(route_label_) +
+                          " is not a generation route: a prefill/decode pool serves /generate, "
+                          "/v1/chat/completions and /v1/completions; route it to a plain pool");
+    co_await refuse(ge);
     co_return Next::kDone;
   }
   if (candidates_.empty()) {
@@ -803,7 +813,6 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
       (is_decode ? decode : prefill) += 1;
       if (!is_decode && w->available(a.now)) ++usable_prefill;
     }
-    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
     GatewayError ge = usable_prefill == 0 ? errors::no_worker_of_role("prefill", prefill)
                                           : errors::no_worker_of_role("decode", decode);
     co_await refuse(ge);
@@ -826,26 +835,31 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
     co_await refuse(errors::policy_refused(refused.name(), branch));
     co_return Next::kDone;
   }
-  CircuitBreaker::Pass prefill_pass = p.w->admit(a.now);
-  CircuitBreaker::Pass decode_pass = CircuitBreaker::Pass::kDenied;
-  if (prefill_pass != CircuitBreaker::Pass::kDenied) decode_pass = a.w->admit(a.now);
-  if (prefill_pass == CircuitBreaker::Pass::kDenied ||
-      decode_pass == CircuitBreaker::Pass::kDenied) {
+  // Each pass is taken right before its dispatch opens (which records it on every path).
+  auto denied = [&](Worker* w) {
     // A breaker turned (another request took the half-open trial): choose again, bounded.
-    if (prefill_pass != CircuitBreaker::Pass::kDenied) p.w->record_neutral(prefill_pass);
-    failed_.push_back((prefill_pass == CircuitBreaker::Pass::kDenied ? p.w : a.w)->id());
-    a.prefill.reset();
-    if (++denied_ > static_cast<int>(set_->workers.size()) + 1) co_return Next::kGiveUp;
+    failed_.push_back(w->id());
     skip_backoff_ = true;
-    co_return Next::kRetry;
+    return ++denied_ > static_cast<int>(set_->workers.size()) + 1 ? Next::kGiveUp : Next::kRetry;
+  };
+  CircuitBreaker::Pass prefill_pass = p.w->admit(a.now);
+  if (prefill_pass == CircuitBreaker::Pass::kDenied) {
+    a.prefill.reset();
+    co_return denied(p.w);
   }
+  ++attempts_made_;
+  p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass);
+  CircuitBreaker::Pass decode_pass = a.w->admit(a.now);
+  if (decode_pass == CircuitBreaker::Pass::kDenied) {
+    p.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = false}, Verdict::kNeutral);
+    --attempts_made_;  // nothing was sent
+    co_return denied(a.w);
+  }
+  a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass);
   if (metrics::Counter* c = pool_->selected(*p.w)) c->inc();
   if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
   g_.metrics_.branch_counter(prefill_policy.name(), p.d.branch).inc();
   g_.metrics_.branch_counter(decode_policy.name(), a.d.branch).inc();
-  ++attempts_made_;
-  p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass);
-  a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass);
   a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
   a.call->set_deadline(deadline_);
   cancel_.call = &*a.call;
@@ -857,23 +871,26 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
 // when the body cannot take fields (not a JSON object).
 bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
   Attempt::Prefill& p = *a.prefill;
-  const rules::Rule& rule = pool_->rule();
-  const int64_t dp = p.w->dp_size().value_or(rule.kv_dp_rank_count);
+  const int64_t dp = p.w->dp_size().value_or(pool_->rule().kv_dp_rank_count);
   // The prefill rank reaches SGLang by the room (room % dp_size, every build), or pinned
   // (routed_dp_rank) with disagg_prefill_dp_rank, which lets the prefill take a pin other than
   // the room's rank and tells the decode where the KV is (--pd-prefill-rank field).
   const bool pin = p.d.dp_rank && dp > 1 && g_.config_.pd_prefill_rank == "field";
   const uint64_t room = pd::choose_room(thread_rng().next(), pin ? std::nullopt : p.d.dp_rank, dp);
-  std::string host;
-  json::append_string(host, pd::bootstrap_host(p.w->target()));
-  std::vector<BodyField> fields;
-  fields.reserve(6);
-  fields.push_back({"bootstrap_host", std::move(host)});
-  fields.push_back({"bootstrap_port", std::to_string(pool_->bootstrap_port(*p.w))});
-  fields.push_back({"bootstrap_room", std::to_string(room)});
-  if (!info_.has_rid) {
-    // SGLang's /abort_request finds a request by its rid: one of ours, new per attempt.
-    p.rid = std::string(rid_) + "-" + std::to_string(attempts_made_);
+  std::vector<BodyField> fields =
+      pd::bootstrap_fields(p.w->target(), pool_->bootstrap_port(*p.w), room);
+  // SGLang's /abort_request finds a request by its rid, and refuses a rid it still runs: one per
+  // attempt, never taken from a client's header (two clients' requests must not share it). The
+  // client's own rid stands for its first attempt.
+  if (!info_.rid.empty() && attempts_made_ == 1) {
+    p.rid = info_.rid;
+  } else {
+    const uint64_t hi = thread_rng().next(), lo = thread_rng().next();
+    char nonce[40];
+    std::snprintf(nonce, sizeof nonce, "%016llx%016llx", static_cast<unsigned long long>(hi),
+                  static_cast<unsigned long long>(lo));
+    p.rid = info_.rid.empty() ? "kvgate-" + std::string(nonce)
+                              : info_.rid + "-kvgate-" + std::string(nonce, 16);
     std::string quoted;
     json::append_string(quoted, p.rid);
     fields.push_back({"rid", std::move(quoted)});
@@ -888,11 +905,8 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
     fields.push_back({g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)});
   }
   decode_body = add_fields(ex_.body(), fields);
-  WorkerPtr worker;
-  for (const auto& w : set_->workers) {
-    if (w.get() == p.w) worker = w;
-  }
-  p.leg = std::make_shared<pd::PrefillLeg>(ex_.executor(), ts_.pool, std::move(worker), deadline_);
+  p.leg = std::make_shared<pd::PrefillLeg>(ex_.executor(), ts_.pool, pool_->worker_ptr(*p.w),
+                                           deadline_);
   if (info_.return_logprob) p.leg->keep_answer();
   // The prefill is done once its whole answer came (its KV has left): the policy hears it then.
   p.leg->on_ok = [&p] {
@@ -903,27 +917,43 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
   return true;
 }
 
+namespace {
+
+// /abort_request calls in flight from this thread: the closed connection already tells SGLang;
+// this only hurries it, and must not pile up sockets during a prefill outage.
+thread_local int tl_abort_requests = 0;
+constexpr int kMaxAbortRequests = 16;
+
+awaitable<void> send_abort_request(asio::any_io_executor ex, http::Target target,
+                                   std::string body) {
+  ++tl_abort_requests;
+  struct Done {
+    ~Done() { --tl_abort_requests; }
+  } done;
+  const http::Header headers[] = {{"content-type", "application/json"}};
+  co_await http::fetch(ex, target, "POST", "/abort_request", std::chrono::seconds(2), body,
+                       headers);
+}
+
+}  // namespace
+
 // Prefill/decode: the prefill half failed while the decode half had not answered (its call was
 // aborted). The decode server forgets the request (the closed connection, and SGLang's
 // /abort_request with its rid); the prefill server's failure counts against it. Another pair is
 // tried when it may be (nothing reached the client); a prefill's refusal of the request itself
-// (a 4xx) is the client's answer.
+// (a 4xx, or an error event naming no status) is the client's answer.
 awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
   Attempt::Prefill& p = *a.prefill;
   pd::PrefillLeg& leg = *p.leg;
   http::UpstreamCall& call = *a.call;
   call.abort();
-  if (call.request_sent() && !p.rid.empty()) {
-    // Fire and forget, bounded: the closed connection already tells SGLang the client left.
+  if (call.request_sent() && tl_abort_requests < kMaxAbortRequests) {
     std::string body = R"({"rid":)";
     json::append_string(body, p.rid);
     body.push_back('}');
-    asio::co_spawn(
-        ex_.executor(),
-        [](asio::any_io_executor ex, http::Target t, std::string b) -> awaitable<void> {
-          co_await http::fetch(ex, t, "POST", "/abort_request", std::chrono::seconds(2), b);
-        }(ex_.executor(), a.w->target(), std::move(body)),
-        asio::detached);
+    asio::co_spawn(ex_.executor(),
+                   send_abort_request(ex_.executor(), a.w->target(), std::move(body)),
+                   asio::detached);
   }
   g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
   a.tag(log::warn(kLogPrefillFailed, "prefill failed; its decode request was aborted"))
@@ -934,8 +964,7 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
   a.dispatch->finish(Outcome{.status = 502, .started = false}, Verdict::kNeutral);
   const int status = leg.status();
   const bool answered = status != 0;
-  const bool request_error =
-      answered && status >= 400 && status < 500 && status != 408 && status != 429;
+  const bool request_error = leg.request_error();
   const bool ran = status == 500;
   Verdict v = request_error                ? Verdict::kNeutral
               : ran && p.dispatch->trial() ? Verdict::kFailure
@@ -950,30 +979,39 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
                              .started = answered ? !refused_status(status) : leg.request_sent()},
                      v);
   failed_.push_back(p.w->id());
-  if (request_error) {
+  if (answered) {
+    // The prefill server's own answer: the client's when it refused the request itself, or when
+    // no retry works out.
     saved_ =
         SavedAnswer{.status = status, .content_type = leg.answer_type(), .body = leg.answer_body()};
-    co_return Next::kGiveUp;
+    if (saved_->body.empty()) {
+      saved_->content_type = "application/json";
+      saved_->body = error_body(GatewayError{
+          status, status < 500 ? "invalid_request_error" : "server_error", "prefill_answer",
+          "the prefill server (worker #" + std::to_string(p.w->id()) + ") answered HTTP " +
+              std::to_string(status)});
+    }
+  } else {
+    prefill_error_ = errors::prefill_failed(p.w->id(), "no answer");
   }
-  if (answered && retryable_status(status)) {
-    saved_ =
-        SavedAnswer{.status = status, .content_type = leg.answer_type(), .body = leg.answer_body()};
-  }
+  if (request_error) co_return Next::kGiveUp;
   if (ran && ran_and_failed_ > 1) {
     retry_denied("attempts");
-  } else if (auto why = may_retry(); !why.empty()) {
-    retry_denied(why);
-  } else {
-    co_return Next::kRetry;
+    co_return Next::kGiveUp;
   }
-  GatewayError ge =
-      errors::prefill_failed(p.w->id(), answered ? "it answered HTTP " + std::to_string(status)
-                                                 : std::string("no answer"));
-  co_await refuse(ge, p.w);
-  co_return Next::kDone;
+  if (auto why = may_retry(); !why.empty()) {
+    retry_denied(why);
+    co_return Next::kGiveUp;
+  }
+  co_return Next::kRetry;
 }
 
 void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
+  if (a.blame_prefill) {
+    // Prefill/decode: the decode's KV never came; settle_prefill charges the prefill server.
+    a.dispatch->finish(Outcome{.status = status, .started = false}, Verdict::kNeutral);
+    return;
+  }
   // A 500 ran the request and failed: it counts against the worker only if another worker then
   // serves the same request (else the request, not the worker, is at fault).
   Verdict v = ran             ? (a.dispatch->trial() ? Verdict::kFailure : Verdict::kNeutral)
@@ -1083,6 +1121,8 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
                      .retry_after = std::string(call.header("retry-after"))};
   // (GCC 12 miscompiles co_await inside an if condition: awaited into a variable first.)
   http::CallError read = co_await call.read_all(answer.body, kSavedAnswerLimit);
+  // Prefill/decode: a decode's 5xx saying its KV transfer failed is the prefill side's doing.
+  a.blame_prefill = a.prefill && kv_transfer_failure(answer.body);
   if (read == http::CallError::kNone) saved_ = std::move(answer);
   failed_attempt(a, a.status, ran);
   co_return Next::kRetry;
@@ -1145,8 +1185,9 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
   // An engine-side abort naming no status (SGLang's FINISH_ABORT from an abort or a drain) is the
   // worker's doing: treated as a 503. An error object naming none is the request's (SGLang streams
   // a request's ValueError that way).
-  int as = abort->status == 0 && abort->finish_abort ? 503 : abort->status;
-  bool request_error = as == 0 || (as >= 400 && as < 500 && as != 408 && as != 429);
+  int as = abort_status(*abort);
+  bool request_error = request_error_status(as);
+  a.blame_prefill = a.prefill && kv_transfer_failure(abort->message);
   a.request_abort = request_error;
   a.abort_status = as;
   a.tag(log::warn(kLogFirstEventAbort, "upstream aborted the stream in its first event"))
@@ -1234,6 +1275,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
                     : status < 500               ? Verdict::kSuccess
                     : ran && ran_and_failed_ > 0 ? Verdict::kNeutral
                                                  : Verdict::kFailure;
+  if (a.blame_prefill) verdict = Verdict::kNeutral;  // settle_prefill charges the prefill server
   UsageScanner usage;
   bool scan_usage = pool_->wants_usage() && status < 400;
   if (call.done()) {
@@ -1331,12 +1373,16 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
 awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   Attempt::Prefill& p = *a.prefill;
   cancel_.prefill = nullptr;
-  if (!p.dispatch) co_return;  // no dispatch opened (a breaker turned)
+  if (!p.dispatch || p.dispatch->done()) co_return;  // none opened, or closed already
   if (!p.leg) {
     p.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = false}, Verdict::kNeutral);
     co_return;
   }
   pd::PrefillLeg& leg = *p.leg;
+  if (served && slot_) {
+    slot_->release();  // the client has its answer: the prefill's own is not worth a slot
+    slot_ = nullptr;
+  }
   if (!served || ex_.client_gone()) leg.abort();
   co_await wait_prefill(a);
   if (leg.state() == pd::PrefillLeg::State::kOk) {
@@ -1348,18 +1394,24 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
                        Verdict::kSuccess);
     co_return;
   }
-  // Ended by us (the attempt failed elsewhere, or the client left): neutral. A failure seen only
-  // now (the decode half had its KV already) still counts against the prefill server.
-  const bool ours = served ? ex_.client_gone() : true;
-  if (!ours) {
+  // The prefill failed on its own (not ended by this attempt: after its decode had the KV, or
+  // while the decode failed too), or the decode said its KV never came: the prefill server's
+  // fault, and the next attempt chooses another. Ended by the attempt (it failed elsewhere, the
+  // client left, the answer was not awaited longer): neutral.
+  const bool its_fault = (leg.failed() && !leg.ended_by_attempt()) || a.blame_prefill;
+  if (its_fault) {
     g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
-    a.tag(log::warn(kLogPrefillFailed, "prefill failed after its decode had the KV"))
+    failed_.push_back(p.w->id());
+    a.tag(log::warn(kLogPrefillFailed, "prefill failed"))
         .kv("prefill", p.w->url())
-        .kv("error", leg.error());
+        .kv("served", served)
+        .kv("error", a.blame_prefill && leg.error().empty()
+                         ? std::string("the decode's KV never came")
+                         : leg.error());
   }
   p.dispatch->finish(Outcome{.status = leg.status() != 0 ? leg.status() : kClientClosedStatus,
                              .started = leg.request_sent()},
-                     ours ? Verdict::kNeutral : Verdict::kFailure);
+                     its_fault ? Verdict::kFailure : Verdict::kNeutral);
 }
 
 awaitable<void> Gateway::Request::wait_prefill(Attempt& a) {
@@ -1377,8 +1429,13 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
                                                              Verdict verdict) {
   http::UpstreamCall& call = *a.call;
   co_await wait_prefill(a);
-  const pd::PrefillLeg& leg = *a.prefill->leg;
-  const std::string& prefill = leg.answer_json();
+  // The prefill's rows, parsed once for the whole answer.
+  const pd::PromptLogprobs prefill(a.prefill->leg->answer_json());
+  if (prefill.empty()) {
+    a.tag(log::warn(kLogNoPromptLogprobs, "no prompt logprobs from the prefill to merge"))
+        .kv("prefill", a.prefill->w->url())
+        .kv("prefill_state", a.prefill->leg->finished() ? a.prefill->leg->error() : "no answer");
+  }
   UsageScanner usage;
   int final_status = a.status;
   auto failed = [&](http::CallError re) {
@@ -1399,7 +1456,7 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
       complete(a, ge.status, verdict, usage);
       co_return;
     }
-    std::string merged = prefill.empty() ? std::string() : pd::merge_input_logprobs(prefill, body);
+    std::string merged = prefill.merge(body);
     if (!merged.empty()) body = std::move(merged);
     usage.feed(body);
     bool sent = co_await ex_.respond(a.status, out, body);
@@ -1417,8 +1474,7 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
       auto end = first_event_end(pending);
       if (!end) break;
       std::string_view event(pending.data(), *end);
-      std::string merged =
-          prefill.empty() ? std::string() : pd::merge_input_logprobs_event(prefill, event);
+      std::string merged = prefill.merge_event(event);
       std::string_view send = merged.empty() ? event : std::string_view(merged);
       usage.feed(send);
       ok = co_await ex_.write_body(send);
@@ -1474,6 +1530,11 @@ awaitable<void> Gateway::Request::give_up() {
     h.push_back({"x-request-id", rid_});
     co_await ex_.respond(saved_->status, h, saved_->body);
     record(saved_->status);
+    co_return;
+  }
+  if (prefill_error_) {
+    GatewayError pe = *prefill_error_;
+    co_await refuse(pe);
     co_return;
   }
   GatewayError ge = last_error_ != http::CallError::kNone

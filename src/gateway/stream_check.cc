@@ -84,4 +84,18 @@ std::optional<StreamAbort> event_abort(std::string_view event) {
   return std::nullopt;
 }
 
+int abort_status(const StreamAbort& a) {
+  return a.status == 0 && a.finish_abort ? 503 : a.status;
+}
+
+bool request_error_status(int status) {
+  return status == 0 || (status >= 400 && status < 500 && status != 408 && status != 429);
+}
+
+bool kv_transfer_failure(std::string_view message) {
+  return message.find("KVTransferError") != std::string_view::npos ||
+         message.find("Decode transfer failed") != std::string_view::npos ||
+         message.find("Decode handshake failed") != std::string_view::npos;
+}
+
 }  // namespace kvgate

@@ -30,4 +30,15 @@ struct StreamAbort {
 // of type "abort". Anything else, including malformed payloads, is not an abort.
 std::optional<StreamAbort> event_abort(std::string_view event);
 
+// The status an abort stands for: the one it names; an engine abort naming none (SGLang's
+// FINISH_ABORT from an abort or a drain) is the worker's doing, a 503; an error object naming none
+// is 0 (SGLang streams a request's ValueError that way: the request's own error).
+int abort_status(const StreamAbort& a);
+// Whether an answer of `status` (an abort's, from abort_status) is the request's own error:
+// relayed, never retried, not the worker's fault.
+bool request_error_status(int status);
+// Whether an abort's message says a prefill/decode KV transfer failed (SGLang's decode:
+// "Decode transfer failed", "Decode handshake failed", KVTransferError): the prefill side's doing.
+bool kv_transfer_failure(std::string_view message);
+
 }  // namespace kvgate

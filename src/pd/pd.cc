@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gateway/stream_check.h"
+#include "util/json.h"
 
 namespace kvgate::pd {
 namespace {
@@ -31,37 +32,6 @@ std::string_view event_data(std::string_view event) {
 
 }  // namespace
 
-std::string merge_input_logprobs(std::string_view prefill, std::string_view decode) {
-  using nlohmann::json;
-  json p = json::parse(prefill, nullptr, false);
-  json d = json::parse(decode, nullptr, false);
-  if (!p.is_object() || !d.is_object()) return "";
-  auto pm = p.find("meta_info");
-  auto dm = d.find("meta_info");
-  if (pm == p.end() || dm == d.end() || !pm->is_object() || !dm->is_object()) return "";
-  bool merged = false;
-  for (const char* key :
-       {"input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs"}) {
-    auto pv = pm->find(key);
-    if (pv == pm->end() || !pv->is_array()) continue;
-    json rows = *pv;
-    auto dv = dm->find(key);
-    if (dv != dm->end() && dv->is_array()) {
-      for (auto& row : *dv) rows.push_back(std::move(row));
-    }
-    (*dm)[key] = std::move(rows);
-    merged = true;
-  }
-  return merged ? d.dump() : "";
-}
-
-std::string merge_input_logprobs_event(std::string_view prefill, std::string_view event) {
-  std::string_view data = event_data(event);
-  if (data.empty()) return "";
-  std::string merged = merge_input_logprobs(prefill, data);
-  return merged.empty() ? "" : "data: " + merged + "\n\n";
-}
-
 uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size) {
   uint64_t room = random & ((uint64_t{1} << 63) - 1);
   if (!rank || dp_size <= 1 || *rank < 0) return room;
@@ -72,8 +42,70 @@ uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size) 
   return room;
 }
 
-std::string bootstrap_host(const http::Target& prefill) {
-  return prefill.host;
+std::vector<BodyField> bootstrap_fields(const http::Target& prefill, int64_t port, uint64_t room) {
+  std::string host;
+  json::append_string(host, prefill.host);  // parse_url keeps IPv6 hosts without brackets
+  std::vector<BodyField> fields;
+  fields.reserve(6);
+  fields.push_back({"bootstrap_host", std::move(host)});
+  fields.push_back({"bootstrap_port", std::to_string(port)});
+  fields.push_back({"bootstrap_room", std::to_string(room)});
+  return fields;
+}
+
+namespace {
+constexpr const char* kPromptKeys[] = {"input_token_logprobs", "input_top_logprobs",
+                                       "input_token_ids_logprobs"};
+}  // namespace
+
+struct PromptLogprobs::Rows {
+  nlohmann::json lists[std::size(kPromptKeys)];  // null: the prefill had none of that key
+};
+
+PromptLogprobs::PromptLogprobs(std::string_view prefill_answer) {
+  nlohmann::json p = nlohmann::json::parse(prefill_answer, nullptr, false);
+  if (!p.is_object()) return;
+  auto meta = p.find("meta_info");
+  if (meta == p.end() || !meta->is_object()) return;
+  auto rows = std::make_shared<Rows>();
+  bool any = false;
+  for (size_t k = 0; k < std::size(kPromptKeys); ++k) {
+    auto v = meta->find(kPromptKeys[k]);
+    if (v == meta->end() || !v->is_array()) continue;
+    rows->lists[k] = std::move(*v);
+    any = true;
+  }
+  if (any) rows_ = std::move(rows);
+}
+
+bool PromptLogprobs::empty() const {
+  return rows_ == nullptr;
+}
+
+std::string PromptLogprobs::merge(std::string_view decode) const {
+  if (!rows_) return "";
+  nlohmann::json d = nlohmann::json::parse(decode, nullptr, false);
+  if (!d.is_object()) return "";
+  auto dm = d.find("meta_info");
+  if (dm == d.end() || !dm->is_object()) return "";
+  for (size_t k = 0; k < std::size(kPromptKeys); ++k) {
+    const nlohmann::json& prefill = rows_->lists[k];
+    if (prefill.is_null()) continue;
+    nlohmann::json rows = prefill;
+    auto dv = dm->find(kPromptKeys[k]);
+    if (dv != dm->end() && dv->is_array()) {
+      for (auto& row : *dv) rows.push_back(std::move(row));
+    }
+    (*dm)[kPromptKeys[k]] = std::move(rows);
+  }
+  return d.dump();
+}
+
+std::string PromptLogprobs::merge_event(std::string_view event) const {
+  std::string_view data = event_data(event);
+  if (data.empty()) return "";
+  std::string merged = merge(data);
+  return merged.empty() ? "" : "data: " + merged + "\n\n";
 }
 
 PrefillLeg::PrefillLeg(const asio::any_io_executor& ex, http::ConnectionPool& pool,
@@ -95,8 +127,10 @@ void PrefillLeg::start(std::string_view method, std::string_view target, http::H
     copied.emplace_back(h.name);
     copied.emplace_back(h.value);
   }
+  // The coroutine owns the leg from the start (not from its first resumption).
   asio::co_spawn(ex_,
-                 run(std::string(method), std::string(target), std::move(copied), std::move(body)),
+                 run(shared_from_this(), std::string(method), std::string(target),
+                     std::move(copied), std::move(body)),
                  asio::detached);
 }
 
@@ -112,6 +146,16 @@ awaitable<void> PrefillLeg::wait() {
   co_await done_.async_wait(asio::as_tuple(asio::use_awaitable));
 }
 
+void PrefillLeg::failed_in_answer(const StreamAbort& a, std::string_view json) {
+  // As the request path classifies a decode's first event (stream_check.h).
+  status_ = abort_status(a);
+  request_error_ = request_error_status(status_);
+  if (status_ == 0) status_ = 400;  // an error object naming no status: the request's
+  answer_type_ = "application/json";
+  answer_body_.assign(json.substr(0, kKeptLimit));
+  error_ = "the prefill server " + worker_->url() + " aborted the request: " + a.message;
+}
+
 void PrefillLeg::finish(State s) {
   if (state_ != State::kRunning) return;
   state_ = s;
@@ -120,17 +164,33 @@ void PrefillLeg::finish(State s) {
     aborted_decode_ = true;
   }
   decode_ = nullptr;
+  done_.cancel();  // first: whatever the hook below does, the request is woken
   if (s == State::kOk && on_ok) {
     auto f = std::move(on_ok);
     on_ok = nullptr;
-    f();
+    try {
+      f();
+    } catch (...) {  // a policy hook's failure is not the prefill's; the dispatch still closes
+    }
   }
-  done_.cancel();
 }
 
-awaitable<void> PrefillLeg::run(std::string method, std::string target,
-                                std::vector<std::string> headers, std::string body) {
-  auto self = shared_from_this();  // the leg lives until its call has ended
+awaitable<void> PrefillLeg::run(std::shared_ptr<PrefillLeg> self, std::string method,
+                                std::string target, std::vector<std::string> headers,
+                                std::string body) {
+  try {
+    co_await self->exchange(std::move(method), std::move(target), std::move(headers),
+                            std::move(body));
+  } catch (const std::exception& e) {
+    self->error_ = std::string("the prefill half failed inside kvgate: ") + e.what();
+  } catch (...) {
+    self->error_ = "the prefill half failed inside kvgate";
+  }
+  self->finish(State::kFailed);  // no-op when exchange() ended it; never left running
+}
+
+awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
+                                     std::vector<std::string> headers, std::string body) {
   if (aborted_) {
     error_ = "not sent: the attempt ended first";
     finish(State::kFailed);
@@ -160,6 +220,7 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
   }
   status_ = call.status();
   if (status_ < 200 || status_ >= 300) {
+    request_error_ = request_error_status(status_);
     answer_type_ = std::string(call.header("content-type"));
     http::CallError re = co_await call.read_all(answer_body_, kKeptLimit);
     if (re != http::CallError::kNone) answer_body_.clear();
@@ -187,15 +248,15 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
       while (sse) {
         auto end = first_event_end(pending);
         if (!end) break;
-        if (auto a = event_abort(std::string_view(pending).substr(0, *end))) {
-          status_ = a->status != 0 ? a->status : 500;
-          error_ = "the prefill server " + worker_->url() + " aborted the request: " + a->message;
+        std::string_view event(pending.data(), *end);
+        if (auto a = event_abort(event)) {
+          failed_in_answer(*a, event_data(event));
           call.abort();
           finish(State::kFailed);
           co_return;
         }
         if (keep_) {
-          std::string_view data = event_data(std::string_view(pending).substr(0, *end));
+          std::string_view data = event_data(event);
           if (!data.empty()) kept_.assign(data);
         }
         pending.erase(0, *end);
@@ -215,8 +276,7 @@ awaitable<void> PrefillLeg::run(std::string method, std::string target,
     // A whole answer whose finish_reason says abort (as a stream's event would).
     std::string event = "data: " + pending + "\n\n";
     if (auto a = event_abort(event)) {
-      status_ = a->status != 0 ? a->status : 500;
-      error_ = "the prefill server " + worker_->url() + " aborted the request: " + a->message;
+      failed_in_answer(*a, pending);
       finish(State::kFailed);
       co_return;
     }

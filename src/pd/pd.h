@@ -20,9 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
 #include "http/io.h"
+#include "request/body_rewrite.h"
 #include "workers/worker.h"
 
 namespace kvgate::pd {
@@ -31,19 +33,30 @@ namespace kvgate::pd {
 // nearest room below 2^63 with room % dp_size == rank.
 uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size);
 
-// The bootstrap_host of a prefill server: its URL's host, without IPv6 brackets.
-std::string bootstrap_host(const http::Target& prefill);
+// SGLang's rendezvous fields for a prefill server at `prefill` with bootstrap port `port`:
+// bootstrap_host (the server's host, without IPv6 brackets), bootstrap_port, bootstrap_room.
+std::vector<BodyField> bootstrap_fields(const http::Target& prefill, int64_t port, uint64_t room);
 
-// /generate with return_logprob: SGLang's decode server computes no prompt rows, its prefill
-// server does. Prepends the prompt's logprobs of `prefill` (a /generate answer or one stream
-// event's JSON: meta_info.input_token_logprobs, input_top_logprobs, input_token_ids_logprobs) to
-// those of `decode` (the same, from the decode server), as sgl-model-gateway does. Returns the
-// merged JSON, or "" when either is not such an object or the prefill has none (`decode` is then
-// relayed as it is).
-std::string merge_input_logprobs(std::string_view prefill, std::string_view decode);
-// The same for one SSE event of the decode server's stream (its raw text, blank line included):
-// the event rewritten, or "" to relay it as it is.
-std::string merge_input_logprobs_event(std::string_view prefill, std::string_view event);
+// /generate with return_logprob: SGLang's decode server computes no prompt rows (it sends the
+// input_* lists empty), its prefill server does. PromptLogprobs holds the prefill's rows
+// (meta_info.input_token_logprobs, input_top_logprobs, input_token_ids_logprobs of its answer, or
+// of its stream's last event), parsed once, and puts them in front of the decode's, as
+// sgl-model-gateway does.
+class PromptLogprobs {
+ public:
+  explicit PromptLogprobs(std::string_view prefill_answer);
+  // The prefill answer had rows to merge.
+  bool empty() const;
+  // `decode` (an answer's JSON) with the rows merged, or "" when it is not such an object (it is
+  // then relayed as it is).
+  std::string merge(std::string_view decode) const;
+  // The same for one SSE event of the decode's stream (its raw text, blank line included).
+  std::string merge_event(std::string_view event) const;
+
+ private:
+  struct Rows;
+  std::shared_ptr<const Rows> rows_;
+};
 
 // The prefill half of one prefill/decode attempt. start() sends the prefill request and reads its
 // answer to the end on a coroutine of its own; a failure there (no connection, an error status,
@@ -89,10 +102,15 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   const std::string& error() const { return error_; }
   // The request reached the prefill server (it may have computed the prompt).
   bool request_sent() const { return sent_; }
+  // abort() came before the leg ended: its failure, if any, is the attempt's doing.
+  bool ended_by_attempt() const { return aborted_; }
+  // The failure is the request's own (a 4xx answer, or an error event naming none or a 4xx, as
+  // the request path's first-event check classifies them): relayed, not retried.
+  bool request_error() const { return request_error_; }
   // A transport failure (no answer), as the upstream call classified it.
   http::CallError call_error() const { return call_error_; }
-  // An error answer's own body and content type (at most 64 KiB), to give the client when the
-  // prefill refused the request itself (a 4xx).
+  // An error answer's own body and content type (at most 64 KiB; a stream's error event: its
+  // JSON), to give the client when the prefill refused the request itself.
   const std::string& answer_body() const { return answer_body_; }
   const std::string& answer_type() const { return answer_type_; }
   // What the prefill server reported of the prompt (meta_info / usage).
@@ -100,9 +118,13 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   const WorkerPtr& worker() const { return worker_; }
 
  private:
-  awaitable<void> run(std::string method, std::string target, std::vector<std::string> headers,
-                      std::string body);
+  awaitable<void> run(std::shared_ptr<PrefillLeg> self, std::string method, std::string target,
+                      std::vector<std::string> headers, std::string body);
+  awaitable<void> exchange(std::string method, std::string target, std::vector<std::string> headers,
+                           std::string body);
   void finish(State s);
+  // The answer aborted the request (an error status in its body, or a stream's abort event).
+  void failed_in_answer(const StreamAbort& a, std::string_view json);
 
   asio::any_io_executor ex_;
   http::ConnectionPool& pool_;
@@ -115,6 +137,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   bool aborted_ = false;
   bool keep_ = false;
   bool aborted_decode_ = false;
+  bool request_error_ = false;
   std::string kept_;
   bool sent_ = false;
   int status_ = 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -611,6 +612,10 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
       int64_t p = *e.kv_zmq_port;
       if (p < 1 || p > 65535) {
         err(f + ".kvZmqPort", std::to_string(p), "out of range: it must be between 1 and 65535");
+      } else if (e.role == Role::kDecode) {
+        err(f + ".kvZmqPort", std::to_string(p),
+            "a decode server caches only what its prefill server sent: KV-exact routing reads the "
+            "prefill servers' events; remove the field");
       } else if (!skip({"kvDpRankCount"}) && r.kv_dp_rank_count >= 1 && r.kv_dp_rank_count <= 8 &&
                  p + r.kv_dp_rank_count - 1 > 65535) {
         err(f + ".kvZmqPort", std::to_string(p),
@@ -1020,6 +1025,24 @@ void validate_table(std::span<const Rule> rules, std::vector<FieldError>& errors
         clash = true;
       }
       if (clash) break;
+    }
+  }
+  // A server runs in one role (SGLang's --disaggregation-mode): a plain pool would send a prefill
+  // server requests without a bootstrap room, which it refuses.
+  std::map<std::string, std::pair<size_t, Role>, std::less<>> roles;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    for (size_t e = 0; e < rules[i].endpoints.size(); ++e) {
+      const Endpoint& ep = rules[i].endpoints[e];
+      http::Target t;
+      const std::string key = http::parse_url(ep.url, t).empty() ? lower(t.url) : ep.url;
+      auto [it, fresh] = roles.try_emplace(key, i, ep.role);
+      if (fresh || it->second.second == ep.role) continue;
+      errors.push_back(
+          {field(i, "endpoints[" + std::to_string(e) + "].role"), std::string(to_string(ep.role)),
+           "the server " + ep.url + " is " + std::string(to_string(it->second.second)) +
+               " in rule " + json_quote(rules[it->second.first].name) +
+               "; a server runs in one role: give it the same role in both rules",
+           0});
     }
   }
 }

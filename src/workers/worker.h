@@ -92,6 +92,9 @@ class Worker {
   void set_rank_loads(std::vector<int64_t> loads);
 
   void attach_metrics(WorkerMetrics m);
+  // The role label of kvgate_worker_role ("" before one is set). Control loop only.
+  std::string_view role() const { return role_; }
+  void set_role(std::string_view r) { role_ = r; }
   const WorkerMetrics& metrics() const { return metrics_; }
 
  private:
@@ -109,6 +112,7 @@ class Worker {
   std::optional<KvEventsInfo> kv_events_;
   std::optional<int64_t> dp_size_;
   std::vector<int64_t> rank_loads_;
+  std::string_view role_;  // a static string
 };
 
 using WorkerPtr = std::shared_ptr<Worker>;

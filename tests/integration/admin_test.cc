@@ -285,7 +285,7 @@ TEST(Admin, LiveUpdateAndDeleteRecreateUnderLoadFailNoRequest) {
   // series.
   EXPECT_TRUE(wait_until([&] { return a.cluster.metric("kvgate_pools_retiring") == 0; }))
       << a.cluster.metric("kvgate_pools_retiring");
-  EXPECT_EQ(a.cluster.metric("kvgate_worker_health{worker=\"" + u2 + "\",role=\"regular\"}"), 1);
+  EXPECT_EQ(a.cluster.metric("kvgate_worker_health{worker=\"" + u2 + "\"}"), 1);
   EXPECT_GE(a.cluster.metric("kvgate_rule_changes_total{result=\"applied\"}"), 5);
 }
 

@@ -49,7 +49,7 @@ TEST(Api, QueueFullIs429AndQueueTimeoutIs408) {
   });
   ASSERT_TRUE(wait_until([&] {
     return c.metric("kvgate_worker_requests_active{worker=\"" + c.sim(0).url() +
-                    "\",role=\"regular\"}") == 1;
+                    "\"}") == 1;
   }));
   auto queued = std::async(std::launch::async, [&] {
     HttpClient h(c.port());

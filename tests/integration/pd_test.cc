@@ -12,6 +12,7 @@
 #include <future>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "support/chats.h"
@@ -206,27 +207,30 @@ TEST(Pd, EveryApiShapeStreamedAndNotGoesThroughBothHalves) {
   for (const auto& s : c.prefill) EXPECT_TRUE(prefills.contains(s.url()));
   for (const auto& s : c.decode) EXPECT_TRUE(decodes.contains(s.url()));
 
-  // Readiness counts each role; the workers' series carry their role.
+  // Readiness counts each role; kvgate_worker_role says each worker's.
   auto r = client.get("/readiness");
   EXPECT_EQ(r.status, 200);
   EXPECT_NE(r.body.find("\"healthy_prefill\":2,\"healthy_decode\":2"), std::string::npos) << r.body;
-  EXPECT_EQ(
-      c.metric("kvgate_worker_health{worker=\"" + c.prefill[0].url() + "\",role=\"prefill\"}"), 1);
-  EXPECT_EQ(c.metric("kvgate_worker_health{worker=\"" + c.decode[1].url() + "\",role=\"decode\"}"),
+  EXPECT_EQ(c.metric("kvgate_worker_role{worker=\"" + c.prefill[0].url() + "\",role=\"prefill\"}"),
             1);
-  EXPECT_GE(c.metric("kvgate_worker_requests_total{worker=\"" + c.decode[0].url() +
-                     "\",role=\"decode\"}"),
+  EXPECT_EQ(c.metric("kvgate_worker_role{worker=\"" + c.decode[1].url() + "\",role=\"decode\"}"),
             1);
+  EXPECT_EQ(c.metric("kvgate_worker_health{worker=\"" + c.decode[1].url() + "\"}"), 1);
+  EXPECT_GE(c.metric("kvgate_worker_requests_total{worker=\"" + c.decode[0].url() + "\"}"), 1);
   EXPECT_EQ(c.metric("kvgate_pd_prefill_failures_total{worker=\"" + c.prefill[0].url() + "\"}"),
             -1);
 }
 
-// The prefill rank a dp-aware prefill policy chooses reaches the engine, both shapes: a room with
-// room % dp_size == rank (every SGLang build), or disagg_prefill_dp_rank as well (newer builds).
-// Each prefill server's own meta_info names the rank that prefilled; the decode answers.
-void ranks_reach_engine(const std::string& shape) {
+// A dp-aware prefill policy's rank, both shapes SGLang takes: a room with room % dp_size == rank
+// (every build), or a pin with disagg_prefill_dp_rank sent to both servers (newer builds). The sims
+// hold SGLang's rules (a pin other than the room's rank is refused without the field; the decode
+// looks for the KV on the field's rank, else the room's), so a wrong shape fails here: the prefill
+// refuses, or the decode waits out its room timeout. (That the engine ran each prefill on the rank
+// chosen is what the kvExactMode 1 tests below show, through the engine's own cache hits.)
+void dp_aware_prefill_ranks(const std::string& shape) {
   PdCluster c(PdOptions{
-      .gateway_args = {"--policy", "round_robin", "--dp-aware", "--pd-prefill-rank", shape}});
+      .gateway_args = {"--policy", "round_robin", "--dp-aware", "--pd-prefill-rank", shape},
+      .decode_room_secs = 5});
   ASSERT_TRUE(c.ready) << c.gateway->log();
   // kvgate learned each prefill server's dp_size.
   ASSERT_TRUE(wait_until(
@@ -248,12 +252,12 @@ void ranks_reach_engine(const std::string& shape) {
   EXPECT_EQ(ranks.size(), 4u) << "round robin over 2 prefill servers x 2 ranks";
 }
 
-TEST(Pd, PrefillRankReachesTheEngineByRoom) {
-  ranks_reach_engine("room");
+TEST(Pd, DpAwarePrefillRankByRoom) {
+  dp_aware_prefill_ranks("room");
 }
 
-TEST(Pd, PrefillRankReachesTheEngineByField) {
-  ranks_reach_engine("field");
+TEST(Pd, DpAwarePrefillRankByPinAndField) {
+  dp_aware_prefill_ranks("field");
 }
 
 // Multi-turn chats: the share of later turns' prompt tokens the prefill servers had cached (the
@@ -295,38 +299,49 @@ std::string pd_rule(const std::string& tok, int kv_exact_mode, const std::string
          tok + "\n";
 }
 
+// kvExactMode 1 over 2 prefill servers x 2 DP ranks: multi-turn chats once every (server, rank)
+// is subscribed and its parity probe (sent as a prefill/decode pair) found the same token ids.
+// The engine decides where a prefill runs (room % dp_size, or the pin): the hits it reports show
+// that the rank kv_exact chose is the one that ran it.
+Turns kv_mode1(const std::string& tok, const std::string& rank_shape) {
+  PdCluster c(PdOptions{.rule = pd_rule(tok, 1, "round_robin"),
+                        .gateway_args = {"--pd-prefill-rank", rank_shape},
+                        .tokenizer = tok});
+  EXPECT_TRUE(c.ready) << c.gateway->log();
+  if (!c.ready) return {};
+  EXPECT_TRUE(wait_until(
+      [&] {
+        for (const auto& s : c.prefill) {
+          for (int r = 0; r < kRanks; ++r) {
+            std::string labels = "{rule=\"default\",endpoint=\"" + s.url() + "\",rank=\"" +
+                                 std::to_string(r) + "\"}";
+            if (c.metric("kvgate_kv_subscriber_connected" + labels) != 1 ||
+                c.metric("kvgate_kv_tokenizer_parity" + labels) != 1) {
+              return false;
+            }
+          }
+        }
+        return true;
+      },
+      30s))
+      << c.gateway->log();
+  // An odd number of chats: round robin then moves each one between the prefill servers.
+  Turns kv = multiturn(c, 5, 4);
+  EXPECT_GE(c.metric("kvgate_kv_exact_hits_total{rule=\"default\"}"), 10) << rank_shape;
+  std::set<std::string> used;
+  for (const auto& [conv, where] : kv.placed) {
+    EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill ranks";
+    used.insert(where.begin(), where.end());
+  }
+  EXPECT_GE(used.size(), 2u) << "the conversations spread over the prefill servers";
+  return kv;
+}
+
 TEST(Pd, KvExactMode1KeepsConversationsOnThePrefillRankHoldingThem) {
   KVGATE_REQUIRE_MODEL("qwen3");
   const std::string tok = models_dir() + "/qwen3";
-  Turns kv, rr;
-  {
-    PdCluster c(PdOptions{.rule = pd_rule(tok, 1, "round_robin"), .tokenizer = tok});
-    ASSERT_TRUE(c.ready) << c.gateway->log();
-    // Every prefill (server, rank) subscribed, and its parity probe (sent as a prefill/decode
-    // pair) found the same token ids.
-    ASSERT_TRUE(wait_until(
-        [&] {
-          for (const auto& s : c.prefill) {
-            for (int r = 0; r < kRanks; ++r) {
-              std::string labels = "{rule=\"default\",endpoint=\"" + s.url() + "\",rank=\"" +
-                                   std::to_string(r) + "\"}";
-              if (c.metric("kvgate_kv_subscriber_connected" + labels) != 1 ||
-                  c.metric("kvgate_kv_tokenizer_parity" + labels) != 1) {
-                return false;
-              }
-            }
-          }
-          return true;
-        },
-        30s))
-        << c.gateway->log();
-    // An odd number of chats: round robin then moves each one between the prefill servers.
-    kv = multiturn(c, 5, 4);
-    EXPECT_GE(c.metric("kvgate_kv_exact_hits_total{rule=\"default\"}"), 10);
-    for (const auto& [conv, where] : kv.placed) {
-      EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill ranks";
-    }
-  }
+  Turns kv = kv_mode1(tok, "room");
+  Turns rr;
   {
     PdCluster c(PdOptions{.rule = pd_rule(tok, 0, "round_robin"), .tokenizer = tok});
     ASSERT_TRUE(c.ready) << c.gateway->log();
@@ -338,9 +353,17 @@ TEST(Pd, KvExactMode1KeepsConversationsOnThePrefillRankHoldingThem) {
   EXPECT_GE(kv.rate(), 2 * rr.rate());
 }
 
-// The prefill policy routes a chat on its whole conversation (sgl-model-gateway's PD routes on the
-// first message only and loses multi-turn affinity): cache_aware keeps each conversation on the
-// prefill server that has its history.
+// The other shape SGLang takes: a random room, the prefill pinned with routed_dp_rank and both
+// servers told disagg_prefill_dp_rank (without it the prefill refuses the pin, or the decode looks
+// for the KV on the room's rank and times out).
+TEST(Pd, KvExactMode1PinnedPrefillRankWithDisaggPrefillDpRank) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Turns kv = kv_mode1(models_dir() + "/qwen3", "field");
+  EXPECT_GE(kv.rate(), 0.6);
+}
+
+// The prefill policy routes a chat on its whole conversation: cache_aware keeps each conversation
+// on the prefill server that has its history, behind a long opening every conversation shares.
 TEST(Pd, CacheAwarePrefillKeepsEachConversationOnOneServer) {
   PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin", "--prefill-policy",
                                          "cache_aware", "--decode-policy", "power_of_two"}});
@@ -353,6 +376,48 @@ TEST(Pd, CacheAwarePrefillKeepsEachConversationOnOneServer) {
     EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill servers";
   }
   EXPECT_GT(t.rate(), 0.5) << "later turns find their history cached on the prefill server";
+}
+
+// /generate with return_logprob: SGLang's decode computes no prompt rows, its prefill does; the
+// client gets the decode's answer with the prefill's rows in front, the same rows a server without
+// disaggregation answers (the sims' logprobs depend on the token, its position and the seed).
+TEST(Pd, PromptLogprobsComeFromThePrefill) {
+  PdCluster c(PdOptions{.gateway_args = {"--policy", "round_robin"}});
+  ASSERT_TRUE(c.ready) << c.gateway->log();
+  Sim plain;
+  plain.port = free_port();
+  plain.args = {"--page-size", "16", "--enable-cache-report", "--time-scale", "0"};
+  plain.start();
+  const std::string base =
+      R"({"text":"Tell me about the history of the printing press in Europe and Asia",)"
+      R"("sampling_params":{"max_new_tokens":3},"return_logprob":true,"logprob_start_len":0,)"
+      R"("top_logprobs_num":2)";
+  auto meta = [](const std::string& answer) {
+    auto j = nlohmann::json::parse(answer, nullptr, false);
+    return j.is_object() && j.contains("meta_info") ? j["meta_info"] : nlohmann::json();
+  };
+  // The last data event of a stream (it carries every row so far).
+  auto last_event = [](const std::string& body) {
+    std::string last;
+    for (size_t at = body.find("data: {"); at != std::string::npos;
+         at = body.find("data: {", at + 1)) {
+      last = body.substr(at + 6, body.find("\n\n", at) - at - 6);
+    }
+    return last;
+  };
+  auto want = meta(HttpClient(plain.port).post("/generate", base + "}").body);
+  ASSERT_TRUE(want.is_object());
+  ASSERT_GT(want["input_token_logprobs"].size(), 5u);
+  HttpClient client(c.port);
+  for (bool stream : {false, true}) {
+    auto r = client.post("/generate", base + (stream ? R"(,"stream":true})" : "}"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    auto got = meta(stream ? last_event(r.body) : r.body);
+    ASSERT_TRUE(got.is_object()) << r.body;
+    EXPECT_EQ(got["input_token_logprobs"], want["input_token_logprobs"]) << stream;
+    EXPECT_EQ(got["input_top_logprobs"], want["input_top_logprobs"]) << stream;
+    EXPECT_EQ(got["output_token_logprobs"].size(), 3u) << stream;
+  }
 }
 
 // A prefill server that answers an error status, or aborts its stream in the first event: its

@@ -74,7 +74,7 @@ TEST(Reliability, KilledWorkerEndsItsRequestsClearlyThenIsExcluded) {
     EXPECT_EQ(r.header("x-kvgate-worker"), c.sim(1).url());
     EXPECT_EQ(r.header("x-kvgate-attempts"), "1");
   }
-  EXPECT_EQ(c.metric("kvgate_worker_health{worker=\"" + killed + "\",role=\"regular\"}"), 0);
+  EXPECT_EQ(c.metric("kvgate_worker_health{worker=\"" + killed + "\"}"), 0);
   // It comes back: traffic returns once it passes health checks again.
   c.sim(0).start();
   ASSERT_TRUE(c.wait_healthy(2, 20s)) << c.gateway().log();
@@ -104,7 +104,7 @@ TEST(Reliability, BreakerOpensAndRecovers) {
              "--cb-failure-threshold", "3", "--cb-success-threshold", "2",
              "--cb-timeout-duration-secs", "1", "--retry-initial-backoff-ms", "1"});
   std::string bad = c.sim(0).url();
-  std::string cb = "kvgate_worker_cb_state{worker=\"" + bad + "\",role=\"regular\"}";
+  std::string cb = "kvgate_worker_cb_state{worker=\"" + bad + "\"}";
   HttpClient sim0(c.sim(0).port);
   ASSERT_EQ(sim0.post("/sim/faults", R"({"fail_rate":1.0,"fail_status":500})").status, 200);
   HttpClient client(c.port());

@@ -216,7 +216,7 @@ class Gate {
 
   double metric(const std::string& series) const { return scrape(metrics_port, series); }
   double worker_health(const std::string& url) const {
-    return metric("kvgate_worker_health{worker=\"" + url + "\",role=\"regular\"}");
+    return metric("kvgate_worker_health{worker=\"" + url + "\"}");
   }
   std::string log() const { return process->log(); }
 

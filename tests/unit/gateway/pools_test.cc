@@ -114,7 +114,7 @@ TEST_F(PoolsTest, RetiredPoolLivesWhileARequestHoldsItThenItsWorkersSeriesGo) {
   ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
   auto pinned = pools_->table()->resolve(0, "/generate", "");  // a request in flight
   pinned->workers()->workers[0]->set_healthy(true);
-  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\",role=\"regular\"} 1"));
+  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\"} 1"));
 
   ASSERT_TRUE(pools_->apply({make_rule("b", {"http://127.0.0.1:2"})}).empty());
   EXPECT_EQ(pools_->table()->find("a"), nullptr);
@@ -163,7 +163,7 @@ TEST_F(PoolsTest, AUrlStillInAnotherPoolKeepsItsSeries) {
   ASSERT_TRUE(pools_->remove("a"));
   pools_->set_recent_workers_ttl(std::chrono::milliseconds(0));
   EXPECT_EQ(pools_->retire(), 0u);
-  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\",role=\"regular\"}"));
+  EXPECT_TRUE(exposes("kvgate_worker_health{worker=\"http://127.0.0.1:1\"}"));
 }
 
 TEST_F(PoolsTest, AFailedApplyChangesNothing) {

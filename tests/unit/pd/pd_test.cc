@@ -49,45 +49,58 @@ TEST(ChooseRoom, DifferentDrawsGiveDifferentRooms) {
   EXPECT_EQ(rooms.size(), 1000u);
 }
 
-TEST(BootstrapHost, IsTheServersHostWithoutBrackets) {
+TEST(BootstrapFields, HostWithoutBracketsPortAndRoom) {
   http::Target t;
   ASSERT_EQ(http::parse_url("http://[::1]:30000", t), "");
-  EXPECT_EQ(bootstrap_host(t), "::1");
+  auto f = bootstrap_fields(t, 8998, 42);
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0].name, "bootstrap_host");
+  EXPECT_EQ(f[0].value, "\"::1\"");
+  EXPECT_EQ(f[1].value, "8998");
+  EXPECT_EQ(f[2].name, "bootstrap_room");
+  EXPECT_EQ(f[2].value, "42");
   ASSERT_EQ(http::parse_url("http://10.0.0.21:30000", t), "");
-  EXPECT_EQ(bootstrap_host(t), "10.0.0.21");
+  EXPECT_EQ(bootstrap_fields(t, 9000, 1)[0].value, "\"10.0.0.21\"");
 }
 
-TEST(MergeInputLogprobs, PrefillRowsComeFirst) {
+TEST(PromptLogprobs, PrefillRowsComeFirst) {
   const std::string prefill =
-      R"({"text":"x","meta_info":{"id":"a","input_token_logprobs":[[-0.5,11,null],[-1.25,12,null]],)"
+      R"({"text":"x","meta_info":{"id":"a","input_token_logprobs":[[null,11,null],[-1.25,12,null]],)"
       R"("input_top_logprobs":[null,[[-0.1,7,null]]],"output_token_logprobs":[[-2,99,null]]}})";
+  // SGLang's decode sends the input lists empty.
   const std::string decode =
-      R"({"text":"hello","meta_info":{"id":"b","input_token_logprobs":[[-3,13,null]],)"
+      R"({"text":"hello","meta_info":{"id":"b","input_token_logprobs":[],"input_top_logprobs":[],)"
       R"("output_token_logprobs":[[-0.75,5,null]],"cached_tokens":16}})";
-  std::string merged = merge_input_logprobs(prefill, decode);
-  auto j = nlohmann::json::parse(merged);
+  PromptLogprobs rows(prefill);
+  ASSERT_FALSE(rows.empty());
+  auto j = nlohmann::json::parse(rows.merge(decode));
   EXPECT_EQ(j["text"], "hello");
   EXPECT_EQ(j["meta_info"]["id"], "b");
   EXPECT_EQ(j["meta_info"]["cached_tokens"], 16);
-  ASSERT_EQ(j["meta_info"]["input_token_logprobs"].size(), 3u);
-  EXPECT_EQ(j["meta_info"]["input_token_logprobs"][0][1], 11);
-  EXPECT_EQ(j["meta_info"]["input_token_logprobs"][2][1], 13);
-  // A key the decode answer lacks is the prefill's; the decode's own output rows stay.
+  ASSERT_EQ(j["meta_info"]["input_token_logprobs"].size(), 2u);
+  EXPECT_TRUE(j["meta_info"]["input_token_logprobs"][0][0].is_null());
+  EXPECT_EQ(j["meta_info"]["input_token_logprobs"][1][1], 12);
   EXPECT_EQ(j["meta_info"]["input_top_logprobs"].size(), 2u);
+  // The decode's own output rows stay; rows the decode had are kept after the prefill's.
   EXPECT_EQ(j["meta_info"]["output_token_logprobs"][0][1], 5);
+  auto k =
+      nlohmann::json::parse(rows.merge(R"({"meta_info":{"input_token_logprobs":[[-3,13,null]]}})"));
+  EXPECT_EQ(k["meta_info"]["input_token_logprobs"].size(), 3u);
+  EXPECT_EQ(k["meta_info"]["input_token_logprobs"][2][1], 13);
+  // Merging again (every stream event) gives the same rows: the prefill's are kept, not moved.
+  EXPECT_EQ(rows.merge(decode), rows.merge(decode));
 }
 
-TEST(MergeInputLogprobs, NothingToMergeRelaysAsIs) {
-  EXPECT_EQ(merge_input_logprobs(R"({"meta_info":{}})", R"({"meta_info":{}})"), "");
-  EXPECT_EQ(merge_input_logprobs("not json", R"({"meta_info":{}})"), "");
-  EXPECT_EQ(merge_input_logprobs(R"({"meta_info":{"input_token_logprobs":[]}})", "[1]"), "");
-  EXPECT_EQ(merge_input_logprobs_event(R"({"meta_info":{"input_token_logprobs":[[0,1,null]]}})",
-                                       "data: [DONE]\n\n"),
-            "");
-  std::string ev = merge_input_logprobs_event(
-      R"({"meta_info":{"input_token_logprobs":[[0,1,null]]}})",
-      "data: {\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":null}}\n\n");
-  EXPECT_EQ(ev, "data: {\"meta_info\":{\"input_token_logprobs\":[[0,1,null]]},\"text\":\"a\"}\n\n");
+TEST(PromptLogprobs, NothingToMergeRelaysAsIs) {
+  EXPECT_TRUE(PromptLogprobs(R"({"meta_info":{}})").empty());
+  EXPECT_TRUE(PromptLogprobs("not json").empty());
+  EXPECT_EQ(PromptLogprobs(R"({"meta_info":{}})").merge(R"({"meta_info":{}})"), "");
+  PromptLogprobs rows(R"({"meta_info":{"input_token_logprobs":[[0,1,null]]}})");
+  EXPECT_EQ(rows.merge("[1]"), "");
+  EXPECT_EQ(rows.merge_event("data: [DONE]\n\n"), "");
+  EXPECT_EQ(
+      rows.merge_event("data: {\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":null}}\n\n"),
+      "data: {\"meta_info\":{\"input_token_logprobs\":[[0,1,null]]},\"text\":\"a\"}\n\n");
 }
 
 }  // namespace

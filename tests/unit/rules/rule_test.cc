@@ -271,6 +271,9 @@ TEST(RuleValidation, EveryRejectedShapeSaysWhatToDo) {
        "applies to prefill/decode pools only"},
       {with(kPool, R"({"decodePolicy": "power_of_two"})"), "decodePolicy", "\"power_of_two\"",
        "applies to prefill/decode pools only"},
+      {with(kPd, R"({"endpoints": [{"url": "http://p:1", "role": "prefill", "kvZmqPort": 5557},
+                                   {"url": "http://d:1", "role": "decode", "kvZmqPort": 5560}]})"),
+       "endpoints[1].kvZmqPort", "5560", "reads the prefill servers' events"},
       {with(kPd, R"({"prefillPolicy": "kv_exact"})"), "prefillPolicy", "\"kv_exact\"",
        "set kvExactMode: 1 and a policy here"},
       {with(kPd, R"({"decodePolicy": "kv_exact"})"), "decodePolicy", "\"kv_exact\"",
@@ -450,8 +453,9 @@ std::vector<std::string> some_rules() {
       kPool,
       kPd,
       with(kPd, R"({"pdBootstrapPort": 9000, "endpoints": [
-         {"url": "http://p:1", "role": "prefill", "bootstrapPort": 8999, "weight": 3},
-         {"url": "https://d:2/base", "role": "decode", "kvZmqPort": 6000}]})"),
+         {"url": "http://p:1", "role": "prefill", "bootstrapPort": 8999, "weight": 3,
+          "kvZmqPort": 6000},
+         {"url": "https://d:2/base", "role": "decode"}]})"),
       with(kPool, R"({"models": ["m1", "m2"], "port": 8080, "pathPrefix": "/v1", "sel": 8,
                       "chwblLoadFactor": 1.5, "policySeed": 7, "kvExactMode": 3,
                       "kvDpRankCount": 4, "kvWarmupSec": 0, "kvBlockSize": 64})"),
@@ -564,6 +568,25 @@ TEST(RuleTable, NamesModelsAndCatchAlls) {
       EXPECT_NE(all(errors).find(c.expect), std::string::npos) << all(errors);
     }
   }
+}
+
+TEST(RuleTable, AServerHasOneRoleInEveryRule) {
+  Rule plain = named("a", {"m"});
+  plain.endpoints = {{.url = "http://10.0.0.1:30000"}};
+  Rule pd = named("b", {"n"});
+  pd.endpoints = {{.url = "http://10.0.0.1:30000/", .role = Role::kPrefill},
+                  {.url = "http://10.0.0.2:30000", .role = Role::kDecode}};
+  std::vector<FieldError> errors;
+  validate_table(std::vector<Rule>{plain, pd}, errors);
+  EXPECT_NE(
+      all(errors).find("rules[1].endpoints[0].role: prefill: the server "
+                       "http://10.0.0.1:30000/ is none in rule \"a\"; a server runs in one role"),
+      std::string::npos)
+      << all(errors);
+  errors.clear();
+  pd.endpoints[0].url = "http://10.0.0.3:30000";
+  validate_table(std::vector<Rule>{plain, pd}, errors);
+  EXPECT_TRUE(errors.empty()) << all(errors);
 }
 
 TEST(RuleUpdate, EngineAndNameCannotChangeLive) {

@@ -77,8 +77,7 @@ GatewayError prefill_failed(uint64_t worker_id, std::string_view why) {
   return {502, "server_error", "prefill_failed",
           "the prefill server (worker #" + std::to_string(worker_id) +
               ") failed: " + std::string(why) +
-              "; its decode request was aborted, and no other prefill server could take the "
-              "request"};
+              "; its decode request was aborted and no retry served the request"};
 }
 
 GatewayError upstream_unreachable(int attempts) {

@@ -29,9 +29,9 @@ constexpr size_t kSavedAnswerLimit = 65536;
 // Longest `model` a request may name (OpenAI and Hugging Face ids are far shorter).
 constexpr size_t kMaxModelNameBytes = 256;
 // Prefill/decode: how long a served request waits for its prefill's own answer.
-constexpr auto kPrefillAnswerWait = std::chrono::seconds(10);
+constexpr auto kPrefillAnswerWait = std::chrono::seconds(3);
 // Prefill/decode with return_logprob: the longest answer (or stream event) merged.
-constexpr size_t kMaxMergedAnswer = 64 << 20;
+constexpr size_t kMaxMergedAnswer = 16 << 20;
 
 // Watching a client for disconnects costs an I/O operation per request, so it starts only for
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
@@ -519,7 +519,8 @@ struct Gateway::Attempt {
   bool abort_ran = false;      // ... with status 500 (ran and failed, like an HTTP 500)
   int abort_status = 0;        // ... the status it stands for
   bool request_abort = false;  // the first event is the request's own error
-  // Prefill/decode: the decode half says its KV transfer failed (the prefill side's fault).
+  // Prefill/decode: the decode half says its KV transfer failed (which side is at fault is not
+  // known: neither is charged, both avoided by the next attempt).
   bool blame_prefill = false;
   std::optional<RelayBuffer> buf;
   // Prefill/decode: the prefill half (d, w, dispatch and call above are the decode half, whose
@@ -924,15 +925,18 @@ namespace {
 thread_local int tl_abort_requests = 0;
 constexpr int kMaxAbortRequests = 16;
 
-awaitable<void> send_abort_request(asio::any_io_executor ex, http::Target target,
-                                   std::string body) {
+awaitable<void> send_abort_request(asio::any_io_executor ex, http::Target target, std::string body,
+                                   std::string authorization) {
   ++tl_abort_requests;
   struct Done {
     ~Done() { --tl_abort_requests; }
   } done;
-  const http::Header headers[] = {{"content-type", "application/json"}};
+  // With the client's credentials, as its request went (an engine run with --api-key).
+  const http::Header headers[] = {{"content-type", "application/json"},
+                                  {"authorization", authorization}};
+  const size_t n = authorization.empty() ? 1 : 2;
   co_await http::fetch(ex, target, "POST", "/abort_request", std::chrono::seconds(2), body,
-                       headers);
+                       http::HeaderList(headers, n));
 }
 
 }  // namespace
@@ -952,7 +956,8 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
     json::append_string(body, p.rid);
     body.push_back('}');
     asio::co_spawn(ex_.executor(),
-                   send_abort_request(ex_.executor(), a.w->target(), std::move(body)),
+                   send_abort_request(ex_.executor(), a.w->target(), std::move(body),
+                                      std::string(ex_.header("authorization"))),
                    asio::detached);
   }
   g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
@@ -991,8 +996,12 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
           "the prefill server (worker #" + std::to_string(p.w->id()) + ") answered HTTP " +
               std::to_string(status)});
     }
+    prefill_error_.reset();
   } else {
-    prefill_error_ = errors::prefill_failed(p.w->id(), "no answer");
+    saved_.reset();  // an earlier attempt's answer is not this failure's
+    prefill_error_ = leg.call_error() == http::CallError::kTimeout
+                         ? errors::upstream_timeout(static_cast<long>(g_.timeout_.count()))
+                         : errors::prefill_failed(p.w->id(), "no answer");
   }
   if (request_error) co_return Next::kGiveUp;
   if (ran && ran_and_failed_ > 1) {
@@ -1008,7 +1017,7 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
 
 void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
   if (a.blame_prefill) {
-    // Prefill/decode: the decode's KV never came; settle_prefill charges the prefill server.
+    // Prefill/decode: the decode's KV never came (settle_prefill avoids both servers).
     a.dispatch->finish(Outcome{.status = status, .started = false}, Verdict::kNeutral);
     return;
   }
@@ -1121,9 +1130,12 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
                      .retry_after = std::string(call.header("retry-after"))};
   // (GCC 12 miscompiles co_await inside an if condition: awaited into a variable first.)
   http::CallError read = co_await call.read_all(answer.body, kSavedAnswerLimit);
-  // Prefill/decode: a decode's 5xx saying its KV transfer failed is the prefill side's doing.
+  // Prefill/decode: a decode's 5xx saying its KV transfer failed (neither side charged).
   a.blame_prefill = a.prefill && kv_transfer_failure(answer.body);
-  if (read == http::CallError::kNone) saved_ = std::move(answer);
+  if (read == http::CallError::kNone) {
+    saved_ = std::move(answer);
+    prefill_error_.reset();  // this later answer is what the client gets if nothing works out
+  }
   failed_attempt(a, a.status, ran);
   co_return Next::kRetry;
 }
@@ -1275,7 +1287,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
                     : status < 500               ? Verdict::kSuccess
                     : ran && ran_and_failed_ > 0 ? Verdict::kNeutral
                                                  : Verdict::kFailure;
-  if (a.blame_prefill) verdict = Verdict::kNeutral;  // settle_prefill charges the prefill server
+  if (a.blame_prefill) verdict = Verdict::kNeutral;  // a failed KV transfer: neither side charged
   UsageScanner usage;
   bool scan_usage = pool_->wants_usage() && status < 400;
   if (call.done()) {
@@ -1385,6 +1397,12 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   }
   if (!served || ex_.client_gone()) leg.abort();
   co_await wait_prefill(a);
+  if (a.blame_prefill) {
+    // The decode said the KV never came: either side may be at fault (the prefill's sender, the
+    // decode's receiver, the path between). Neither is charged; this request tries another pair.
+    failed_.push_back(p.w->id());
+    failed_.push_back(a.w->id());
+  }
   if (leg.state() == pd::PrefillLeg::State::kOk) {
     p.dispatch->finish(Outcome{.status = leg.status(),
                                .ok = true,
@@ -1395,19 +1413,17 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
     co_return;
   }
   // The prefill failed on its own (not ended by this attempt: after its decode had the KV, or
-  // while the decode failed too), or the decode said its KV never came: the prefill server's
-  // fault, and the next attempt chooses another. Ended by the attempt (it failed elsewhere, the
-  // client left, the answer was not awaited longer): neutral.
-  const bool its_fault = (leg.failed() && !leg.ended_by_attempt()) || a.blame_prefill;
+  // while the decode failed too): the prefill server's fault, and the next attempt chooses
+  // another. Ended by the attempt (it failed elsewhere, the client left, the answer was not
+  // awaited longer): neutral.
+  const bool its_fault = leg.failed() && !leg.ended_by_attempt();
   if (its_fault) {
     g_.metrics_.pd_prefill_failures.with({p.w->url()}).inc();
     failed_.push_back(p.w->id());
     a.tag(log::warn(kLogPrefillFailed, "prefill failed"))
         .kv("prefill", p.w->url())
         .kv("served", served)
-        .kv("error", a.blame_prefill && leg.error().empty()
-                         ? std::string("the decode's KV never came")
-                         : leg.error());
+        .kv("error", leg.error());
   }
   p.dispatch->finish(Outcome{.status = leg.status() != 0 ? leg.status() : kClientClosedStatus,
                              .started = leg.request_sent()},
@@ -1450,6 +1466,10 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
   if (!a.sse) {
     std::string body;
     http::CallError re = co_await call.read_all(body, kMaxMergedAnswer);
+    if (re == http::CallError::kAborted || ex_.client_gone()) {
+      complete(a, kClientClosedStatus, verdict, usage);
+      co_return;
+    }
     if (re != http::CallError::kNone) {
       GatewayError ge = failed(re);
       co_await g_.fail(ex_, ge, rid_, a.w);

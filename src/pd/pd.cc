@@ -16,7 +16,7 @@ constexpr size_t kReadBuffer = 16384;
 // An error answer kept for the client, and the longest stream event checked for an abort.
 constexpr size_t kKeptLimit = 65536;
 // The prefill's answer kept for a logprobs merge (a long prompt's rows are large).
-constexpr size_t kKeepLimit = 64 << 20;
+constexpr size_t kKeepLimit = 16 << 20;
 
 // The data payload of one SSE event ("" for none or [DONE]).
 std::string_view event_data(std::string_view event) {
@@ -135,6 +135,7 @@ void PrefillLeg::start(std::string_view method, std::string_view target, http::H
 }
 
 void PrefillLeg::abort() {
+  if (state_ != State::kRunning) return;  // ended already: its outcome stands
   aborted_ = true;
   decode_ = nullptr;
   on_ok = nullptr;
@@ -231,6 +232,9 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
   // Read the answer to its end (the prefill request is done only when its KV has left), checking
   // a stream's events and a whole answer for an abort.
   const bool sse = call.header("content-type").starts_with("text/event-stream");
+  // A whole answer's head comes once the prefill is done: its KV has left, and the decode has it
+  // or is receiving it; from here a failure of this answer must not abort the decode.
+  if (!sse) decode_ = nullptr;
   std::string pending;
   const size_t limit = keep_ ? kKeepLimit : kKeptLimit;
   std::unique_ptr<char[]> buf(new char[kReadBuffer]);
@@ -259,6 +263,7 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
           std::string_view data = event_data(event);
           if (!data.empty()) kept_.assign(data);
         }
+        decode_ = nullptr;  // a good event: the prefill is done (its one token), the KV has left
         pending.erase(0, *end);
       }
     }

@@ -102,7 +102,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   const std::string& error() const { return error_; }
   // The request reached the prefill server (it may have computed the prompt).
   bool request_sent() const { return sent_; }
-  // abort() came before the leg ended: its failure, if any, is the attempt's doing.
+  // abort() came while the leg ran: its failure, if any, is the attempt's doing.
   bool ended_by_attempt() const { return aborted_; }
   // The failure is the request's own (a 4xx answer, or an error event naming none or a 4xx, as
   // the request path's first-event check classifies them): relayed, not retried.

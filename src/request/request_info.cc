@@ -261,7 +261,6 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
         out.stream = s;
       }
     } else if (key == "rid") {
-      out.has_rid = true;
       std::string_view r;
       if (!value.get_string().get(r)) out.rid = r;
     } else if ((route == ApiRoute::kGenerate && (key == "text" || key == "input_ids")) ||

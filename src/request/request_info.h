@@ -29,8 +29,7 @@ struct RequestInfo {
   ApiRoute route = ApiRoute::kGenerate;
   std::string model;  // "" when the body names none
   bool stream = false;
-  std::string rid;       // SGLang "rid" when given as a string
-  bool has_rid = false;  // the body has a "rid" key (of any type)
+  std::string rid;  // SGLang "rid" when given as a string
   // A batch: /generate's text or input_ids, or /v1/completions' prompt, is a list of prompts
   // (SGLang then takes per-prompt lists for its per-request fields, bootstrap_room included).
   bool batch = false;

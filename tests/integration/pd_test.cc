@@ -177,6 +177,11 @@ TEST(Pd, EveryApiShapeStreamedAndNotGoesThroughBothHalves) {
     prefills.insert(r.header("x-kvgate-prefill-worker"));
     decodes.insert(r.header("x-kvgate-worker"));
   };
+  // A client's own rid is the engine's request id on its first attempt.
+  auto own = client.post("/generate", R"({"text":"Hello there","rid":"client-rid-1",)"
+                                      R"("sampling_params":{"max_new_tokens":2}})");
+  ASSERT_EQ(own.status, 200) << own.body;
+  EXPECT_EQ(json_string_field(own.body, "id"), "client-rid-1") << own.body;
   for (int i = 0; i < 3; ++i) {
     auto g = client.post("/generate", kGenerate);
     ASSERT_EQ(g.status, 200) << g.body;

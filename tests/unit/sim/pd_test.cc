@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_future.hpp>
+#include <boost/asio/write.hpp>
 #include <future>
 #include <thread>
 
@@ -165,6 +167,23 @@ TEST_F(SimPdTest, AbortEndsTheWaitAndCountsLeaveTheQueues) {
   EXPECT_FALSE(w.ok);
   EXPECT_EQ(w.error, decode_failure(false, "a1", 12, "Aborted by AbortReq."));
   EXPECT_EQ(queues.transfer.load(), 0);
+}
+
+TEST_F(SimPdTest, StopsWithADecodeStillWaiting) {
+  // A decode long-polls a room nobody answers and is still connected when the server stops (what
+  // an abort's closed connection looks like before the server has read the hang-up): its wait
+  // must end with the server, before the server's event loop goes.
+  asio::io_context io;
+  asio::ip::tcp::socket decode(io);
+  decode.connect({asio::ip::make_address("127.0.0.1"), server->port()});
+  asio::write(decode,
+              asio::buffer(std::string_view(
+                  "GET /kvgate_sim/room/77?prefill_dp_rank=0 HTTP/1.1\r\nhost: x\r\n\r\n")));
+  // Round trips on another connection: the server (one thread) has taken the room's long poll
+  // (its request was readable before this connection was made) by the time they are answered.
+  HttpClient other(server->port());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(other.get("/health").status, 200);
+  server.reset();
 }
 
 TEST_F(SimPdTest, UnreachableServerFailsTheHandshakeAfterItsAttempts) {

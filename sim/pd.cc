@@ -172,18 +172,21 @@ struct BootstrapServer::Impl {
   std::optional<int64_t> prefill_http_port;
   std::unordered_map<uint64_t, int64_t> room_to_dp_rank;  // /register_dp_rank
   std::deque<uint64_t> room_order;
-  // The room rendezvous.
+  // The room rendezvous. A Waiter (its timer an I/O object of `ctx`) is owned by the long poll
+  // waiting on it (room(): its coroutine frame and its disconnect watch) and only indexed here:
+  // this state outlives `ctx`, and a timer must not outlive its context's services. Whatever is
+  // still waiting when the server stops is destroyed with `ctx`'s pending frames and handlers.
   struct Waiter {
     explicit Waiter(asio::io_context& ctx) : timer(ctx, Clock::time_point::max()) {}
     asio::steady_timer timer;
     std::optional<std::string> answer;
   };
-  std::map<RoomKey, std::vector<std::shared_ptr<Waiter>>> waiters;
+  std::map<RoomKey, std::vector<std::weak_ptr<Waiter>>> waiters;
   std::map<RoomKey, std::string> done;  // answered before anyone asked
   std::deque<std::pair<Clock::time_point, RoomKey>> done_order;
 
   // Declared last: destroyed first (the server once its context stopped; the context's pending
-  // coroutine frames before the state above).
+  // coroutine frames before the state above). Nothing above may own an I/O object of `ctx`.
   asio::io_context ctx{1};
   std::unique_ptr<http::Server> server;
   std::thread thread;
@@ -438,7 +441,10 @@ awaitable<void> BootstrapServer::Impl::room(http::Exchange& ex) {
   if (!w->answer) {
     // The decode side gave up (timeout, abort) or went away.
     if (auto it = waiters.find(key); it != waiters.end()) {
-      std::erase(it->second, w);
+      std::erase_if(it->second, [&](const std::weak_ptr<Waiter>& other) {
+        auto o = other.lock();
+        return !o || o == w;
+      });
       if (it->second.empty()) waiters.erase(it);
     }
     co_return;
@@ -448,12 +454,16 @@ awaitable<void> BootstrapServer::Impl::room(http::Exchange& ex) {
 
 void BootstrapServer::Impl::deliver(RoomKey key, std::string answer) {
   if (auto it = waiters.find(key); it != waiters.end()) {
-    for (auto& w : it->second) {
-      w->answer = answer;
-      w->timer.cancel();
+    bool given = false;
+    for (auto& weak : it->second) {
+      if (auto w = weak.lock()) {
+        w->answer = answer;
+        w->timer.cancel();
+        given = true;
+      }
     }
     waiters.erase(it);
-    return;
+    if (given) return;
   }
   // Nobody asked yet: keep the answer for a while.
   const auto now = Clock::now();

@@ -56,18 +56,6 @@ Json rule_json(const rules::Rule& r) {
   return Json::parse(rules::to_json(r));
 }
 
-std::string_view role_name(rules::Role r) {
-  switch (r) {
-    case rules::Role::kPrefill:
-      return "prefill";
-    case rules::Role::kDecode:
-      return "decode";
-    case rules::Role::kNone:
-      break;
-  }
-  return "regular";
-}
-
 std::string percent_decode(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -210,7 +198,7 @@ Json worker_json(const Pool& pool, const Worker& w, const rules::Endpoint* ep) {
          {"url", w.url()},
          {"rule", pool.name()},
          {"model_id", pool.rule().models.empty() ? Json(nullptr) : Json(pool.rule().models[0])},
-         {"worker_type", role_name(ep ? ep->role : rules::Role::kNone)},
+         {"worker_type", role_label(ep ? ep->role : rules::Role::kNone)},
          {"bootstrap_port", ep && ep->bootstrap_port ? Json(*ep->bootstrap_port) : Json(nullptr)},
          {"is_healthy", w.healthy()},
          {"load", w.load()},

@@ -48,8 +48,7 @@ TEST(Api, QueueFullIs429AndQueueTimeoutIs408) {
     return h.post("/generate", kGenerate).status;
   });
   ASSERT_TRUE(wait_until([&] {
-    return c.metric("kvgate_worker_requests_active{worker=\"" + c.sim(0).url() +
-                    "\"}") == 1;
+    return c.metric("kvgate_worker_requests_active{worker=\"" + c.sim(0).url() + "\"}") == 1;
   }));
   auto queued = std::async(std::launch::async, [&] {
     HttpClient h(c.port());

@@ -131,9 +131,8 @@ TEST(WorkerFaults, WorkerKilledUnderStreamingLoad) {
   double served = sim_metric(c.sim(1), "sglang:num_requests_total") +
                   sim_metric(c.sim(2), "sglang:num_requests_total");
   EXPECT_EQ(served, 3 - 1 + (kLoad - on_killed) + kAfter);  // warm-up: two of three survived
-  EXPECT_TRUE(wait_until([&] {
-    return c.metric("kvgate_worker_cb_state{worker=\"" + killed + "\"}") == 1;
-  }));
+  EXPECT_TRUE(wait_until(
+      [&] { return c.metric("kvgate_worker_cb_state{worker=\"" + killed + "\"}") == 1; }));
 
   // It comes back: after the open timeout a trial request closes the breaker and traffic resumes.
   c.sim(0).start();

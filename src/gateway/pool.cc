@@ -69,7 +69,8 @@ Pool::~Pool() {
 
 std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
                                   const WorkerLookup& existing, std::string& error,
-                                  std::shared_ptr<Policy> policy, bool policy_in_use) {
+                                  std::shared_ptr<Policy> policy, bool policy_in_use,
+                                  std::shared_ptr<Policy> decode_policy) {
   // Workers this build made (no pool had their URL): their series go if the build fails.
   std::vector<std::string> fresh;
   auto fail = [&](const std::string& what) {
@@ -121,7 +122,9 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
   if (pd) {
     const std::string& decode_name =
         rule.policy_knobs.decode_policy.empty() ? rule.sel : rule.policy_knobs.decode_policy;
-    pool->decode_policy_ = build_policy(decode_name, rule.name + "/decode", false, error);
+    pool->decode_policy_ = decode_policy
+                               ? std::move(decode_policy)
+                               : build_policy(decode_name, rule.name + "/decode", false, error);
     if (!pool->decode_policy_) return fail("decodePolicy: " + error);
     ParseOptions d = pool->decode_policy_->parse_options();
     ParseOptions& o = pool->parse_options_;
@@ -151,9 +154,6 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     http::Target t;
     if (std::string e = http::parse_url(ep.url, t); !e.empty()) return fail("endpoints: " + e);
     WorkerPtr w = existing ? existing(t.url) : nullptr;
-    // The same server in a new role (a rule changed it): kvgate_worker_role says so (not for a
-    // dry run, which must change nothing live).
-    if (w && env.policy_metrics) set_worker_role(*w, *env.metrics, ep.role);
     if (!w) {
       if (std::string e = http::resolve(t); !e.empty()) return fail("endpoints: " + e);
       if (t.https) {

@@ -64,14 +64,16 @@ class Pool {
   // knows (another pool's, or one retired a moment ago) is taken over, so its health, breaker
   // and in-flight count carry on: it is the same server. `policy`, when given, is used instead
   // of a new one of `rule.sel`: the previous pool's, when only the endpoints changed (its tree,
-  // ring or key table carry on; it hears on_workers_changed), or a test's. Returns null with
+  // ring or key table carry on; it hears on_workers_changed), or a test's (prefill/decode: the
+  // prefill side's, with `decode_policy` the decode side's). Returns null with
   // `error` saying what failed (a worker's address that does not resolve, a tokenizer that does not
   // load, a feature not built).
   using WorkerLookup = std::function<WorkerPtr(std::string_view url)>;
   static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
                                      const WorkerLookup& existing, std::string& error,
                                      std::shared_ptr<Policy> policy = nullptr,
-                                     bool policy_in_use = false);
+                                     bool policy_in_use = false,
+                                     std::shared_ptr<Policy> decode_policy = nullptr);
   // Tells the policy the pool's workers (for a policy taken over from the pool this one
   // replaces: only once this pool is published, so a refused change leaves it untouched).
   void notify_workers();
@@ -91,6 +93,7 @@ class Pool {
   // workers and dispatches.
   bool pd() const { return decode_policy_ != nullptr; }
   Policy& decode_policy() { return *decode_policy_; }
+  std::shared_ptr<Policy> shared_decode_policy() const { return decode_policy_; }
   // A worker's role in this pool (kNone for a worker it does not have).
   rules::Role role(const Worker& w) const;
   // A prefill worker's SGLang bootstrap port: its endpoint's, else the rule's pdBootstrapPort

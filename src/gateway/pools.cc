@@ -170,15 +170,18 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
       continue;
     }
     std::string err;
-    std::shared_ptr<Policy> policy;
+    std::shared_ptr<Policy> policy, decode_policy;
     bool in_use = false;
-    if (old && !dry_run && !r.pd() && same_but_endpoints(old->rule(), r)) {
-      policy = old->shared_policy();  // the scaling case: what the policy learned carries on
+    if (old && !dry_run && old->pd() == r.pd() && same_but_endpoints(old->rule(), r)) {
+      // The scaling case: what the policies learned carries on (prefill/decode: both sides').
+      policy = old->shared_policy();
+      decode_policy = old->shared_decode_policy();
       in_use = true;
     } else if (auto it = overrides_.find(r.name); it != overrides_.end()) {
       policy = it->second();
     }
-    auto pool = Pool::build(r, dry_run ? dry_env : env_, existing, err, std::move(policy), in_use);
+    auto pool = Pool::build(r, dry_run ? dry_env : env_, existing, err, std::move(policy), in_use,
+                            std::move(decode_policy));
     if (!pool) {
       errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
       continue;
@@ -214,6 +217,11 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   std::shared_ptr<const RuleTable> published = table;
   table_.store(published);
   for (Pool* p : kept_policy) p->notify_workers();
+  // A server a changed rule gives a new role: kvgate_worker_role says so once the change is in
+  // force (a refused change leaves it as it was).
+  for (const auto& p : built) {
+    for (const auto& w : p->workers()->workers) set_worker_role(*w, *env_.metrics, p->role(*w));
+  }
   for (const auto& p : built) {
     log::info("rule applied")
         .kv("rule", p->name())

@@ -286,13 +286,47 @@ TEST_F(PoolsTest, PolicySeriesCarryTheirRuleAndGoWithIt) {
   EXPECT_TRUE(exposes("kvgate_manual_routing_keys{rule=\"a\"} 0"));
 }
 
-TEST_F(PoolsTest, FeaturesNotBuiltAreRefusedByName) {
+TEST_F(PoolsTest, PrefillDecodePoolHasAPolicyPerSideKeptWhenOnlyEndpointsChange) {
   auto pd = make_rule("pd", {"http://127.0.0.1:1", "http://127.0.0.1:2"});
+  pd.kv_engine_type = rules::EngineType::kSglang;
+  pd.sel = "cache_aware";
+  pd.policy_knobs.decode_policy = "power_of_two";
   pd.endpoints[0].role = rules::Role::kPrefill;
+  pd.endpoints[0].bootstrap_port = 9000;
   pd.endpoints[1].role = rules::Role::kDecode;
-  auto errors = pools_->apply({pd});
-  ASSERT_FALSE(errors.empty());
-  EXPECT_NE(rules::format_errors(errors).find("prefill/decode"), std::string::npos);
+  ASSERT_TRUE(pools_->apply({pd}).empty());
+  auto pool = pools_->table()->pools[0];
+  ASSERT_TRUE(pool->pd());
+  EXPECT_EQ(pool->policy().name(), "cache_aware");
+  EXPECT_EQ(pool->decode_policy().name(), "power_of_two");
+  const auto& ws = pool->workers()->workers;
+  ASSERT_EQ(ws.size(), 2u);
+  EXPECT_EQ(pool->role(*ws[0]), rules::Role::kPrefill);
+  EXPECT_EQ(pool->role(*ws[1]), rules::Role::kDecode);
+  EXPECT_EQ(pool->bootstrap_port(*ws[0]), 9000);
+  EXPECT_EQ(pool->worker_ptr(*ws[1]), ws[1]);
+  EXPECT_TRUE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:1\",role=\"prefill\"} 1"));
+  EXPECT_TRUE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:2\",role=\"decode\"} 1"));
+  Policy* prefill = &pool->policy();
+  Policy* decode = &pool->decode_policy();
+  // Scaling out the decode side keeps what both policies learned.
+  pd.endpoints.push_back({.url = "http://127.0.0.1:3", .role = rules::Role::kDecode});
+  ASSERT_TRUE(pools_->apply({pd}).empty());
+  pool = pools_->table()->pools[0];
+  EXPECT_EQ(&pool->policy(), prefill);
+  EXPECT_EQ(&pool->decode_policy(), decode);
+  EXPECT_EQ(pool->bootstrap_port(*pool->workers()->workers[0]), 9000);
+  // The rule's bootstrap port stands for a prefill endpoint without one (0: SGLang's 8998).
+  pd.endpoints[0].bootstrap_port.reset();
+  ASSERT_TRUE(pools_->apply({pd}).empty());
+  pool = pools_->table()->pools[0];
+  EXPECT_EQ(pool->bootstrap_port(*pool->workers()->workers[0]), rules::kDefaultBootstrapPort);
+  // The same server made a decode server: its role series follows.
+  pd.endpoints[0].role = rules::Role::kDecode;
+  pd.endpoints[1].role = rules::Role::kPrefill;
+  ASSERT_TRUE(pools_->apply({pd}).empty());
+  EXPECT_TRUE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:1\",role=\"decode\"} 1"));
+  EXPECT_FALSE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:1\",role=\"prefill\"}"));
 }
 
 TEST_F(PoolsTest, UpsertAndRemove) {

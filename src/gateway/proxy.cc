@@ -795,15 +795,11 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
 // prefill server (and rank), the decode policy a decode server; each breaker gives a pass; both
 // dispatches open. A retry chooses both again.
 awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
-  if (info_.batch || route_ == ApiRoute::kEmbeddings || route_ == ApiRoute::kRerank) {
-    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
-    GatewayError ge = errors::invalid_request(
-        info_.batch ? "a batch (a list of prompts) is not supported with prefill/decode: send one "
-                      "prompt per request"
-                    : std::string(route_label_) +
-                          " is not a generation route: a prefill/decode pool serves /generate, "
-                          "/v1/chat/completions and /v1/completions; route it to a plain pool");
-    co_await refuse(ge);
+  if (route_ == ApiRoute::kEmbeddings || route_ == ApiRoute::kRerank) {
+    co_await refuse(errors::invalid_request(
+        std::string(route_label_) +
+        " is not a generation route: a prefill/decode pool serves /generate, "
+        "/v1/chat/completions and /v1/completions; route it to a plain pool"));
     co_return Next::kDone;
   }
   if (candidates_.empty()) {
@@ -883,7 +879,11 @@ bool Gateway::Request::start_prefill(Attempt& a, std::string& decode_body) {
   // SGLang's /abort_request finds a request by its rid, and refuses a rid it still runs: one per
   // attempt, never taken from a client's header (two clients' requests must not share it). The
   // client's own rid stands for its first attempt.
-  if (!info_.rid.empty() && attempts_made_ == 1) {
+  if (info_.batch) {
+    // A batch: SGLang gives prompt i the room room + i (so the prompts spread over the prefill's
+    // ranks from the chosen one) and wants a list of rids, one per prompt: none is added (its
+    // decode half is ended by its closed connection alone).
+  } else if (!info_.rid.empty() && attempts_made_ == 1) {
     p.rid = info_.rid;
   } else {
     const uint64_t hi = thread_rng().next(), lo = thread_rng().next();
@@ -951,7 +951,7 @@ awaitable<Next> Gateway::Request::prefill_failed(Attempt& a) {
   pd::PrefillLeg& leg = *p.leg;
   http::UpstreamCall& call = *a.call;
   call.abort();
-  if (call.request_sent() && tl_abort_requests < kMaxAbortRequests) {
+  if (call.request_sent() && !p.rid.empty() && tl_abort_requests < kMaxAbortRequests) {
     std::string body = R"({"rid":)";
     json::append_string(body, p.rid);
     body.push_back('}');

@@ -177,6 +177,19 @@ TEST(Pd, EveryApiShapeStreamedAndNotGoesThroughBothHalves) {
     prefills.insert(r.header("x-kvgate-prefill-worker"));
     decodes.insert(r.header("x-kvgate-worker"));
   };
+  // A batch goes as one request (SGLang gives prompt i the room room + i): one answer per prompt.
+  auto batch = client.post("/generate", R"({"text":["First prompt here","Second prompt there",)"
+                                        R"("Third one"],"sampling_params":{"max_new_tokens":2}})");
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  EXPECT_EQ(batch.body.front(), '[') << batch.body;
+  size_t answers = 0;
+  for (size_t at = batch.body.find("\"completion_tokens\":2"); at != std::string::npos;
+       at = batch.body.find("\"completion_tokens\":2", at + 1)) {
+    ++answers;
+  }
+  EXPECT_EQ(answers, 3u) << batch.body;
+  // Embeddings are not generation: a prefill/decode pool refuses them.
+  EXPECT_EQ(client.post("/v1/embeddings", R"({"model":"m","input":"x"})").status, 400);
   // A client's own rid is the engine's request id on its first attempt.
   auto own = client.post("/generate", R"({"text":"Hello there","rid":"client-rid-1",)"
                                       R"("sampling_params":{"max_new_tokens":2}})");

@@ -112,6 +112,51 @@ TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
   std::filesystem::remove_all(dir);
 }
 
+// The prefill/decode topology: the sims as prefill servers (2 DP ranks) beside a decode server,
+// each policy choosing the prefill (kv_exact: kvExactMode 1); the hits are the prefill's, reported
+// by the decode, and the records name the prefill servers.
+TEST(Bench, ComparePrefillDecodeTopology) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r = run("kvgate-bench", {"compare",
+                                "--policies",
+                                "round_robin,kv_exact",
+                                "--sims",
+                                "2",
+                                "--pd-decode",
+                                "1",
+                                "--sim-dp-size",
+                                "2",
+                                "--users",
+                                "4",
+                                "--turns",
+                                "3",
+                                "--user-words",
+                                "24",
+                                "--output-tokens",
+                                "4",
+                                "--page-size",
+                                "16",
+                                "--tokenizer-path",
+                                models_dir() + "/qwen3",
+                                "--json",
+                                dir + "/c.json",
+                                "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("prefill/decode: 2 prefill + 1 decode servers"), std::string::npos)
+      << r.output;
+  std::string json = read_file(dir + "/c.json");
+  for (std::string p : {"round_robin", "kv_exact"}) {
+    EXPECT_EQ(policy_field(json, p, "errors"), 0) << p << ": " << json;
+    EXPECT_EQ(policy_field(json, p, "requests"), 12) << p << ": " << json;
+  }
+  EXPECT_GT(policy_field(json, "kv_exact", "hit_rate"), 0) << json;
+  EXPECT_GT(policy_field(json, "kv_exact", "branch_kv_exact_hit"), 0) << json;
+  std::string records = read_file(dir + "/c-logs/records-kv_exact.jsonl");
+  EXPECT_NE(records.find("kv_exact_hit"), std::string::npos) << records.substr(0, 2000);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Bench, KvExactWithoutTokenizerIsAClearError) {
   std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
   auto r = run("kvgate-bench", {"compare", "--policies", "kv_exact", "--sims", "1", "--users", "1",

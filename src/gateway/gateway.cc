@@ -185,19 +185,18 @@ awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
   // each role (a decode server alone would wait for a prefill that cannot come).
   size_t healthy = 0, total = 0, prefill = 0, decode = 0;
   bool any_pd = false, ready = false;
+  auto count_healthy = [](const WorkerSet& set) {
+    return static_cast<size_t>(std::count_if(set.workers.begin(), set.workers.end(),
+                                             [](const WorkerPtr& w) { return w->healthy(); }));
+  };
   for (const auto& p : table->pools) {
     auto set = p->workers();
-    size_t h = 0, hp = 0, hd = 0;
-    for (const auto& w : set->workers) {
-      if (!w->healthy()) continue;
-      ++h;
-      rules::Role role = p->role(*w);
-      hp += role == rules::Role::kPrefill ? 1 : 0;
-      hd += role == rules::Role::kDecode ? 1 : 0;
-    }
+    const size_t h = count_healthy(*set);
     healthy += h;
     total += set->workers.size();
     if (p->pd()) {
+      const size_t hp = count_healthy(p->prefill_workers());
+      const size_t hd = count_healthy(p->decode_workers());
       any_pd = true;
       prefill += hp;
       decode += hd;

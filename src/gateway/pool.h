@@ -94,6 +94,9 @@ class Pool {
   bool pd() const { return decode_policy_ != nullptr; }
   Policy& decode_policy() { return *decode_policy_; }
   std::shared_ptr<Policy> shared_decode_policy() const { return decode_policy_; }
+  // Prefill/decode: each side's workers (the pool's whole set is workers()).
+  const WorkerSet& prefill_workers() const { return *prefill_set_; }
+  const WorkerSet& decode_workers() const { return *decode_set_; }
   // A worker's role in this pool (kNone for a worker it does not have).
   rules::Role role(const Worker& w) const;
   // A prefill worker's SGLang bootstrap port: its endpoint's, else the rule's pdBootstrapPort

@@ -684,21 +684,20 @@ void Gateway::Request::forward_headers() {
 void Gateway::Request::list_candidates(Clock::time_point now) {
   if (pool_->pd()) {
     // Each side on its own: a side whose every worker failed once tries them again.
-    auto list = [&](rules::Role role, std::vector<Worker*>& out) {
+    auto list = [&](const WorkerSet& side, std::vector<Worker*>& out) {
       out.clear();
-      for (const auto& w : set_->workers) {
-        if (pool_->role(*w) != role) continue;
+      for (const auto& w : side.workers) {
         if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
         if (w->available(now)) out.push_back(w.get());
       }
       if (out.empty() && !failed_.empty()) {
-        for (const auto& w : set_->workers) {
-          if (pool_->role(*w) == role && w->available(now)) out.push_back(w.get());
+        for (const auto& w : side.workers) {
+          if (w->available(now)) out.push_back(w.get());
         }
       }
     };
-    list(rules::Role::kPrefill, candidates_);
-    list(rules::Role::kDecode, decode_candidates_);
+    list(pool_->prefill_workers(), candidates_);
+    list(pool_->decode_workers(), decode_candidates_);
     if (decode_candidates_.empty()) candidates_.clear();  // no pair: nothing to try
     return;
   }
@@ -804,14 +803,13 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   }
   if (candidates_.empty()) {
     if (attempts_made_ > 0) co_return Next::kGiveUp;
-    size_t prefill = 0, decode = 0, usable_prefill = 0;
-    for (const auto& w : set_->workers) {
-      bool is_decode = pool_->role(*w) == rules::Role::kDecode;
-      (is_decode ? decode : prefill) += 1;
-      if (!is_decode && w->available(a.now)) ++usable_prefill;
-    }
-    GatewayError ge = usable_prefill == 0 ? errors::no_worker_of_role("prefill", prefill)
-                                          : errors::no_worker_of_role("decode", decode);
+    const auto& prefill = pool_->prefill_workers().workers;
+    const bool usable_prefill = std::any_of(
+        prefill.begin(), prefill.end(), [&](const WorkerPtr& w) { return w->available(a.now); });
+    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
+    GatewayError ge =
+        usable_prefill ? errors::no_worker_of_role("decode", pool_->decode_workers().workers.size())
+                       : errors::no_worker_of_role("prefill", prefill.size());
     co_await refuse(ge);
     co_return Next::kDone;
   }

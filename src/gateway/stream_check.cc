@@ -6,7 +6,23 @@
 namespace kvgate {
 namespace {
 
-// The concatenated "data:" payload of an event (lines joined by '\n', as SSE defines).
+bool is_abort_reason(simdjson::dom::element reason, StreamAbort& out) {
+  std::string_view s;
+  out.finish_abort = true;
+  if (!reason.get_string().get(s)) return s == "abort";
+  simdjson::dom::object o;
+  if (reason.get_object().get(o)) return false;
+  std::string_view type;
+  if (o["type"].get_string().get(type) || type != "abort") return false;
+  std::string_view msg;
+  if (!o["message"].get_string().get(msg)) out.message = std::string(msg);
+  int64_t code = 0;
+  if (!o["status_code"].get_int64().get(code)) out.status = static_cast<int>(code);
+  return true;
+}
+
+}  // namespace
+
 std::string event_data(std::string_view event) {
   std::string data;
   bool first = true;
@@ -24,23 +40,6 @@ std::string event_data(std::string_view event) {
   }
   return data;
 }
-
-bool is_abort_reason(simdjson::dom::element reason, StreamAbort& out) {
-  std::string_view s;
-  out.finish_abort = true;
-  if (!reason.get_string().get(s)) return s == "abort";
-  simdjson::dom::object o;
-  if (reason.get_object().get(o)) return false;
-  std::string_view type;
-  if (o["type"].get_string().get(type) || type != "abort") return false;
-  std::string_view msg;
-  if (!o["message"].get_string().get(msg)) out.message = std::string(msg);
-  int64_t code = 0;
-  if (!o["status_code"].get_int64().get(code)) out.status = static_cast<int>(code);
-  return true;
-}
-
-}  // namespace
 
 std::optional<size_t> first_event_end(std::string_view buf) {
   for (size_t i = 0; i + 1 < buf.size(); ++i) {

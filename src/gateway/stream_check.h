@@ -17,6 +17,10 @@ namespace kvgate {
 // when no event is complete yet.
 std::optional<size_t> first_event_end(std::string_view buf);
 
+// The concatenated "data:" payload of an SSE event (lines joined by '\n', as SSE defines); ""
+// when it has none.
+std::string event_data(std::string_view event);
+
 struct StreamAbort {
   std::string message;  // the worker's words (its error message), for logs
   int status = 0;       // the status_code it names, 0 when none

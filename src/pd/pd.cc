@@ -18,18 +18,6 @@ constexpr size_t kKeptLimit = 65536;
 // The prefill's answer kept for a logprobs merge (a long prompt's rows are large).
 constexpr size_t kKeepLimit = 16 << 20;
 
-// The data payload of one SSE event ("" for none or [DONE]).
-std::string_view event_data(std::string_view event) {
-  size_t at = event.starts_with("data:") ? 0 : event.find("\ndata:");
-  if (at == std::string_view::npos) return {};
-  if (at != 0) ++at;
-  std::string_view data = event.substr(at + 5);
-  if (!data.empty() && data.front() == ' ') data.remove_prefix(1);
-  data = data.substr(0, data.find('\n'));
-  while (!data.empty() && data.back() == '\r') data.remove_suffix(1);
-  return data == "[DONE]" ? std::string_view{} : data;
-}
-
 }  // namespace
 
 uint64_t choose_room(uint64_t random, std::optional<int> rank, int64_t dp_size) {
@@ -102,9 +90,7 @@ std::string PromptLogprobs::merge(std::string_view decode) const {
 }
 
 std::string PromptLogprobs::merge_event(std::string_view event) const {
-  std::string_view data = event_data(event);
-  if (data.empty()) return "";
-  std::string merged = merge(data);
+  std::string merged = merge(event_data(event));  // "" for [DONE] or no data: relayed as is
   return merged.empty() ? "" : "data: " + merged + "\n\n";
 }
 
@@ -260,8 +246,8 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
           co_return;
         }
         if (keep_) {
-          std::string_view data = event_data(event);
-          if (!data.empty()) kept_.assign(data);
+          std::string data = event_data(event);
+          if (!data.empty() && data != "[DONE]") kept_ = std::move(data);
         }
         decode_ = nullptr;  // a good event: the prefill is done (its one token), the KV has left
         pending.erase(0, *end);

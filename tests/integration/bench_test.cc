@@ -64,21 +64,14 @@ double policy_field(const std::string& json, const std::string& policy, const st
   return std::atof(json.c_str() + k + key.size() + 3);
 }
 
-// kv_exact in compare: the sims publish their KV events, each of two kvgates follows every
-// (sim, rank) before the workload starts, and the turns of a conversation, alternating between
-// the two kvgates, still find their earlier turns cached (kv_exact routes from events, not from
-// the requests one replica saw).
-TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
-  KVGATE_REQUIRE_MODEL("qwen3");
-  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
-  auto r = run("kvgate-bench", {"compare",
+// kvgate-bench compare of round_robin and kv_exact on 2 sims, 4 users x 3 turns (12 requests per
+// policy), Qwen3's tokenizer, the report in `dir`; `extra` sets the topology.
+std::vector<std::string> small_kv_compare(const std::string& dir,
+                                          std::initializer_list<std::string> extra) {
+  std::vector<std::string> a = {"compare",
                                 "--policies",
                                 "round_robin,kv_exact",
                                 "--sims",
-                                "2",
-                                "--sim-dp-size",
-                                "2",
-                                "--replicas",
                                 "2",
                                 "--users",
                                 "4",
@@ -94,7 +87,19 @@ TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
                                 models_dir() + "/qwen3",
                                 "--json",
                                 dir + "/c.json",
-                                "--quiet"});
+                                "--quiet"};
+  a.insert(a.end(), extra);
+  return a;
+}
+
+// kv_exact in compare: the sims publish their KV events, each of two kvgates follows every
+// (sim, rank) before the workload starts, and the turns of a conversation, alternating between
+// the two kvgates, still find their earlier turns cached (kv_exact routes from events, not from
+// the requests one replica saw).
+TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
+  auto r = run("kvgate-bench", small_kv_compare(dir, {"--sim-dp-size", "2", "--replicas", "2"}));
   ASSERT_EQ(r.status, 0) << r.output;
   std::string json = read_file(dir + "/c.json");
   for (std::string p : {"round_robin", "kv_exact"}) {
@@ -118,30 +123,7 @@ TEST(Bench, CompareRunsKvExactBehindTwoReplicasWithDpRanks) {
 TEST(Bench, ComparePrefillDecodeTopology) {
   KVGATE_REQUIRE_MODEL("qwen3");
   std::string dir = "/tmp/kvgate-bench-test-" + std::to_string(free_port());
-  auto r = run("kvgate-bench", {"compare",
-                                "--policies",
-                                "round_robin,kv_exact",
-                                "--sims",
-                                "2",
-                                "--pd-decode",
-                                "1",
-                                "--sim-dp-size",
-                                "2",
-                                "--users",
-                                "4",
-                                "--turns",
-                                "3",
-                                "--user-words",
-                                "24",
-                                "--output-tokens",
-                                "4",
-                                "--page-size",
-                                "16",
-                                "--tokenizer-path",
-                                models_dir() + "/qwen3",
-                                "--json",
-                                dir + "/c.json",
-                                "--quiet"});
+  auto r = run("kvgate-bench", small_kv_compare(dir, {"--pd-decode", "1", "--sim-dp-size", "2"}));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("prefill/decode: 2 prefill + 1 decode servers"), std::string::npos)
       << r.output;

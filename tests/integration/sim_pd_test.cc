@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <future>
+#include <nlohmann/json.hpp>
 
 #include "support/cluster.h"
 
@@ -432,35 +433,14 @@ TEST(SimPd, MissingRoomIsThe400Abort) {
   }
 }
 
-// The raw JSON value of the first "key": at or after `from` ("" when absent): an array or an
-// object up to its matching bracket (strings skipped), else up to the next ',' or '}'.
-std::string json_value(const std::string& text, const std::string& key, size_t from = 0) {
-  const std::string k = "\"" + key + "\":";
-  size_t at = text.find(k, from);
-  if (at == std::string::npos) return "";
-  at += k.size();
-  size_t i = at;
-  if (text[i] != '[' && text[i] != '{') {
-    while (i < text.size() && text[i] != ',' && text[i] != '}') ++i;
-    return text.substr(at, i - at);
-  }
-  int depth = 0;
-  bool in_string = false;
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if ((c == ']' || c == '}') && --depth == 0) {
-      return text.substr(at, i + 1 - at);
-    }
+// The JSON value (compact) of `key` in an answer or stream event, at its top level or in its
+// meta_info ("" when absent or not JSON).
+std::string json_value(const std::string& text, const std::string& key) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return "";
+  if (j.contains(key)) return j[key].dump();
+  if (j.contains("meta_info") && j["meta_info"].is_object() && j["meta_info"].contains(key)) {
+    return j["meta_info"][key].dump();
   }
   return "";
 }

@@ -267,12 +267,12 @@ struct Runner {
   awaitable<void> session(int index) {
     SessionDone done{this};
     History h{&w.sessions[static_cast<size_t>(index)], {}};
-    asio::steady_timer timer(ctx);
+    Timer timer(ctx);
     for (size_t t = 0; t < h.session->turns.size(); ++t) {
       if (double think = h.session->turns[t].think_s; think > 0) {
         timer.expires_after(
             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(think)));
-        co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+        co_await timer.async_wait(asio::as_tuple(use_awaitable));
       }
       RequestRecord r = co_await one(h, index, t);
       bool failed = !r.ok();
@@ -298,12 +298,12 @@ struct Runner {
   }
 
   awaitable<void> open_loop() {
-    asio::steady_timer timer(ctx);
+    Timer timer(ctx);
     for (size_t i = 0; i < w.sessions.size(); ++i) {
       auto at = t0 + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(w.sessions[i].arrival_s));
       timer.expires_at(at);
-      co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
       asio::co_spawn(ctx, session(static_cast<int>(i)), asio::detached);
     }
   }

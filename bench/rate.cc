@@ -43,13 +43,13 @@ RateResult run_rate(const RateOptions& o) {
   };
   auto t0 = Clock::now();
   auto pacer = [&]() -> awaitable<void> {
-    asio::steady_timer timer(ctx);
+    Timer timer(ctx);
     auto gap = std::chrono::duration<double>(1.0 / o.rate);
     size_t total = static_cast<size_t>(o.rate * o.seconds);
     for (size_t i = 0; i < total; ++i) {
       timer.expires_at(t0 +
                        std::chrono::duration_cast<Clock::duration>(gap * static_cast<double>(i)));
-      co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
       if (in_flight >= o.max_in_flight) {
         ++res.dropped;
         continue;
@@ -60,7 +60,7 @@ RateResult run_rate(const RateOptions& o) {
     // Wait for the last answers, then stop (pooled connections' idle timers must not hold the run).
     while (in_flight > 0) {
       timer.expires_after(std::chrono::milliseconds(1));
-      co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await timer.async_wait(asio::as_tuple(use_awaitable));
     }
     ctx.stop();
   };

@@ -23,7 +23,7 @@ class Sequence;
 // executor.
 class RequestControl : public std::enable_shared_from_this<RequestControl> {
  public:
-  explicit RequestControl(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  explicit RequestControl(Executor ex) : ex_(std::move(ex)) {}
   // Any thread: ends the request (posted to its executor).
   void abort();
   // The client went away.
@@ -36,13 +36,13 @@ class RequestControl : public std::enable_shared_from_this<RequestControl> {
   void set_interrupt(std::function<void()> fn) { interrupt_ = std::move(fn); }
   // A sequence the engine runs for this request (aborted with it).
   void add_sequence(std::shared_ptr<Sequence> seq) { seqs_.push_back(std::move(seq)); }
-  const asio::any_io_executor& executor() const { return ex_; }
+  const Executor& executor() const { return ex_; }
 
  private:
   void on_abort();
   void fire();
 
-  asio::any_io_executor ex_;
+  Executor ex_;
   bool aborted_ = false;
   bool gone_ = false;
   std::function<void()> interrupt_;

@@ -82,7 +82,7 @@ void FixedDelayScheduler::release(RadixCache::Handle& h, const Sequence& seq, bo
 
 awaitable<void> FixedDelayScheduler::run(std::shared_ptr<Sequence> seq) {
   if (seq->cancelled()) co_return;
-  asio::steady_timer timer(co_await asio::this_coro::executor);
+  Timer timer(co_await asio::this_coro::executor);
   const auto prompt = static_cast<int64_t>(seq->request().prompt.size());
   const auto& transferred = seq->request().transferred_cached_tokens;
   RadixCache::Handle handle = admit(*seq);
@@ -109,14 +109,14 @@ awaitable<void> FixedDelayScheduler::run(std::shared_ptr<Sequence> seq) {
   // Prefill (none on a PD decode server: the KV arrived with the request).
   auto deadline = seq->arrival() + (transferred ? Clock::duration{} : timing_.ttft);
   timer.expires_at(deadline);
-  co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  co_await timer.async_wait(asio::as_tuple(use_awaitable));
   if (seq->cancelled()) co_return;
   prefilled(handle, *seq);
   release.prefilled = true;
   if (setup_.role == PdRole::kPrefill && seq->request().bootstrap) {
     // The KV leaves for the decode server before the prefill request answers.
     timer.expires_after(setup_.transfer_time(prompt));
-    co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
     if (seq->cancelled()) {
       if (setup_.rooms) {
         setup_.rooms->room_failed(seq->request().bootstrap->room, setup_.dp_rank,
@@ -150,7 +150,7 @@ awaitable<void> FixedDelayScheduler::run(std::shared_ptr<Sequence> seq) {
     seq->notify();
     deadline += timing_.tpot;
     timer.expires_at(deadline);
-    co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await timer.async_wait(asio::as_tuple(use_awaitable));
     if (seq->cancelled()) co_return;
   }
   if (setup_.metrics) {

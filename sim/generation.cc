@@ -66,9 +66,9 @@ awaitable<void> send_abort(http::Exchange& ex, int status, bool stream, std::str
 
 // A hang fault: never answer; return when the client goes away.
 awaitable<void> hang(http::Exchange& ex) {
-  auto timer = std::make_shared<asio::steady_timer>(ex.executor(), Clock::time_point::max());
+  auto timer = std::make_shared<Timer>(ex.executor(), Clock::time_point::max());
   ex.watch_disconnect([timer] { timer->cancel(); });
-  co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));
+  co_await timer->async_wait(asio::as_tuple(use_awaitable));
 }
 
 // Waits until every track finished; false when the client went away first.

@@ -24,7 +24,7 @@ namespace kvgate::sim {
 namespace {
 
 using Json = nlohmann::json;
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+constexpr auto kTuple = asio::as_tuple(use_awaitable);
 constexpr size_t kMaxRetained = 100000;
 constexpr std::string_view kRoomPath = "/kvgate_sim/room/";
 
@@ -178,7 +178,7 @@ struct BootstrapServer::Impl {
   // still waiting when the server stops is destroyed with `ctx`'s pending frames and handlers.
   struct Waiter {
     explicit Waiter(asio::io_context& ctx) : timer(ctx, Clock::time_point::max()) {}
-    asio::steady_timer timer;
+    Timer timer;
     std::optional<std::string> answer;
   };
   std::map<RoomKey, std::vector<std::weak_ptr<Waiter>>> waiters;
@@ -553,7 +553,7 @@ namespace {
 // One bootstrap address's HTTP calls, with the interruption of the request.
 class BootstrapClient {
  public:
-  BootstrapClient(asio::any_io_executor ex, std::shared_ptr<RequestControl> control)
+  BootstrapClient(Executor ex, std::shared_ptr<RequestControl> control)
       : ex_(std::move(ex)), control_(std::move(control)), sleep_(ex_) {
     control_->set_interrupt([this] {
       if (active_) active_->abort();
@@ -620,9 +620,9 @@ class BootstrapClient {
   }
 
  private:
-  asio::any_io_executor ex_;
+  Executor ex_;
   std::shared_ptr<RequestControl> control_;
-  asio::steady_timer sleep_;
+  Timer sleep_;
   http::Target target_;
   http::ConnectionPool pool_;
   http::UpstreamCall* active_ = nullptr;

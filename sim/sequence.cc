@@ -7,7 +7,7 @@
 
 namespace kvgate::sim {
 
-Notifier::Notifier(const asio::any_io_executor& ex) : ex_(ex), timer_(ex) {}
+Notifier::Notifier(const Executor& ex) : ex_(ex), timer_(ex) {}
 
 void Notifier::notify() {
   asio::dispatch(ex_, [self = shared_from_this()] { self->signal(); });
@@ -21,7 +21,7 @@ void Notifier::signal() {
 awaitable<void> Notifier::wait() {
   if (!pending_) {
     timer_.expires_at(Clock::time_point::max());
-    co_await timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await timer_.async_wait(asio::as_tuple(use_awaitable));
   }
   pending_ = false;
 }

@@ -76,15 +76,15 @@ struct FinishReason {
 // runs on the consumer's executor and returns at once when notified since the last wait.
 class Notifier : public std::enable_shared_from_this<Notifier> {
  public:
-  explicit Notifier(const asio::any_io_executor& ex);
+  explicit Notifier(const Executor& ex);
   void notify();
   awaitable<void> wait();
-  const asio::any_io_executor& executor() const { return ex_; }
+  const Executor& executor() const { return ex_; }
 
  private:
   void signal();
-  asio::any_io_executor ex_;
-  asio::steady_timer timer_;
+  Executor ex_;
+  Timer timer_;
   bool pending_ = false;  // consumer executor only
 };
 
@@ -106,7 +106,7 @@ class Sequence {
   const GenerationRequest& request() const { return request_; }
   int dp_rank() const { return dp_rank_; }
   Clock::time_point arrival() const { return arrival_; }
-  const asio::any_io_executor& executor() const { return notifier_->executor(); }
+  const Executor& executor() const { return notifier_->executor(); }
 
   // --- producer side (the scheduler; any thread) ---
   // Prefill is done: `cached_tokens` of the prompt were found in the cache. With notify = false

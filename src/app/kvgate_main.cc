@@ -514,7 +514,7 @@ int main(int argc, char** argv) {
     for (auto& c : contexts) c->stop();
     control->stop();
   };
-  auto drain = std::make_shared<asio::steady_timer>(*control);
+  auto drain = std::make_shared<Timer>(*control);
   std::function<void(const boost::system::error_code&, int)> on_signal;
   bool shutting_down = false;
   on_signal = [&](const boost::system::error_code& ec, int sig) {
@@ -536,13 +536,12 @@ int main(int argc, char** argv) {
         [&, drain]() -> awaitable<void> {
           // Waits on `timer` (the drain timer, which a second signal cancels; or one no signal
           // touches, for the unwinding after the forced close).
-          auto wait_idle = [&](Clock::time_point until,
-                               asio::steady_timer& timer) -> awaitable<bool> {
+          auto wait_idle = [&](Clock::time_point until, Timer& timer) -> awaitable<bool> {
             // Requests in the gateway, and connections still reading one (its head or body).
             auto busy = [&] { return gateway.in_flight() > 0 || server->busy_connections() > 0; };
             while (busy() && Clock::now() < until) {
               timer.expires_after(std::chrono::milliseconds(20));
-              auto [wec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+              auto [wec] = co_await timer.async_wait(asio::as_tuple(use_awaitable));
               if (wec) co_return false;  // a second signal
             }
             co_return !busy();
@@ -553,7 +552,7 @@ int main(int argc, char** argv) {
             log::warn("grace period over; closing requests in flight")
                 .kv("in_flight", gateway.in_flight());
             server->close_all();
-            asio::steady_timer unwind(*control);
+            Timer unwind(*control);
             co_await wait_idle(Clock::now() + std::chrono::seconds(5), unwind);
           }
           stop_all();

@@ -12,7 +12,7 @@ Admission::Admission(int64_t max_concurrent, size_t queue_size,
     : max_(max_concurrent), queue_size_(queue_size), timeout_(queue_timeout) {}
 
 awaitable<Admission::Result> Admission::acquire(
-    asio::any_io_executor ex,  // NOLINT(performance-unnecessary-value-param)
+    Executor ex,  // NOLINT(performance-unnecessary-value-param)
     std::shared_ptr<Waiter>* handle) {
   if (!enabled()) co_return Result::kAdmitted;
   std::shared_ptr<Waiter> w;
@@ -47,7 +47,7 @@ awaitable<Admission::Result> Admission::acquire(
       if (granted) a->release();
     }
   } leave{this, w};
-  co_await w->timer.async_wait(asio::as_tuple(asio::use_awaitable));
+  co_await w->timer.async_wait(asio::as_tuple(use_awaitable));
   leave.armed = false;
   if (handle) handle->reset();
   std::lock_guard lock(mu_);

@@ -18,9 +18,9 @@ class Admission {
  public:
   enum class Result { kAdmitted, kQueueFull, kTimeout, kCancelled };
   struct Waiter {
-    explicit Waiter(const asio::any_io_executor& ex) : executor(ex), timer(ex) {}
-    asio::any_io_executor executor;
-    asio::steady_timer timer;
+    explicit Waiter(const Executor& ex) : executor(ex), timer(ex) {}
+    Executor executor;
+    Timer timer;
     bool granted = false;
     bool cancelled = false;
   };
@@ -29,9 +29,8 @@ class Admission {
   bool enabled() const { return max_ > 0; }
   // By value: a coroutine must not keep references to its caller's temporaries. While queued,
   // `*handle` (when given) holds the waiter, for cancel(); it is reset when acquire returns.
-  awaitable<Result> acquire(
-      asio::any_io_executor ex,  // NOLINT(performance-unnecessary-value-param)
-      std::shared_ptr<Waiter>* handle = nullptr);
+  awaitable<Result> acquire(Executor ex,  // NOLINT(performance-unnecessary-value-param)
+                            std::shared_ptr<Waiter>* handle = nullptr);
   // Takes a queued waiter out (its acquire returns kCancelled); from the waiter's executor. A
   // waiter already granted a slot keeps it (its caller releases it).
   void cancel(const std::shared_ptr<Waiter>& w);

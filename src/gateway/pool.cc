@@ -1,9 +1,8 @@
 // gateway/pool: see pool.h.
 #include "gateway/pool.h"
 
-#include <boost/asio/steady_timer.hpp>
-
 #include "gateway/knobs.h"
+#include "http/io.h"
 #include "pd/pd.h"
 #include "policy/registry.h"
 #include "request/body_rewrite.h"
@@ -57,7 +56,7 @@ void remove_worker_metrics(std::string_view url, metrics::Registry& registry) {
 
 struct Pool::Upkeep {
   explicit Upkeep(asio::io_context& ctx) : timer(ctx) {}
-  asio::steady_timer timer;
+  Timer timer;
   std::atomic<bool> stopped{false};
 };
 

@@ -2,9 +2,9 @@
 #include "gateway/pools.h"
 
 #include <algorithm>
-#include <boost/asio/steady_timer.hpp>
 #include <set>
 
+#include "http/io.h"
 #include "util/log.h"
 
 namespace kvgate {
@@ -368,7 +368,7 @@ size_t PoolManager::retire() {
 
 void PoolManager::schedule_retire() {
   if (stopped_ || !env_.control) return;
-  if (!retire_timer_) retire_timer_ = std::make_unique<asio::steady_timer>(*env_.control);
+  if (!retire_timer_) retire_timer_ = std::make_unique<Timer>(*env_.control);
   if (retire_timer_->expiry() > Clock::now()) return;  // one is pending
   retire_timer_->expires_after(std::chrono::milliseconds(200));
   retire_timer_->async_wait([this](const boost::system::error_code& ec) {

@@ -114,7 +114,7 @@ class PoolManager {
   std::map<std::string, Recent, std::less<>> recent_;
   std::chrono::milliseconds recent_ttl_ = kRecentWorkers;
   std::map<std::string, std::function<std::unique_ptr<Policy>()>, std::less<>> overrides_;
-  std::unique_ptr<asio::steady_timer> retire_timer_;
+  std::unique_ptr<Timer> retire_timer_;
 };
 
 }  // namespace kvgate

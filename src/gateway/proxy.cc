@@ -54,8 +54,8 @@ struct Cancel {
   Admission* admission = nullptr;
   std::shared_ptr<Admission::Waiter> waiter;
   http::UpstreamCall* call = nullptr;
-  asio::steady_timer* backoff = nullptr;  // a retry's wait (its Retry-After may be long)
-  pd::PrefillLeg* prefill = nullptr;      // prefill/decode: the prefill half's call
+  Timer* backoff = nullptr;           // a retry's wait (its Retry-After may be long)
+  pd::PrefillLeg* prefill = nullptr;  // prefill/decode: the prefill half's call
   void fire() {
     if (waiter && admission) admission->cancel(waiter);
     if (call) call->abort();
@@ -84,8 +84,8 @@ struct RequestThread::State {
   http::ConnectionPool pool;
   std::vector<std::unique_ptr<char[]>> spare;
   PendingWatch pending;  // list head
-  std::unique_ptr<asio::steady_timer> sweep;
-  std::unique_ptr<asio::steady_timer> reaper;
+  std::unique_ptr<Timer> sweep;
+  std::unique_ptr<Timer> reaper;
   bool sweeping = false;
   bool closed = false;
 };
@@ -106,9 +106,9 @@ RequestThread::State& thread_state() {
 // Drops idle upstream connections past their reuse time, once a second: a worker closes its end
 // of them soon after (uvicorn: 5 s), and they would sit half-closed until the next request to
 // that worker.
-void start_reaper(RequestThread::State& ts, const asio::any_io_executor& ex) {
+void start_reaper(RequestThread::State& ts, const Executor& ex) {
   if (ts.reaper || ts.closed) return;
-  ts.reaper = std::make_unique<asio::steady_timer>(ex);
+  ts.reaper = std::make_unique<Timer>(ex);
   struct Loop {
     RequestThread::State* ts;
     void operator()(const boost::system::error_code& ec) const {
@@ -158,7 +158,7 @@ class WatchGuard {
     ts.pending.prev->next = &node_;
     ts.pending.prev = &node_;
     if (!ts.sweeping && !ts.closed) {
-      if (!ts.sweep) ts.sweep = std::make_unique<asio::steady_timer>(ex.executor());
+      if (!ts.sweep) ts.sweep = std::make_unique<Timer>(ex.executor());
       ts.sweeping = true;
       sweep_watches(ts);
     }
@@ -482,7 +482,7 @@ class Gateway::Request {
   std::optional<GatewayError> prefill_error_;  // prefill/decode: the last prefill's failure
   std::optional<std::chrono::milliseconds> retry_after_;
   BudgetSlot budget_slot_;
-  asio::steady_timer backoff_timer_;
+  Timer backoff_timer_;
   std::chrono::milliseconds next_delay_{0};  // the wait may_retry() checked, used as checked
   bool skip_backoff_ = false;                // the last round made no attempt (breaker turned)
 };
@@ -740,7 +740,7 @@ awaitable<bool> Gateway::Request::back_off() {
   g_.metrics_.retries.with({route_label_}).inc();
   retry_after_.reset();
   backoff_timer_.expires_after(next_delay_);
-  co_await backoff_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+  co_await backoff_timer_.async_wait(asio::as_tuple(use_awaitable));
   if (ex_.client_gone()) {
     client_left();
     co_return false;
@@ -923,7 +923,7 @@ namespace {
 thread_local int tl_abort_requests = 0;
 constexpr int kMaxAbortRequests = 16;
 
-awaitable<void> send_abort_request(asio::any_io_executor ex, http::Target target, std::string body,
+awaitable<void> send_abort_request(Executor ex, http::Target target, std::string body,
                                    std::string authorization) {
   ++tl_abort_requests;
   struct Done {
@@ -1431,7 +1431,7 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
 awaitable<void> Gateway::Request::wait_prefill(Attempt& a) {
   const std::shared_ptr<pd::PrefillLeg>& leg = a.prefill->leg;
   if (leg->finished()) co_return;
-  asio::steady_timer guard(ex_.executor(), kPrefillAnswerWait);
+  Timer guard(ex_.executor(), kPrefillAnswerWait);
   guard.async_wait([leg](const boost::system::error_code& ec) {
     if (!ec) leg->abort();
   });

@@ -28,7 +28,7 @@ namespace bhttp = boost::beast::http;
 namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 namespace {
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+constexpr auto kTuple = asio::as_tuple(use_awaitable);
 // Interim (1xx) answers skipped before the real one; more is a broken or hostile peer.
 constexpr int kMaxInterimResponses = 8;
 }  // namespace
@@ -94,12 +94,12 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
 }
 
 struct Connection {
-  explicit Connection(const asio::any_io_executor& ex) : socket(ex), deadline(ex, socket) {
+  explicit Connection(const Executor& ex) : socket(ex), deadline(ex, socket) {
     buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
   }
-  tcp::socket socket;
+  Socket socket;
   Deadline deadline;
-  std::unique_ptr<ssl::stream<tcp::socket&>> tls;  // https workers
+  std::unique_ptr<ssl::stream<Socket&>> tls;  // https workers
   beast::flat_buffer buffer;
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
   Clock::time_point idle_since{};
@@ -290,8 +290,7 @@ std::string_view to_string(CallError e) {
   return "unknown";
 }
 
-UpstreamCall::UpstreamCall(asio::any_io_executor ex, ConnectionPool& pool, const Target& target,
-                           uint64_t key)
+UpstreamCall::UpstreamCall(Executor ex, ConnectionPool& pool, const Target& target, uint64_t key)
     : ex_(std::move(ex)), pool_(pool), target_(target), key_(key) {}
 
 UpstreamCall::~UpstreamCall() {
@@ -340,7 +339,7 @@ awaitable<CallError> UpstreamCall::connect() {
       co_return CallError::kConnect;
     }
     auto* ctx = static_cast<ssl::context*>(target_.tls->native());
-    conn_->tls = std::make_unique<ssl::stream<tcp::socket&>>(conn_->socket, *ctx);
+    conn_->tls = std::make_unique<ssl::stream<Socket&>>(conn_->socket, *ctx);
     // SNI, and the certificate must name the host of the worker's URL.
     // (SNI carries host names only: RFC 6066 forbids IP literals there.)
     boost::system::error_code not_ip;
@@ -523,10 +522,9 @@ void UpstreamCall::abort() {
   }
 }
 
-awaitable<FetchResult> fetch(asio::any_io_executor ex, const Target& target,
-                             std::string_view method, std::string_view path,
-                             std::chrono::milliseconds timeout, std::string_view body,
-                             HeaderList headers) {
+awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
+                             std::string_view path, std::chrono::milliseconds timeout,
+                             std::string_view body, HeaderList headers) {
   ConnectionPool pool;  // private: a probe always opens a new connection
   FetchResult r;
   UpstreamCall call(ex, pool, target, 0);

@@ -118,7 +118,7 @@ std::string_view to_string(CallError e);
 
 class UpstreamCall {
  public:
-  UpstreamCall(asio::any_io_executor ex, ConnectionPool& pool, const Target& target, uint64_t key);
+  UpstreamCall(Executor ex, ConnectionPool& pool, const Target& target, uint64_t key);
   ~UpstreamCall();
   UpstreamCall(const UpstreamCall&) = delete;
   UpstreamCall& operator=(const UpstreamCall&) = delete;
@@ -154,7 +154,7 @@ class UpstreamCall {
   awaitable<CallError> connect();
   CallError classify(const boost::system::error_code& ec);
 
-  asio::any_io_executor ex_;
+  Executor ex_;
   ConnectionPool& pool_;
   const Target& target_;
   uint64_t key_;
@@ -176,9 +176,8 @@ struct FetchResult {
   std::string body;
   std::string detail;
 };
-awaitable<FetchResult> fetch(asio::any_io_executor ex, const Target& target,
-                             std::string_view method, std::string_view path,
-                             std::chrono::milliseconds timeout, std::string_view body = {},
-                             HeaderList headers = {});
+awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
+                             std::string_view path, std::chrono::milliseconds timeout,
+                             std::string_view body = {}, HeaderList headers = {});
 
 }  // namespace kvgate::http

@@ -4,10 +4,9 @@
 namespace kvgate::http {
 
 struct Deadline::State {
-  State(const asio::any_io_executor& ex, asio::ip::tcp::socket& s, Deadline::Action a)
-      : timer(ex), socket(&s), action(a) {}
-  asio::steady_timer timer;
-  asio::ip::tcp::socket* socket;  // null once the owner is gone
+  State(const Executor& ex, Socket& s, Deadline::Action a) : timer(ex), socket(&s), action(a) {}
+  Timer timer;
+  Socket* socket;  // null once the owner is gone
   Deadline::Action action;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point armed = Clock::time_point::max();  // when the pending wait fires
@@ -41,7 +40,7 @@ void arm(const std::shared_ptr<Deadline::State>& s, Clock::time_point at) {
 
 }  // namespace
 
-Deadline::Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket, Action action)
+Deadline::Deadline(const Executor& ex, Socket& socket, Action action)
     : state_(std::make_shared<State>(ex, socket, action)) {}
 
 Deadline::~Deadline() {

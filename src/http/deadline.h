@@ -18,8 +18,7 @@ class Deadline {
   // still answer 408 on the same connection).
   enum class Action { kClose, kCancel };
 
-  Deadline(const asio::any_io_executor& ex, asio::ip::tcp::socket& socket,
-           Action action = Action::kClose);
+  Deadline(const Executor& ex, Socket& socket, Action action = Action::kClose);
   ~Deadline();
   Deadline(const Deadline&) = delete;
   Deadline& operator=(const Deadline&) = delete;

@@ -30,7 +30,7 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+constexpr auto kTuple = asio::as_tuple(use_awaitable);
 
 namespace {
 
@@ -53,7 +53,7 @@ class ForceClosable {
 struct SessionNode {
   SessionNode* prev = this;
   SessionNode* next = this;
-  tcp::socket* socket = nullptr;
+  Socket* socket = nullptr;
   ForceClosable* exchange = nullptr;  // the exchange in progress, if any
   bool idle = false;                  // waiting for the next request
   void link_after(SessionNode& head) {
@@ -109,10 +109,10 @@ namespace {
 
 using Request = bhttp::request<PaddedStringBody>;
 
-tcp::socket& lowest(tcp::socket& s) {
+Socket& lowest(Socket& s) {
   return s;
 }
-tcp::socket& lowest(ssl::stream<tcp::socket&>& s) {
+Socket& lowest(ssl::stream<Socket&>& s) {
   return s.next_layer();
 }
 
@@ -123,7 +123,7 @@ struct WatchState {
   char peek = 0;
   int fd = -1;
   std::function<void()> fn;
-  std::unique_ptr<asio::steady_timer> recheck;  // while bytes wait unread (see watch_disconnect)
+  std::unique_ptr<Timer> recheck;  // while bytes wait unread (see watch_disconnect)
   // Runs the callback once, at most.
   void fire() {
     if (done) return;
@@ -166,7 +166,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   }
   std::string& body() override { return req_.body(); }
   const std::string& remote_address() const override { return remote_; }
-  bool secure() const override { return !std::is_same_v<Stream, tcp::socket>; }
+  bool secure() const override { return !std::is_same_v<Stream, Socket>; }
   uint16_t local_port() const override { return srv_.port; }
 
   awaitable<bool> respond(int status, HeaderList headers, std::string_view body) override {
@@ -275,7 +275,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       return;
     }
     watch_->fd = socket_.native_handle();
-    watch_->recheck = std::make_unique<asio::steady_timer>(socket_.get_executor());
+    watch_->recheck = std::make_unique<Timer>(socket_.get_executor());
     if (buffer_.size() > 0) {
       recheck_loop(watch_);  // pipelined bytes already here: only a hang-up can be seen
       return;
@@ -287,7 +287,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     // the client's hang-up behind them is looked for (POLLRDHUP) once a second instead.
     auto state = watch_;
     socket_.async_receive(
-        asio::buffer(&state->peek, 1), tcp::socket::message_peek,
+        asio::buffer(&state->peek, 1), Socket::message_peek,
         asio::bind_cancellation_slot(cancel_.slot(),
                                      [state](const boost::system::error_code& ec, size_t n) {
                                        if (state->done || ec == asio::error::operation_aborted)
@@ -307,7 +307,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
 
   // Every second until the watch ends: fires when the client hung up.
   static void recheck_loop(std::shared_ptr<WatchState> state) {
-    asio::steady_timer& timer = *state->recheck;
+    Timer& timer = *state->recheck;
     timer.expires_after(std::chrono::seconds(1));
     timer.async_wait([state = std::move(state)](const boost::system::error_code& ec) mutable {
       if (ec || state->done) return;
@@ -337,7 +337,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     if (watch_) watch_->fire();
   }
 
-  asio::any_io_executor executor() override { return socket_.get_executor(); }
+  Executor executor() override { return socket_.get_executor(); }
 
  private:
   void start_head(int status, HeaderList headers) {
@@ -376,7 +376,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   }
 
   Stream& stream_;
-  tcp::socket& socket_;
+  Socket& socket_;
   Deadline& deadline_;
   beast::flat_buffer& buffer_;
   Request& req_;
@@ -400,10 +400,10 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
 // the linger time passes (then the caller closes). Closing with unread bytes would make the
 // kernel send a reset, and the client could lose the answer it has not read yet (nginx's
 // lingering close does the same).
-awaitable<void> linger(tcp::socket& socket, Deadline& deadline, std::chrono::milliseconds time) {
+awaitable<void> linger(Socket& socket, Deadline& deadline, std::chrono::milliseconds time) {
   constexpr auto kQuiet = std::chrono::milliseconds(500);
   boost::system::error_code ignored;
-  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.shutdown(Socket::shutdown_send, ignored);
   auto until = Clock::now() + time;
   thread_local std::array<char, 4096> discard;  // contents never read: sharing it is harmless
   size_t total = 0;
@@ -577,13 +577,13 @@ template <class Stream>
 awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, SessionNode& node,
                       const std::string& remote) {
   const ServerConfig& cfg = srv.config;
-  tcp::socket& socket = lowest(stream);
+  Socket& socket = lowest(stream);
   beast::flat_buffer buffer;
   std::string scratch;
 
   for (;;) {
     if (buffer.size() == 0) {
-      constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
+      constexpr bool kPlain = std::is_same_v<Stream, Socket>;
       bool arrived = false;  // shutting down, and a request's bytes are here already
       if (srv.stopping.load(std::memory_order_relaxed)) {
         // Shutting down: no next request is waited for, but one whose bytes have arrived (on a
@@ -611,7 +611,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
         scratch.clear();
         scratch.shrink_to_fit();
         deadline.expires_at(idle_until);
-        auto [wec] = co_await socket.async_wait(tcp::socket::wait_read, kTuple);
+        auto [wec] = co_await socket.async_wait(Socket::wait_read, kTuple);
         rec = wec;
         buffer.reserve(kReadBufferSize);
       }
@@ -649,7 +649,7 @@ struct ConnectionCount {
   ~ConnectionCount() { stats.connections.fetch_sub(1, std::memory_order_relaxed); }
 };
 
-awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket, size_t slot) {
+awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size_t slot) {
   ConnectionCount counted{srv->stats};
   SessionNode node;
   node.socket = &socket;
@@ -672,7 +672,7 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket,
   }
   Deadline deadline(socket.get_executor(), socket, Deadline::Action::kCancel);
   if (srv->tls) {
-    ssl::stream<tcp::socket&> tls(socket, *srv->tls);
+    ssl::stream<Socket&> tls(socket, *srv->tls);
     deadline.expires_after(srv->config.header_timeout);
     auto [ec] = co_await tls.async_handshake(ssl::stream_base::server, kTuple);
     deadline.never();
@@ -691,13 +691,12 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, tcp::socket socket,
   } else {
     co_await serve(*srv, socket, deadline, node, remote);
   }
-  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.shutdown(Socket::shutdown_send, ignored);
   socket.close(ignored);
 }
 
-awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* acceptor,
-                            size_t slot) {
-  auto admit = [&](tcp::socket s) {
+awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, Acceptor* acceptor, size_t slot) {
+  auto admit = [&](Socket s) {
     auto& st = srv->stats;
     st.accepted.fetch_add(1, std::memory_order_relaxed);
     size_t max = srv->config.max_connections;
@@ -720,7 +719,7 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
       if (ec == asio::error::operation_aborted) co_return;
       static log::RateLimit limit(5, std::chrono::seconds(10));
       log::warn(limit, "accept failed").kv("error", ec.message());
-      asio::steady_timer t(acceptor->get_executor(), std::chrono::milliseconds(50));
+      Timer t(acceptor->get_executor(), std::chrono::milliseconds(50));
       co_await t.async_wait(kTuple);
       continue;
     }
@@ -729,7 +728,7 @@ awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, tcp::acceptor* 
     // asynchronous accept waits its turn behind all other handlers, and a burst of new
     // connections would otherwise trickle in one per turn.
     for (int i = 0; i < 64; ++i) {
-      tcp::socket more(acceptor->get_executor());
+      Socket more(acceptor->get_executor());
       boost::system::error_code aec;
       acceptor->accept(more, aec);
       if (aec) break;
@@ -787,10 +786,10 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
   uint16_t port = cfg.port;
   for (auto* ctx : contexts) {
     shared_->sessions.push_back(std::make_unique<SessionNode>());
-    auto acc = std::make_unique<tcp::acceptor>(*ctx);
+    auto acc = std::make_unique<Acceptor>(*ctx);
     tcp::endpoint ep(address, port);
     acc->open(ep.protocol(), ec);
-    if (!ec) acc->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acc->set_option(Acceptor::reuse_address(true), ec);
     if (!ec && (cfg.reuse_port || contexts.size() > 1)) {
       int one = 1;
       if (::setsockopt(acc->native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
@@ -834,7 +833,7 @@ void Server::stop() {
       // acceptor is non-blocking), so that one whose request has arrived is answered like one on
       // an idle connection, instead of being reset with the listener.
       for (int k = 0; k < 4096; ++k) {
-        tcp::socket s(a->get_executor());
+        Socket s(a->get_executor());
         boost::system::error_code aec;
         a->accept(s, aec);
         if (aec) break;

@@ -119,7 +119,7 @@ class Exchange {
   virtual void unwatch_disconnect() = 0;
   virtual bool client_gone() const = 0;
 
-  virtual asio::any_io_executor executor() = 0;
+  virtual Executor executor() = 0;
 };
 
 using Handler = std::function<awaitable<void>(Exchange&)>;
@@ -153,7 +153,7 @@ class Server {
 
  private:
   std::shared_ptr<Shared> shared_;
-  std::vector<std::unique_ptr<asio::ip::tcp::acceptor>> acceptors_;
+  std::vector<std::unique_ptr<Acceptor>> acceptors_;
   uint16_t port_ = 0;
 };
 

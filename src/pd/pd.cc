@@ -94,8 +94,8 @@ std::string PromptLogprobs::merge_event(std::string_view event) const {
   return merged.empty() ? "" : "data: " + merged + "\n\n";
 }
 
-PrefillLeg::PrefillLeg(const asio::any_io_executor& ex, http::ConnectionPool& pool,
-                       WorkerPtr worker, Clock::time_point deadline)
+PrefillLeg::PrefillLeg(const Executor& ex, http::ConnectionPool& pool, WorkerPtr worker,
+                       Clock::time_point deadline)
     : ex_(ex),
       pool_(pool),
       worker_(std::move(worker)),
@@ -130,7 +130,7 @@ void PrefillLeg::abort() {
 
 awaitable<void> PrefillLeg::wait() {
   if (finished()) co_return;
-  co_await done_.async_wait(asio::as_tuple(asio::use_awaitable));
+  co_await done_.async_wait(asio::as_tuple(use_awaitable));
 }
 
 void PrefillLeg::failed_in_answer(const StreamAbort& a, std::string_view json) {

@@ -67,7 +67,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
  public:
   enum class State { kRunning, kOk, kFailed };
 
-  PrefillLeg(const asio::any_io_executor& ex, http::ConnectionPool& pool, WorkerPtr worker,
+  PrefillLeg(const Executor& ex, http::ConnectionPool& pool, WorkerPtr worker,
              Clock::time_point deadline);
   ~PrefillLeg();
   PrefillLeg(const PrefillLeg&) = delete;
@@ -126,13 +126,13 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   // The answer aborted the request (an error status in its body, or a stream's abort event).
   void failed_in_answer(const StreamAbort& a, std::string_view json);
 
-  asio::any_io_executor ex_;
+  Executor ex_;
   http::ConnectionPool& pool_;
   WorkerPtr worker_;
   Clock::time_point deadline_;
   http::UpstreamCall* call_ = nullptr;    // while run() has one
   http::UpstreamCall* decode_ = nullptr;  // aborted on a prefill failure while set
-  asio::steady_timer done_;
+  Timer done_;
   State state_ = State::kRunning;
   bool aborted_ = false;
   bool keep_ = false;

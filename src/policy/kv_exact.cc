@@ -885,7 +885,7 @@ constexpr int kProbePolls = 50;  // events get 5 s after the answer
 log::RateLimit kLogParity(8, std::chrono::seconds(60));
 
 // Sends the probe and hands the answer to `done` (on the control loop).
-awaitable<void> send_probe(asio::any_io_executor ex, http::Target target, std::string body,
+awaitable<void> send_probe(Executor ex, http::Target target, std::string body,
                            std::function<void(const http::FetchResult&)> done) {
   const http::Header headers[] = {{"content-type", "application/json"}};
   http::FetchResult r;
@@ -913,7 +913,7 @@ struct KvExactPolicy::ProbePoll {
   KvExactPolicy* self;
   std::shared_ptr<Source> source;
   std::shared_ptr<const kv_parity::Probe> probe;
-  std::shared_ptr<asio::steady_timer> timer;
+  std::shared_ptr<Timer> timer;
   int left = kProbePolls;
 
   void operator()(const boost::system::error_code& ec) {
@@ -1085,7 +1085,7 @@ void KvExactPolicy::probe_answered(const std::shared_ptr<Source>& source,
     return;
   }
   // The engine ran it; its stores come as events: look for them a few seconds.
-  ProbePoll poll{life, this, source, probe, std::make_shared<asio::steady_timer>(control)};
+  ProbePoll poll{life, this, source, probe, std::make_shared<Timer>(control)};
   poll.timer->expires_after(kProbePoll);
   auto timer = poll.timer;
   timer->async_wait(std::move(poll));

@@ -119,15 +119,15 @@ std::optional<std::vector<std::string>> parse_model_list(std::string_view json) 
 
 struct HealthPlane::Stop {
   std::atomic<bool> stopped{false};
-  std::set<asio::steady_timer*> timers;  // control loop only
+  std::set<Timer*> timers;  // control loop only
   // A loop's timer, listed while the loop runs.
   struct Waiting {
-    Waiting(Stop& s, asio::steady_timer& t) : stop(s), timer(t) { stop.timers.insert(&timer); }
+    Waiting(Stop& s, Timer& t) : stop(s), timer(t) { stop.timers.insert(&timer); }
     ~Waiting() { stop.timers.erase(&timer); }
     Waiting(const Waiting&) = delete;
     Waiting& operator=(const Waiting&) = delete;
     Stop& stop;
-    asio::steady_timer& timer;
+    Timer& timer;
   };
 };
 
@@ -158,7 +158,7 @@ void HealthPlane::start() {
 void HealthPlane::stop() {
   if (stop_->stopped.exchange(true)) return;
   asio::post(ctx_, [stop = stop_] {
-    for (asio::steady_timer* t : stop->timers) t->cancel();
+    for (Timer* t : stop->timers) t->cancel();
   });
 }
 
@@ -207,7 +207,7 @@ awaitable<void> HealthPlane::refresh_models(WorkerPtr w) {
 awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
   auto stop = stop_;
   const std::atomic<bool>* stopped = &stop->stopped;
-  asio::steady_timer timer(ctx_);
+  Timer timer(ctx_);
   Stop::Waiting waiting(*stop, timer);
   uint32_t fails = 0, goods = 0;
   // A worker another pool already probes (or a rule took back) may be healthy already: it is then
@@ -255,7 +255,7 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
     auto wait =
         ever_healthy ? config_.interval : std::min(config_.interval, config_.startup_interval);
     timer.expires_after(wait);
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(use_awaitable));
     (void)ec;
   }
 }
@@ -263,7 +263,7 @@ awaitable<void> HealthPlane::probe_loop(WorkerPtr w) {
 awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
   auto stop = stop_;
   const std::atomic<bool>* stopped = &stop->stopped;
-  asio::steady_timer timer(ctx_);
+  Timer timer(ctx_);
   Stop::Waiting waiting(*stop, timer);
   auto interval = config_.load_interval;
   uint32_t fails = 0;
@@ -304,7 +304,7 @@ awaitable<void> HealthPlane::load_loop(WorkerPtr w) {
       }
     }
     timer.expires_after(interval);
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(use_awaitable));
     (void)ec;
   }
 }

@@ -37,8 +37,8 @@ TEST(Admission, QueueThenHandOverThenFull) {
       [&]() -> awaitable<void> {
         results[0] = co_await a.acquire(ex);
         order.push_back(0);
-        asio::steady_timer t(ex, 20ms);
-        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+        Timer t(ex, 20ms);
+        co_await t.async_wait(asio::as_tuple(use_awaitable));
         a.release();
       },
       asio::detached);
@@ -74,8 +74,8 @@ TEST(Admission, QueueTimeout) {
       ctx,
       [&]() -> awaitable<void> {
         co_await a.acquire(ex);
-        asio::steady_timer t(ex, 200ms);
-        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+        Timer t(ex, 200ms);
+        co_await t.async_wait(asio::as_tuple(use_awaitable));
         a.release();
       },
       asio::detached);
@@ -109,8 +109,8 @@ TEST(Admission, SlotsHandedOverAcrossRequestThreads) {
               asio::co_spawn(
                   ex,
                   [&a, &handle, ex]() -> awaitable<void> {
-                    asio::steady_timer t(ex, 2ms);
-                    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+                    Timer t(ex, 2ms);
+                    co_await t.async_wait(asio::as_tuple(use_awaitable));
                     if (handle) a.cancel(handle);
                   },
                   asio::detached);
@@ -129,8 +129,8 @@ TEST(Admission, SlotsHandedOverAcrossRequestThreads) {
             int seen = most.load();
             while (now > seen && !most.compare_exchange_weak(seen, now)) {
             }
-            asio::steady_timer t(ex, 1ms);
-            co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+            Timer t(ex, 1ms);
+            co_await t.async_wait(asio::as_tuple(use_awaitable));
             holding.fetch_sub(1);
             a.release();
           },

@@ -61,8 +61,8 @@ class FakeWorker {
 };
 
 awaitable<void> pause(http::Exchange& ex, std::chrono::milliseconds d) {
-  asio::steady_timer t(ex.executor(), d);
-  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  Timer t(ex.executor(), d);
+  co_await t.async_wait(asio::as_tuple(use_awaitable));
 }
 
 http::Handler answer(int status, std::string body, std::vector<http::OwnedHeader> extra = {}) {

@@ -59,8 +59,8 @@ awaitable<void> ok_handler(Exchange& ex) {
 }
 
 awaitable<void> sleep_for(Exchange& ex, std::chrono::milliseconds d) {
-  asio::steady_timer t(ex.executor(), d);
-  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  Timer t(ex.executor(), d);
+  co_await t.async_wait(asio::as_tuple(use_awaitable));
 }
 
 // A blocking loopback socket with a receive timeout.

@@ -146,11 +146,11 @@ TEST(HttpServer, ChunkedStreamingArrivesInPieces) {
   TestServer s([](Exchange& ex) -> awaitable<void> {
     const Header h[] = {{"content-type", "text/event-stream"}};
     co_await ex.begin_body(200, h, std::nullopt);
-    asio::steady_timer t(ex.executor());
+    Timer t(ex.executor());
     for (int i = 0; i < 3; ++i) {
       co_await ex.write_body("data: " + std::to_string(i) + "\n\n");
       t.expires_after(std::chrono::milliseconds(20));
-      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await t.async_wait(asio::as_tuple(use_awaitable));
     }
     co_await ex.end_body();
   });
@@ -179,10 +179,10 @@ TEST(HttpServer, DisconnectWatchFires) {
   TestServer s([&](Exchange& ex) -> awaitable<void> {
     bool gone = false;
     ex.watch_disconnect([&] { gone = true; });
-    asio::steady_timer t(ex.executor());
+    Timer t(ex.executor());
     for (int i = 0; i < 200 && !gone; ++i) {
       t.expires_after(std::chrono::milliseconds(10));
-      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await t.async_wait(asio::as_tuple(use_awaitable));
     }
     if (gone) fired.set_value();
     co_await ex.respond(200, {}, "late");
@@ -232,8 +232,8 @@ TEST(UpstreamCall, ReusesConnectionsAndReadsBodies) {
 
 TEST(UpstreamCall, ConnectRefusedAndTimeout) {
   TestServer hang([](Exchange& ex) -> awaitable<void> {
-    asio::steady_timer t(ex.executor(), std::chrono::seconds(5));
-    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    Timer t(ex.executor(), std::chrono::seconds(5));
+    co_await t.async_wait(asio::as_tuple(use_awaitable));
     co_await ex.respond(200, {}, "late");
   });
   TestServer client_side([](Exchange&) -> awaitable<void> { co_return; });

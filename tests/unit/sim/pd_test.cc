@@ -174,7 +174,7 @@ TEST_F(SimPdTest, StopsWithADecodeStillWaiting) {
   // an abort's closed connection looks like before the server has read the hang-up): its wait
   // must end with the server, before the server's event loop goes.
   asio::io_context io;
-  asio::ip::tcp::socket decode(io);
+  Socket decode(io);
   decode.connect({asio::ip::make_address("127.0.0.1"), server->port()});
   asio::write(decode,
               asio::buffer(std::string_view(

@@ -113,7 +113,7 @@ void start_reaper(RequestThread::State& ts, const Executor& ex) {
     RequestThread::State* ts;
     void operator()(const boost::system::error_code& ec) const {
       if (ec || ts->closed || !ts->reaper) return;
-      ts->pool.reap(Clock::now());
+      ts->pool.reap(coarse_now());
       ts->reaper->expires_after(std::chrono::seconds(1));
       ts->reaper->async_wait(*this);
     }
@@ -129,7 +129,7 @@ void sweep_watches(RequestThread::State& ts) {
       ts.sweeping = false;
       return;
     }
-    auto due = Clock::now() - kWatchDelay;
+    auto due = coarse_now() - kWatchDelay;
     for (PendingWatch* w = ts.pending.next; w != &ts.pending;) {
       PendingWatch* next = w->next;
       if (w->since <= due) {
@@ -152,7 +152,7 @@ class WatchGuard {
   WatchGuard(RequestThread::State& ts, http::Exchange& ex, Cancel* cancel) : ex_(ex) {
     node_.ex = &ex;
     node_.cancel = cancel;
-    node_.since = Clock::now();
+    node_.since = coarse_now();
     node_.prev = ts.pending.prev;
     node_.next = &ts.pending;
     ts.pending.prev->next = &node_;
@@ -482,7 +482,7 @@ class Gateway::Request {
   std::optional<GatewayError> prefill_error_;  // prefill/decode: the last prefill's failure
   std::optional<std::chrono::milliseconds> retry_after_;
   BudgetSlot budget_slot_;
-  Timer backoff_timer_;
+  std::optional<Timer> backoff_timer_;  // made by the first retry (a timer looks up its service)
   std::chrono::milliseconds next_delay_{0};  // the wait may_retry() checked, used as checked
   bool skip_backoff_ = false;                // the last round made no attempt (breaker turned)
 };
@@ -540,11 +540,9 @@ Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::s
       deadline_(start_ + g.timeout_),
       ts_(thread_state()),
       header_view_{&ex, g.config_.allow_target_worker_header},
-      budget_slot_(g.budget_),
-      backoff_timer_(ex.executor()) {
+      budget_slot_(g.budget_) {
   start_reaper(ts_, ex.executor());
   cancel_.admission = &g.admission_;
-  cancel_.backoff = &backoff_timer_;
   ctx_.request = &info_;
   ctx_.header_fn = &header_of;
   ctx_.header_self = &header_view_;
@@ -739,8 +737,12 @@ void Gateway::Request::retry_denied(std::string_view why) {
 awaitable<bool> Gateway::Request::back_off() {
   g_.metrics_.retries.with({route_label_}).inc();
   retry_after_.reset();
-  backoff_timer_.expires_after(next_delay_);
-  co_await backoff_timer_.async_wait(asio::as_tuple(use_awaitable));
+  if (!backoff_timer_) {
+    backoff_timer_.emplace(ex_.executor());
+    cancel_.backoff = &*backoff_timer_;
+  }
+  backoff_timer_->expires_after(next_delay_);
+  co_await backoff_timer_->async_wait(asio::as_tuple(use_awaitable));
   if (ex_.client_gone()) {
     client_left();
     co_return false;
@@ -1563,7 +1565,10 @@ awaitable<void> Gateway::Request::give_up() {
 
 // The request path, in phase order (gateway.h lists them).
 awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view rid) {
-  Request r(*this, ex, route, rid);
+  // On the heap, not in this coroutine's frame: a frame under ~2 KB is recycled by Asio's
+  // per-thread cache, a larger one is a malloc and free per request.
+  auto owned = std::make_unique<Request>(*this, ex, route, rid);
+  Request& r = *owned;
   bool go = co_await r.resolve();
   if (!go) co_return;
   r.watch();

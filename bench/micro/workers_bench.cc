@@ -1,7 +1,8 @@
 // Micro-benchmarks of routing as the pool grows (issue 13, "Workers"): what one request pays for
 // its choice of worker, per policy, with 8, 64, 512 and 4,096 workers in the pool. One iteration
 // is what the request path does for a request's first attempt: the candidates listed (the
-// availability step of Gateway::Request::list_candidates), the policy's select, the breaker's pass,
+// availability step of Gateway::Request::list_candidates: the pool's availability index), the
+// policy's select, the breaker's pass,
 // the dispatch hooks (on_dispatched, in-flight count) and the completion (breaker outcome,
 // on_completed). Requests rotate over 256 conversations and 1,024 routing keys, so the stateful
 // policies see hits and misses.
@@ -14,6 +15,7 @@
 #include "gateway/knobs.h"
 #include "policy/registry.h"
 #include "request/request_info.h"
+#include "workers/availability.h"
 
 namespace kvgate {
 namespace {
@@ -22,7 +24,7 @@ constexpr int kConversations = 256;
 constexpr int kKeys = 1024;
 
 struct Pool {
-  explicit Pool(int n) {
+  explicit Pool(int n) : set(std::make_shared<WorkerSet>()) {
     for (int i = 0; i < n; ++i) {
       http::Target t;
       http::parse_url(
@@ -31,10 +33,12 @@ struct Pool {
       auto w = std::make_shared<Worker>(static_cast<uint64_t>(i + 1), t,
                                         breaker_config(GatewayConfig{}));
       w->set_healthy(true);
-      set.workers.push_back(std::move(w));
+      set->workers.push_back(std::move(w));
     }
+    index = std::make_unique<AvailabilityIndex>(set);
   }
-  WorkerSet set;
+  std::shared_ptr<WorkerSet> set;
+  std::unique_ptr<AvailabilityIndex> index;
 };
 
 struct Request {
@@ -92,33 +96,24 @@ std::unique_ptr<Policy> build(const std::string& name, const WorkerSet& set) {
   return p;
 }
 
-// The availability step as Gateway::Request::list_candidates does it on a first attempt.
-void list_candidates(const WorkerSet& set, const std::vector<uint64_t>& failed,
-                     std::vector<Worker*>& out, Clock::time_point now) {
-  out.clear();
-  for (const auto& w : set.workers) {
-    if (std::find(failed.begin(), failed.end(), w->id()) != failed.end()) continue;
-    if (w->available(now)) out.push_back(w.get());
-  }
-}
-
 void BM_Route(benchmark::State& state, const char* name) {
   Pool pool(static_cast<int>(state.range(0)));
-  auto policy = build(name, pool.set);
+  auto policy = build(name, *pool.set);
   if (!policy) {
     state.SkipWithError("policy not built");
     return;
   }
   auto reqs = requests();
-  std::vector<Worker*> candidates;
-  candidates.reserve(pool.set.workers.size());
+  CandidateList candidates;
   const std::vector<uint64_t> failed;
   size_t i = 0;
   for (auto _ : state) {
     Request& r = *reqs[i++ % reqs.size()];
     auto now = Clock::now();
-    list_candidates(pool.set, failed, candidates, now);
-    Decision d = policy->select(candidates, r.ctx);
+    candidates.list(*pool.index, failed, now);
+    r.ctx.candidates = candidates.view();
+    Decision d = policy->select(candidates.workers(), r.ctx);
+    r.ctx.candidates = {};
     if (d.worker == nullptr) {
       state.SkipWithError("no worker chosen");
       break;

@@ -468,8 +468,8 @@ class Gateway::Request {
   std::string xff_, forwarded_;
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
   std::shared_ptr<const WorkerSet> set_;
-  std::vector<Worker*> candidates_;
-  std::vector<Worker*> decode_candidates_;  // prefill/decode: candidates_ are the prefill side
+  CandidateList candidates_;
+  CandidateList decode_candidates_;  // prefill/decode: candidates_ are the prefill side
 
   // retry: Pingora's rule, written down in docs/reliability.md
   std::vector<uint64_t> failed_;
@@ -676,39 +676,19 @@ void Gateway::Request::forward_headers() {
   fwd_.push_back({"forwarded", forwarded_});
   fwd_.push_back({"x-request-id", rid_});
   set_ = pool_->workers();  // keeps every worker of this request alive
-  candidates_.reserve(set_->workers.size());
 }
 
+// The available workers (the pool's availability index: no look at each worker on a first
+// attempt) minus those that failed this request; a side whose every available worker failed
+// once tries them again.
 void Gateway::Request::list_candidates(Clock::time_point now) {
   if (pool_->pd()) {
-    // Each side on its own: a side whose every worker failed once tries them again.
-    auto list = [&](const WorkerSet& side, std::vector<Worker*>& out) {
-      out.clear();
-      for (const auto& w : side.workers) {
-        if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
-        if (w->available(now)) out.push_back(w.get());
-      }
-      if (out.empty() && !failed_.empty()) {
-        for (const auto& w : side.workers) {
-          if (w->available(now)) out.push_back(w.get());
-        }
-      }
-    };
-    list(pool_->prefill_workers(), candidates_);
-    list(pool_->decode_workers(), decode_candidates_);
+    candidates_.list(pool_->prefill_available(), failed_, now);
+    decode_candidates_.list(pool_->decode_available(), failed_, now);
     if (decode_candidates_.empty()) candidates_.clear();  // no pair: nothing to try
     return;
   }
-  candidates_.clear();
-  for (const auto& w : set_->workers) {
-    if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
-    if (w->available(now)) candidates_.push_back(w.get());
-  }
-  if (candidates_.empty() && !failed_.empty()) {
-    for (const auto& w : set_->workers) {  // every worker failed once: try them again
-      if (w->available(now)) candidates_.push_back(w.get());
-    }
-  }
+  candidates_.list(pool_->available(), failed_, now);
 }
 
 std::string_view Gateway::Request::may_retry() {
@@ -766,7 +746,9 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
     co_return Next::kDone;
   }
   Policy& policy = pool_->policy();
-  a.d = policy.select(candidates_, ctx_);
+  ctx_.candidates = candidates_.view();
+  a.d = policy.select(candidates_.workers(), ctx_);
+  ctx_.candidates = {};  // the list may be replaced before the next select
   a.w = a.d.worker;
   if (a.w == nullptr) {
     g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
@@ -818,12 +800,15 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   Policy& prefill_policy = pool_->policy();
   Policy& decode_policy = pool_->decode_policy();
   Attempt::Prefill& p = a.prefill.emplace();
-  p.d = prefill_policy.select(candidates_, ctx_);
+  ctx_.candidates = candidates_.view();
+  p.d = prefill_policy.select(candidates_.workers(), ctx_);
   p.w = p.d.worker;
   if (p.w != nullptr) {
-    a.d = decode_policy.select(decode_candidates_, ctx_);
+    ctx_.candidates = decode_candidates_.view();
+    a.d = decode_policy.select(decode_candidates_.workers(), ctx_);
     a.w = a.d.worker;
   }
+  ctx_.candidates = {};
   if (p.w == nullptr || a.w == nullptr) {
     Policy& refused = p.w == nullptr ? prefill_policy : decode_policy;
     std::string_view branch = p.w == nullptr ? p.d.branch : a.d.branch;

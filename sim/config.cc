@@ -42,6 +42,7 @@ constexpr std::string_view kOutro =
     "    --kv-events-config '{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}'\n"
     "  kvgate-sim --port 30001 --ttft-ms 50 --tpot-ms 10 --enable-metrics\n"
     "  kvgate-sim --port 30002 --instant            # answer at once (proxy-overhead benchmarks)\n"
+    "  kvgate-sim --port 31000 --port-count 1024 --instant   # one process, 1,024 workers\n"
     "  kvgate-sim --port 30003 --fail-rate 0.2 --fail-status 503\n"
     "Test control: POST /sim/faults "
     "{\"fail_rate\":0.5,\"hang_rate\":0,\"drop_mid_stream_rate\":0,\n"
@@ -312,6 +313,14 @@ std::vector<K> build_table() {
        .field = &C::threads,
        .min = 1,
        .max = 256},
+      {.name = "port-count",
+       .group = kSimOther,
+       .value_name = "N",
+       .help = "Listen on N consecutive ports from --port (all one server and engine; to a "
+               "gateway, N workers: benchmarks of many workers with one process)",
+       .field = &C::port_count,
+       .min = 1,
+       .max = 16384},
 
       {.name = "fail-rate",
        .group = kFaults,
@@ -402,8 +411,17 @@ std::string validate(const SimConfig& c) {
       }
     }
   }
+  if (c.port_count > 1 && c.port == 0) {
+    return "--port-count " + std::to_string(c.port_count) +
+           " needs a --port to count from (consecutive ports, not any free one)";
+  }
+  if (c.port + c.port_count - 1 > 65535) {
+    return "--port " + std::to_string(c.port) + " with --port-count " +
+           std::to_string(c.port_count) + " goes past port 65535";
+  }
   if (c.disaggregation_mode == "prefill" && c.disaggregation_bootstrap_port != 0 &&
-      c.disaggregation_bootstrap_port == c.port) {
+      c.disaggregation_bootstrap_port >= c.port &&
+      c.disaggregation_bootstrap_port < c.port + c.port_count) {
     return "--disaggregation-bootstrap-port " + std::to_string(c.disaggregation_bootstrap_port) +
            " is also --port; the bootstrap rendezvous needs a port of its own";
   }

@@ -57,6 +57,9 @@ struct SimConfig {
   int64_t seed = 0;
   bool instant = false;
   int64_t threads = 1;
+  // Ports served, from `port` on: each one the same server (one engine), a worker of its own to
+  // a gateway (benchmarks of many workers with one process).
+  int64_t port_count = 1;
   // Faults
   double fail_rate = 0;
   int64_t fail_status = 500;

@@ -30,19 +30,23 @@ int fail(const std::string& msg) {
   return 2;
 }
 
-// Binds one listener per loop, all on cfg.port (the first one's port when cfg.port is 0).
+// Binds one listener per loop and port, on cfg.port (the first one's port when cfg.port is 0)
+// and the cfg.port_count - 1 ports after it.
 std::string listen(const SimConfig& cfg, std::vector<std::unique_ptr<asio::io_context>>& contexts,
                    SimServer& sim, std::vector<std::unique_ptr<http::Server>>& servers) {
   http::ServerConfig sc = http_server_config(cfg);
   try {
-    for (auto& ctx : contexts) {
-      servers.push_back(
-          std::make_unique<http::Server>(std::vector<asio::io_context*>{ctx.get()}, sc,
-                                         [&sim](http::Exchange& ex) { return sim.handle(ex); }));
-      sc.port = servers.back()->port();
+    for (int64_t i = 0; i < cfg.port_count; ++i) {
+      sc.port = static_cast<uint16_t>(cfg.port + i);
+      for (auto& ctx : contexts) {
+        servers.push_back(
+            std::make_unique<http::Server>(std::vector<asio::io_context*>{ctx.get()}, sc,
+                                           [&sim](http::Exchange& ex) { return sim.handle(ex); }));
+        sc.port = servers.back()->port();
+      }
     }
   } catch (const std::exception& e) {
-    return e.what();
+    return e.what() + std::string(" (port ") + std::to_string(sc.port) + ")";
   }
   return "";
 }
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {
   for (auto& s : servers) s->start();
   log::info("kvgate-sim listening")
       .kv("address", cfg.host + ":" + std::to_string(cfg.port))
+      .kv("ports", cfg.port_count)
       .kv("model", cfg.served_model_name)
       .kv("dp_size", cfg.dp_size)
       .kv("mode", cfg.instant ? "instant" : cfg.scheduler)

@@ -1,13 +1,49 @@
 // gateway/gateway_metrics: see gateway_metrics.h.
 #include "gateway/gateway_metrics.h"
 
+#include <array>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 namespace kvgate {
 
+namespace {
+std::atomic<uint64_t> next_limiter_id{1};
+
+// Each thread's last admitted values (a handful of models): a request's label without the
+// shared lock, whose reference count every request thread would otherwise write. An entry points
+// into its limiter's set, which only grows, and names the limiter by an id no other limiter
+// gets, so entries of a limiter that is gone never match.
+struct AdmittedCache {
+  struct Entry {
+    uint64_t limiter = 0;
+    std::string_view value;  // the limiter's own copy
+  };
+  static constexpr size_t kSize = 8;
+  std::array<Entry, kSize> entries{};
+  size_t next = 0;
+};
+}  // namespace
+
+LabelLimiter::LabelLimiter(size_t limit)
+    : limit_(limit), id_(next_limiter_id.fetch_add(1, std::memory_order_relaxed)) {}
+
 std::string_view LabelLimiter::admit(std::string_view value) {
+  thread_local AdmittedCache cache;
+  for (const auto& e : cache.entries) {
+    if (e.limiter == id_ && e.value == value) return e.value;
+  }
+  std::string_view admitted = admit_locked(value);
+  if (admitted.data() != value.data() && admitted == value) {  // admitted as itself: cache it
+    cache.entries[cache.next] = {id_, admitted};
+    cache.next = (cache.next + 1) % AdmittedCache::kSize;
+  }
+  return admitted;
+}
+
+std::string_view LabelLimiter::admit_locked(std::string_view value) {
   {
     std::shared_lock lock(mu_);
     auto it = seen_.find(value);

@@ -15,11 +15,14 @@ namespace kvgate {
 // distinct values pass, later ones read "other".
 class LabelLimiter {
  public:
-  explicit LabelLimiter(size_t limit) : limit_(limit) {}
+  explicit LabelLimiter(size_t limit);
   std::string_view admit(std::string_view value);
 
  private:
+  std::string_view admit_locked(std::string_view value);
+
   size_t limit_;
+  uint64_t id_;  // never reused: what each thread's cache of admitted values keys on
   std::shared_mutex mu_;
   std::set<std::string, std::less<>> seen_;
 };

@@ -185,6 +185,10 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     }
     pool->prefill_set_ = std::move(prefill);
     pool->decode_set_ = std::move(decode);
+    pool->available_ = std::make_unique<AvailabilityIndex>(pool->prefill_set_);
+    pool->decode_available_ = std::make_unique<AvailabilityIndex>(pool->decode_set_);
+  } else {
+    pool->available_ = std::make_unique<AvailabilityIndex>(set);
   }
   pool->registry_.publish(std::move(set));
   // A policy still serving the pool this one replaces hears of the new workers only once this

@@ -27,6 +27,7 @@
 #include "rules/rule.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "workers/availability.h"
 #include "workers/health.h"
 #include "workers/worker.h"
 
@@ -97,6 +98,11 @@ class Pool {
   // Prefill/decode: each side's workers (the pool's whole set is workers()).
   const WorkerSet& prefill_workers() const { return *prefill_set_; }
   const WorkerSet& decode_workers() const { return *decode_set_; }
+  // Which workers could take a request now (workers/availability.h): the pool's, or with
+  // prefill/decode each side's.
+  AvailabilityIndex& available() const { return *available_; }
+  AvailabilityIndex& prefill_available() const { return *available_; }
+  AvailabilityIndex& decode_available() const { return *decode_available_; }
   // A worker's role in this pool (kNone for a worker it does not have).
   rules::Role role(const Worker& w) const;
   // A prefill worker's SGLang bootstrap port: its endpoint's, else the rule's pdBootstrapPort
@@ -136,6 +142,8 @@ class Pool {
   std::unordered_map<uint64_t, Side> sides_;  // by worker id
   // Prefill/decode: each side's workers (what its policy hears in on_workers_changed).
   std::shared_ptr<const WorkerSet> prefill_set_, decode_set_;
+  // The pool's (prefill/decode: the prefill side's) and the decode side's.
+  std::unique_ptr<AvailabilityIndex> available_, decode_available_;
   ParseOptions parse_options_;
   bool wants_usage_ = false;
   std::shared_ptr<const TokenizerFiles> tokenizer_;

@@ -113,7 +113,7 @@ void start_reaper(RequestThread::State& ts, const Executor& ex) {
     RequestThread::State* ts;
     void operator()(const boost::system::error_code& ec) const {
       if (ec || ts->closed || !ts->reaper) return;
-      ts->pool.reap(Clock::now());
+      ts->pool.reap(coarse_now());
       ts->reaper->expires_after(std::chrono::seconds(1));
       ts->reaper->async_wait(*this);
     }
@@ -129,7 +129,7 @@ void sweep_watches(RequestThread::State& ts) {
       ts.sweeping = false;
       return;
     }
-    auto due = Clock::now() - kWatchDelay;
+    auto due = coarse_now() - kWatchDelay;
     for (PendingWatch* w = ts.pending.next; w != &ts.pending;) {
       PendingWatch* next = w->next;
       if (w->since <= due) {
@@ -152,7 +152,7 @@ class WatchGuard {
   WatchGuard(RequestThread::State& ts, http::Exchange& ex, Cancel* cancel) : ex_(ex) {
     node_.ex = &ex;
     node_.cancel = cancel;
-    node_.since = Clock::now();
+    node_.since = coarse_now();
     node_.prev = ts.pending.prev;
     node_.next = &ts.pending;
     ts.pending.prev->next = &node_;
@@ -468,8 +468,8 @@ class Gateway::Request {
   std::string xff_, forwarded_;
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
   std::shared_ptr<const WorkerSet> set_;
-  std::vector<Worker*> candidates_;
-  std::vector<Worker*> decode_candidates_;  // prefill/decode: candidates_ are the prefill side
+  CandidateList candidates_;
+  CandidateList decode_candidates_;  // prefill/decode: candidates_ are the prefill side
 
   // retry: Pingora's rule, written down in docs/reliability.md
   std::vector<uint64_t> failed_;
@@ -482,7 +482,7 @@ class Gateway::Request {
   std::optional<GatewayError> prefill_error_;  // prefill/decode: the last prefill's failure
   std::optional<std::chrono::milliseconds> retry_after_;
   BudgetSlot budget_slot_;
-  Timer backoff_timer_;
+  std::optional<Timer> backoff_timer_;  // made by the first retry (a timer looks up its service)
   std::chrono::milliseconds next_delay_{0};  // the wait may_retry() checked, used as checked
   bool skip_backoff_ = false;                // the last round made no attempt (breaker turned)
 };
@@ -540,11 +540,9 @@ Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::s
       deadline_(start_ + g.timeout_),
       ts_(thread_state()),
       header_view_{&ex, g.config_.allow_target_worker_header},
-      budget_slot_(g.budget_),
-      backoff_timer_(ex.executor()) {
+      budget_slot_(g.budget_) {
   start_reaper(ts_, ex.executor());
   cancel_.admission = &g.admission_;
-  cancel_.backoff = &backoff_timer_;
   ctx_.request = &info_;
   ctx_.header_fn = &header_of;
   ctx_.header_self = &header_view_;
@@ -678,39 +676,19 @@ void Gateway::Request::forward_headers() {
   fwd_.push_back({"forwarded", forwarded_});
   fwd_.push_back({"x-request-id", rid_});
   set_ = pool_->workers();  // keeps every worker of this request alive
-  candidates_.reserve(set_->workers.size());
 }
 
+// The available workers (the pool's availability index: no look at each worker on a first
+// attempt) minus those that failed this request; a side whose every available worker failed
+// once tries them again.
 void Gateway::Request::list_candidates(Clock::time_point now) {
   if (pool_->pd()) {
-    // Each side on its own: a side whose every worker failed once tries them again.
-    auto list = [&](const WorkerSet& side, std::vector<Worker*>& out) {
-      out.clear();
-      for (const auto& w : side.workers) {
-        if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
-        if (w->available(now)) out.push_back(w.get());
-      }
-      if (out.empty() && !failed_.empty()) {
-        for (const auto& w : side.workers) {
-          if (w->available(now)) out.push_back(w.get());
-        }
-      }
-    };
-    list(pool_->prefill_workers(), candidates_);
-    list(pool_->decode_workers(), decode_candidates_);
+    candidates_.list(pool_->prefill_available(), failed_, now);
+    decode_candidates_.list(pool_->decode_available(), failed_, now);
     if (decode_candidates_.empty()) candidates_.clear();  // no pair: nothing to try
     return;
   }
-  candidates_.clear();
-  for (const auto& w : set_->workers) {
-    if (std::find(failed_.begin(), failed_.end(), w->id()) != failed_.end()) continue;
-    if (w->available(now)) candidates_.push_back(w.get());
-  }
-  if (candidates_.empty() && !failed_.empty()) {
-    for (const auto& w : set_->workers) {  // every worker failed once: try them again
-      if (w->available(now)) candidates_.push_back(w.get());
-    }
-  }
+  candidates_.list(pool_->available(), failed_, now);
 }
 
 std::string_view Gateway::Request::may_retry() {
@@ -739,8 +717,12 @@ void Gateway::Request::retry_denied(std::string_view why) {
 awaitable<bool> Gateway::Request::back_off() {
   g_.metrics_.retries.with({route_label_}).inc();
   retry_after_.reset();
-  backoff_timer_.expires_after(next_delay_);
-  co_await backoff_timer_.async_wait(asio::as_tuple(use_awaitable));
+  if (!backoff_timer_) {
+    backoff_timer_.emplace(ex_.executor());
+    cancel_.backoff = &*backoff_timer_;
+  }
+  backoff_timer_->expires_after(next_delay_);
+  co_await backoff_timer_->async_wait(asio::as_tuple(use_awaitable));
   if (ex_.client_gone()) {
     client_left();
     co_return false;
@@ -764,7 +746,9 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
     co_return Next::kDone;
   }
   Policy& policy = pool_->policy();
-  a.d = policy.select(candidates_, ctx_);
+  ctx_.candidates = candidates_.view();
+  a.d = policy.select(candidates_.workers(), ctx_);
+  ctx_.candidates = {};  // the list may be replaced before the next select
   a.w = a.d.worker;
   if (a.w == nullptr) {
     g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
@@ -816,12 +800,15 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   Policy& prefill_policy = pool_->policy();
   Policy& decode_policy = pool_->decode_policy();
   Attempt::Prefill& p = a.prefill.emplace();
-  p.d = prefill_policy.select(candidates_, ctx_);
+  ctx_.candidates = candidates_.view();
+  p.d = prefill_policy.select(candidates_.workers(), ctx_);
   p.w = p.d.worker;
   if (p.w != nullptr) {
-    a.d = decode_policy.select(decode_candidates_, ctx_);
+    ctx_.candidates = decode_candidates_.view();
+    a.d = decode_policy.select(decode_candidates_.workers(), ctx_);
     a.w = a.d.worker;
   }
+  ctx_.candidates = {};
   if (p.w == nullptr || a.w == nullptr) {
     Policy& refused = p.w == nullptr ? prefill_policy : decode_policy;
     std::string_view branch = p.w == nullptr ? p.d.branch : a.d.branch;
@@ -1563,7 +1550,10 @@ awaitable<void> Gateway::Request::give_up() {
 
 // The request path, in phase order (gateway.h lists them).
 awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view rid) {
-  Request r(*this, ex, route, rid);
+  // On the heap, not in this coroutine's frame: a frame under ~2 KB is recycled by Asio's
+  // per-thread cache, a larger one is a malloc and free per request.
+  auto owned = std::make_unique<Request>(*this, ex, route, rid);
+  Request& r = *owned;
   bool go = co_await r.resolve();
   if (!go) co_return;
   r.watch();

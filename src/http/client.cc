@@ -20,6 +20,7 @@
 #include "http/deadline.h"
 #include "http/parser.h"
 #include "http/read_buffer.h"
+#include "http/write_now.h"
 
 namespace kvgate::http {
 namespace ssl = boost::asio::ssl;
@@ -234,7 +235,7 @@ std::unique_ptr<Connection> ConnectionPool::take(uint64_t key) {
   auto it = idle_.find(key);
   if (it == idle_.end()) return nullptr;
   auto& v = it->second;
-  auto now = Clock::now();
+  auto now = coarse_now();
   while (!v.empty()) {
     std::unique_ptr<Connection> c = std::move(v.back());
     v.pop_back();
@@ -249,7 +250,7 @@ void ConnectionPool::give(uint64_t key, std::unique_ptr<Connection> c) {
   if (closed_) return;  // closes c
   auto& v = idle_[key];
   if (v.size() >= options_.max_idle_per_target) return;  // closes c
-  c->idle_since = Clock::now();
+  c->idle_since = coarse_now();
   c->deadline.never();
   v.push_back(std::move(c));
 }
@@ -363,6 +364,7 @@ awaitable<CallError> UpstreamCall::connect() {
   }
   boost::system::error_code ignored;
   conn_->socket.set_option(tcp::no_delay(true), ignored);
+  conn_->socket.non_blocking(true, ignored);  // write_now() never waits
   co_return CallError::kNone;
 }
 
@@ -390,8 +392,16 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
     if (aborted_) co_return CallError::kAborted;
     conn_->deadline.expires_at(deadline_);
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(body)};
-    auto [wec, wn] =
-        co_await conn_->with_stream([&](auto& s) { return asio::async_write(s, bufs, kTuple); });
+    boost::system::error_code wec;
+    size_t wn = 0;
+    if (!conn_->tls) wn = write_now(conn_->socket, bufs, wec);  // usually the whole request
+    if (!wec && wn < total) {
+      auto rest = rest_after(bufs, wn);
+      auto [aec, an] =
+          co_await conn_->with_stream([&](auto& s) { return asio::async_write(s, rest, kTuple); });
+      wec = aec;
+      wn += an;
+    }
     if (!wec && wn == total) {
       sent_ = true;
       break;

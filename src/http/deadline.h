@@ -24,7 +24,7 @@ class Deadline {
   Deadline& operator=(const Deadline&) = delete;
 
   void expires_at(Clock::time_point t);
-  void expires_after(Clock::duration d) { expires_at(Clock::now() + d); }
+  void expires_after(Clock::duration d) { expires_at(coarse_now() + d); }  // timeouts: coarse
   void never() { expires_at(Clock::time_point::max()); }
   // True once the deadline passed and the socket was closed or cancelled because of it (until
   // the deadline is set again).

@@ -16,6 +16,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <ctime>
 
 namespace kvgate {
 namespace asio = boost::asio;
@@ -27,4 +28,14 @@ inline constexpr asio::use_awaitable_t<Executor> use_awaitable{};
 using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
 using Socket = asio::basic_stream_socket<asio::ip::tcp, Executor>;
 using Acceptor = asio::basic_socket_acceptor<asio::ip::tcp, Executor>;
+
+// The steady clock as of its last tick (CLOCK_MONOTONIC_COARSE: the same time base, 1-4 ms
+// behind, read without the timestamp counter that makes a precise read cost tens of ns in a VM).
+// For timeouts and idle ages, which are seconds long; durations that are reported use Clock::now().
+inline Clock::time_point coarse_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+}
 }  // namespace kvgate

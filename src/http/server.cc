@@ -20,6 +20,7 @@
 #include "http/deadline.h"
 #include "http/parser.h"
 #include "http/read_buffer.h"
+#include "http/write_now.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -361,14 +362,25 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   template <class Buffers>
   awaitable<bool> write(const Buffers& bufs) {
     if (gone_) co_return false;
-    // Bounded by progress, not by the length of the response: a write the client does not take
-    // within the write timeout ends the connection; between writes nothing is armed, so a stream
-    // may be quiet as long as its handler allows.
-    deadline_.expires_after(srv_.config.write_timeout);
-    auto [ec, n] = co_await asio::async_write(stream_, bufs, kTuple);
-    (void)n;
-    bool timed_out = ec && deadline_.expired();
-    deadline_.never();
+    boost::system::error_code ec;
+    size_t done = 0;
+    if constexpr (std::is_same_v<Stream, Socket>) {
+      done = write_now(socket_, bufs, ec);  // the usual case: taken whole, nothing to wait for
+      if (!ec && done == asio::buffer_size(bufs)) co_return true;
+    }
+    bool timed_out = false;
+    if (!ec) {
+      // Bounded by progress, not by the length of the response: a write the client does not
+      // take within the write timeout ends the connection; between writes nothing is armed, so
+      // a stream may be quiet as long as its handler allows.
+      auto rest = rest_after(bufs, done);
+      deadline_.expires_after(srv_.config.write_timeout);
+      auto [aec, n] = co_await asio::async_write(stream_, rest, kTuple);
+      (void)n;
+      ec = aec;
+      timed_out = ec && deadline_.expired();
+      deadline_.never();
+    }
     if (ec) {
       if (timed_out) srv_.stats.write_timeouts.fetch_add(1, std::memory_order_relaxed);
       gone_ = true;
@@ -671,13 +683,14 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
       // (TLS connections keep theirs: cancelling a TLS read may leave a record half-read.)
       buffer.restart();  // nothing unread: the previous request's head is no longer needed
       buffer.reserve(kReadBufferSize);
-      auto idle_until = Clock::now() + cfg.idle_timeout;
+      auto waiting_since = coarse_now();
+      auto idle_until = waiting_since + cfg.idle_timeout;
       set_idle(srv, node, !arrived);
-      deadline.expires_at(kPlain ? std::min(idle_until, Clock::now() + kKeepBufferFor)
+      deadline.expires_at(kPlain ? std::min(idle_until, waiting_since + kKeepBufferFor)
                                  : idle_until);
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kReadBufferSize), kTuple);
       buffer.commit(rn);
-      if (kPlain && rec && rn == 0 && deadline.expired() && Clock::now() < idle_until &&
+      if (kPlain && rec && rn == 0 && deadline.expired() && coarse_now() < idle_until &&
           !srv.stopping.load(std::memory_order_relaxed)) {
         buffer.release();
         scratch.clear();
@@ -737,6 +750,7 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
 
   boost::system::error_code ignored;
   socket.set_option(tcp::no_delay(true), ignored);
+  socket.non_blocking(true, ignored);  // write_now() never waits; asynchronous I/O is unchanged
   std::string remote;
   {
     auto ep = socket.remote_endpoint(ignored);

@@ -18,6 +18,9 @@ BucketPolicy::BucketPolicy(const PolicyConfig& c)
 
 void BucketPolicy::on_workers_changed(const WorkerSet& set) {
   std::lock_guard lock(mu_);
+  levels_.clear();
+  level_slot_.clear();
+  levels_generation_ = 0;
   ids_.clear();
   for (const auto& w : set.workers) ids_.push_back(w->id());
   upper_.clear();
@@ -36,15 +39,56 @@ uint64_t BucketPolicy::band_owner(size_t chars) const {
 
 void BucketPolicy::expire(Clock::time_point now) {
   while (!sent_.empty() && now - sent_.front().at > window_) {
-    chars_[sent_.front().worker] -= static_cast<int64_t>(sent_.front().chars);
+    add_chars(sent_.front().worker, -static_cast<int64_t>(sent_.front().chars));
     sent_.pop_front();
   }
+}
+
+void BucketPolicy::add_chars(uint64_t worker, int64_t delta) {
+  int64_t& c = chars_[worker];
+  const int64_t from = c;
+  c += delta;
+  auto slot = level_slot_.find(worker);
+  if (delta == 0 || slot == level_slot_.end()) return;
+  auto level = levels_.find(from);
+  std::vector<uint64_t>& v = level->second;
+  level_slot_[v.back()] = slot->second;
+  v[slot->second] = v.back();
+  v.pop_back();
+  if (v.empty()) levels_.erase(level);
+  std::vector<uint64_t>& to = levels_[c];
+  slot->second = to.size();
+  to.push_back(worker);
+}
+
+void BucketPolicy::index_levels(const AvailableSet& set) {
+  if (levels_generation_ == set.generation) return;
+  levels_.clear();
+  level_slot_.clear();
+  for (Worker* w : set.workers) {
+    auto it = chars_.find(w->id());
+    std::vector<uint64_t>& v = levels_[it == chars_.end() ? 0 : it->second];
+    level_slot_[w->id()] = v.size();
+    v.push_back(w->id());
+  }
+  levels_generation_ = set.generation;
 }
 
 Decision BucketPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   size_t len = ctx.request ? prefix::count_chars(ctx.request->text) : 0;
   std::lock_guard lock(mu_);
   expire(Clock::now());
+  if (ctx.candidates.describes(available)) {
+    // The same decisions by the workers' levels of characters (no look at every worker).
+    const AvailableSet& set = *ctx.candidates.set;
+    index_levels(set);
+    if (imbalanced({levels_.begin()->first, levels_.rbegin()->first}, abs_, rel_)) {
+      const std::vector<uint64_t>& fewest = levels_.begin()->second;
+      return {set.find(fewest[rng_.below(fewest.size())]), std::nullopt, "imbalanced", 0};
+    }
+    if (Worker* w = set.find(band_owner(len))) return {w, std::nullopt, "band", 0};
+    return {least_inflight(available, ctx, rng_), std::nullopt, "band_unavailable", 0};
+  }
   auto window_chars = [this](const Worker* w) {
     auto it = chars_.find(w->id());
     return it == chars_.end() ? int64_t{0} : it->second;
@@ -60,7 +104,7 @@ void BucketPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   size_t len = ctx.request ? prefix::count_chars(ctx.request->text) : 0;
   std::lock_guard lock(mu_);
   sent_.push_back({Clock::now(), len, d.worker->id()});
-  chars_[d.worker->id()] += static_cast<int64_t>(len);
+  add_chars(d.worker->id(), static_cast<int64_t>(len));
 }
 
 void BucketPolicy::refit(Clock::time_point now) {

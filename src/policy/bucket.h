@@ -6,6 +6,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,10 @@ class BucketPolicy final : public Policy {
   };
   void expire(Clock::time_point now);
   uint64_t band_owner(size_t chars) const;
+  // The characters of `worker` in the window move by `delta` (chars_ and levels_).
+  void add_chars(uint64_t worker, int64_t delta);
+  // levels_ for the available set `set` (when built for another).
+  void index_levels(const AvailableSet& set);
 
   int64_t abs_;
   double rel_;
@@ -48,6 +53,12 @@ class BucketPolicy final : public Policy {
   std::vector<size_t> upper_;                    // ids_.size() - 1 cut points
   std::deque<Sent> sent_;                        // the window
   std::unordered_map<uint64_t, int64_t> chars_;  // characters per worker in the window
+  // The workers of one available set (the pool's index's: levels_generation_) by their
+  // characters in the window, so the imbalance test and the fewest-characters choice need no
+  // look at every worker; with a position in their level for removal.
+  std::map<int64_t, std::vector<uint64_t>> levels_;
+  std::unordered_map<uint64_t, size_t> level_slot_;
+  uint64_t levels_generation_ = 0;
 };
 
 }  // namespace kvgate

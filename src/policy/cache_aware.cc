@@ -96,6 +96,7 @@ size_t CacheAwarePolicy::tree_count() {
 }
 
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  if (ctx.candidates.describes(available)) return select_indexed(available, ctx);
   LoadSpread spread = load_spread(available, inflight_load);
   const std::string& text = ctx.request ? ctx.request->text : std::string();
   std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
@@ -155,13 +156,62 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
   return {pick, std::nullopt, "cache_miss_min_load", predicted};
 }
 
+// select() with the pool's availability index: the same decisions without a look at every
+// worker (the loads are the index's; the tree says which of its slots match longest).
+Decision CacheAwarePolicy::select_indexed(std::span<Worker* const> available, RouteContext& ctx) {
+  const AvailableSet& set = *ctx.candidates.set;
+  const std::string& text = ctx.request ? ctx.request->text : std::string();
+  std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
+  if (imbalanced(inflight_spread(available, ctx).spread, config_.balance_abs_threshold,
+                 config_.balance_rel_threshold)) {
+    Worker* pick = least_inflight(available, ctx, rng_);
+    return {pick, std::nullopt, "imbalanced", held_by(model, text, pick)};
+  }
+  thread_local std::vector<prefix::Slot> longest;
+  longest.clear();
+  size_t total = 0, best = 0;
+  const prefix::ApproxTree::SlotFilter accept{
+      [](const void* self, prefix::Slot slot) {
+        return static_cast<const AvailableSet*>(self)->find(slot) != nullptr;
+      },
+      &set};
+  with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
+    if (t) {
+      best = t->match_best(text, accept, longest, total);
+    } else {  // a model nothing was recorded for yet
+      total = prefix::count_chars(text);
+    }
+  });
+  double rate = total == 0 ? 0.0 : static_cast<double>(best) / static_cast<double>(total);
+  if (rate > config_.cache_threshold) {
+    // The longest match; among workers holding as much, the least loaded (random among ties).
+    Worker* pick = nullptr;
+    int64_t best_load = 0;
+    uint64_t ties = 0;
+    for (prefix::Slot slot : longest) {
+      Worker* w = set.find(slot);
+      int64_t l = w->inflight();
+      if (pick == nullptr || l < best_load) {
+        pick = w;
+        best_load = l;
+        ties = 1;
+      } else if (l == best_load && rng_.below(++ties) == 0) {
+        pick = w;
+      }
+    }
+    return {pick, std::nullopt, "cache_hit", best};
+  }
+  Worker* pick = least_inflight(available, ctx, rng_);
+  size_t predicted = best == 0 ? 0 : held_by(model, text, pick);
+  return {pick, std::nullopt, "cache_miss_min_load", predicted};
+}
+
 size_t CacheAwarePolicy::held_by(std::string_view model, std::string_view text, const Worker* w) {
   if (text.empty()) return 0;
   size_t held = 0;
   with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
     if (!t) return;
-    const prefix::Slot slot[] = {static_cast<prefix::Slot>(w->id())};
-    t->match(text, slot, std::span<size_t>(&held, 1));
+    held = t->match_one(text, static_cast<prefix::Slot>(w->id()));
   });
   return held;
 }

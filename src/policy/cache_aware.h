@@ -56,6 +56,7 @@ class CacheAwarePolicy final : public Policy {
   // overflow tree; otherwise (no tree, not creating) f(nullptr, false).
   template <class F>
   void with_tree(std::string_view model, bool create, F&& f);
+  Decision select_indexed(std::span<Worker* const> available, RouteContext& ctx);
   // Characters of `text` the tree of `model` holds for worker `w`.
   size_t held_by(std::string_view model, std::string_view text, const Worker* w);
 

@@ -24,23 +24,22 @@ Decision ChwblPolicy::select(std::span<Worker* const> available, RouteContext& c
     key.append(first_chars(msg, key_chars_));
   }
   if (state->ring.empty()) {
-    return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_ring", 0};
+    return {least_inflight(available, ctx, rng_), std::nullopt, "no_ring", 0};
   }
-  int64_t total = 0;
-  for (Worker* w : available) total += w->inflight();
+  int64_t total = inflight_spread(available, ctx).total;
   int64_t cap = capacity(total, available.size(), factor_);
   Worker* pick = nullptr;
   bool owner = true;
   bool first = true;
   state->ring.walk(prefix::hash64(key), [&](size_t m) {
-    Worker* w = find_available(available, state->ids[m]);
+    Worker* w = find_available(available, ctx, state->ids[m]);
     bool fits = w && w->inflight() < cap;
     if (!fits && first) owner = false;
     first = false;
     if (fits) pick = w;
     return fits;
   });
-  if (!pick) return {least_loaded(available, rng_, inflight_load), std::nullopt, "all_full", 0};
+  if (!pick) return {least_inflight(available, ctx, rng_), std::nullopt, "all_full", 0};
   return {pick, std::nullopt, owner ? "owner" : "overflow", 0};
 }
 

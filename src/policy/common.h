@@ -94,6 +94,41 @@ inline Worker* find_available(std::span<Worker* const> available, uint64_t id) {
   return nullptr;
 }
 
+// The same, by the pool's availability index when `ctx` has it for this span (no scan).
+inline Worker* find_available(std::span<Worker* const> available, const RouteContext& ctx,
+                              uint64_t id) {
+  if (ctx.candidates.describes(available)) return ctx.candidates.set->find(id);
+  return find_available(available, id);
+}
+
+// The lowest, highest and total in-flight requests of the available workers (the index's
+// figures when it has them for this span, else counted).
+struct InflightSpread {
+  LoadSpread spread;
+  int64_t total = 0;
+};
+inline InflightSpread inflight_spread(std::span<Worker* const> available, const RouteContext& ctx) {
+  if (ctx.candidates.describes(available)) {
+    if (auto s = ctx.candidates.index->inflight(ctx.candidates.set->generation)) {
+      return {{s->min, s->max}, s->total};
+    }
+  }
+  InflightSpread out{load_spread(available, inflight_load), 0};
+  for (Worker* w : available) out.total += w->inflight();
+  return out;
+}
+
+// least_loaded by requests in flight (the index's when it has them for this span).
+inline Worker* least_inflight(std::span<Worker* const> available, const RouteContext& ctx,
+                              PolicyRng& rng) {
+  if (ctx.candidates.describes(available)) {
+    Worker* w = ctx.candidates.index->least_inflight(ctx.candidates.set->generation,
+                                                     [&](size_t n) { return rng.below(n); });
+    if (w) return w;
+  }
+  return least_loaded(available, rng, inflight_load);
+}
+
 // X-SMG-Routing-Key, the sticky-session header of sgl-model-gateway.
 inline std::string_view routing_key(const RouteContext& ctx) {
   return ctx.header("x-smg-routing-key");

@@ -14,7 +14,7 @@ Decision ConsistentHashingPolicy::select(std::span<Worker* const> available, Rou
     if (ec != std::errc() || p != target.data() + target.size() || index >= state->ids.size()) {
       return {nullptr, std::nullopt, "target_invalid", 0};
     }
-    Worker* w = find_available(available, state->ids[index]);
+    Worker* w = find_available(available, ctx, state->ids[index]);
     return {w, std::nullopt, w ? "target" : "target_unavailable", 0};
   }
   std::string_view key = routing_key(ctx);
@@ -33,7 +33,7 @@ Decision ConsistentHashingPolicy::select(std::span<Worker* const> available, Rou
   bool first = true;
   bool owner = true;
   state->ring.walk(prefix::hash64(key), [&](size_t m) {
-    pick = find_available(available, state->ids[m]);
+    pick = find_available(available, ctx, state->ids[m]);
     if (!pick && first) owner = false;
     first = false;
     return pick != nullptr;

@@ -30,7 +30,55 @@ int64_t DpAwarePolicy::ranks_wanted(const Worker& w) const {
   return std::clamp<int64_t>(w.dp_size().value_or(default_ranks_), 1, Worker::kMaxDpRanks);
 }
 
+std::shared_ptr<DpAwarePolicy::Offer> DpAwarePolicy::offer_for(uint64_t generation,
+                                                               std::span<Worker* const> available) {
+  {
+    std::lock_guard lock(offer_mu_);
+    if (offer_ && offer_->generation == generation && offer_->version == version_.load()) {
+      return offer_;
+    }
+  }
+  auto offer = std::make_shared<Offer>();
+  offer->generation = generation;
+  auto targets = std::make_shared<WorkerSet>();
+  {
+    std::shared_lock lock(mu_);
+    offer->version = version_.load();
+    for (Worker* w : available) {
+      auto it = ranks_.find(w->id());
+      if (it == ranks_.end()) continue;
+      for (const auto& t : it->second) targets->workers.push_back(t);
+    }
+  }
+  if (targets->workers.empty()) return nullptr;
+  offer->index = std::make_unique<AvailabilityIndex>(std::move(targets));
+  offer->set = offer->index->current(Clock::now());
+  std::lock_guard lock(offer_mu_);
+  offer_ = offer;
+  return offer;
+}
+
 Decision DpAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  if (ctx.candidates.describes(available)) {
+    // The pool's index gave the workers: the rank targets offered for that set are kept (one
+    // list and index of their own per set of available workers, not one per request).
+    std::shared_ptr<Offer> offer = offer_for(ctx.candidates.set->generation, available);
+    // As below, the inner policy decides while the targets hold still; an offer older than the
+    // targets (rebuilt since it was taken) is not used: its targets may be gone from by_id_.
+    std::shared_lock lock(mu_);
+    if (offer && offer->version == version_.load() &&
+        offer->set->workers.size() == offer->index->workers().workers.size()) {
+      struct Restore {
+        RouteContext& ctx;
+        Candidates outer;
+        ~Restore() { ctx.candidates = outer; }
+      } restore{ctx, ctx.candidates};
+      ctx.candidates = Candidates{offer->set.get(), offer->index.get()};
+      Decision inner = inner_->select(offer->set->workers, ctx);
+      ctx.candidates = restore.outer;
+      return from_inner(inner, available, ctx);
+    }
+  }
   // The rank targets of the available workers (reused per thread: no allocation per request).
   thread_local std::vector<Worker*> offered;
   offered.clear();
@@ -45,15 +93,20 @@ Decision DpAwarePolicy::select(std::span<Worker* const> available, RouteContext&
     // whole, the engine picks the rank; the inner policy hears nothing of it.
     lock.unlock();
     thread_local PolicyRng rng(0);
-    return {least_loaded(available, rng, inflight_load), std::nullopt, "dp_aware_unlisted", 0};
+    return {least_inflight(available, ctx, rng), std::nullopt, "dp_aware_unlisted", 0};
   }
   Decision inner = inner_->select(offered, ctx);
+  return from_inner(inner, available, ctx);
+}
+
+Decision DpAwarePolicy::from_inner(const Decision& inner, std::span<Worker* const> available,
+                                   const RouteContext& ctx) const {
   if (inner.worker == nullptr) return inner;
   auto it = by_id_.find(inner.worker->id());
   if (it == by_id_.end()) return {nullptr, std::nullopt, "dp_aware_unknown_target", 0};
   const Target& t = it->second;
   Decision d = inner;
-  d.worker = find_available(available, t.worker_id);
+  d.worker = find_available(available, ctx, t.worker_id);
   d.dp_rank = t.rank;
   d.target_id = t.target->id();
   d.inner_branch = {};
@@ -203,6 +256,7 @@ void DpAwarePolicy::refresh(bool force) {
       by_id_.emplace(id, std::move(t));
     }
     ranks_ = std::move(next);
+    version_.fetch_add(1);  // the offers made from the old targets are stale
     for (auto& [id, t] : by_id_) {
       auto it = ranks_.find(t.worker_id);
       t.live = it != ranks_.end() && t.rank < static_cast<int>(it->second.size()) &&

@@ -89,6 +89,20 @@ class DpAwarePolicy final : public Policy {
   // refreshes the targets' reported loads. Control thread (change_mu_ held).
   void refresh(bool force);
   int64_t ranks_wanted(const Worker& w) const;
+  // The rank targets offered for one set of available workers (the pool's index's), with an
+  // index of their own for the inner policy.
+  struct Offer {
+    uint64_t generation = 0;  // the available set's
+    uint64_t version = 0;     // version_ when built
+    std::unique_ptr<AvailabilityIndex> index;
+    std::shared_ptr<const AvailableSet> set;
+  };
+  // The offer for the available set `generation` (`available` its workers), built when the last
+  // one was for another set or older targets; null when no worker of it has targets.
+  std::shared_ptr<Offer> offer_for(uint64_t generation, std::span<Worker* const> available);
+  // The inner policy's decision as the gateway's (the real worker, the rank). mu_ held.
+  Decision from_inner(const Decision& inner, std::span<Worker* const> available,
+                      const RouteContext& ctx) const;
   // The target a decision names (its target_id), or null when it was dropped.
   WorkerPtr find(uint64_t target_id) const;
 
@@ -101,6 +115,10 @@ class DpAwarePolicy final : public Policy {
   mutable std::shared_mutex mu_;  // the maps below: request threads read, the control thread swaps
   std::unordered_map<uint64_t, Target> by_id_;  // target id -> target (live and draining)
   std::unordered_map<uint64_t, std::vector<WorkerPtr>> ranks_;  // worker id -> its live targets
+
+  std::atomic<uint64_t> version_{0};  // bumped when ranks_ changes
+  std::mutex offer_mu_;
+  std::shared_ptr<Offer> offer_;  // the last offer made (under offer_mu_)
 
   std::mutex change_mu_;                              // on_workers_changed / on_period
   std::vector<WorkerPtr> workers_;                    // the pool's, as last told (under change_mu_)

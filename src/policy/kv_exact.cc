@@ -291,6 +291,21 @@ const std::vector<kv::BlockKey>& KvExactPolicy::request_keys(RouteContext& ctx) 
   return ctx.page_keys;
 }
 
+void KvExactPolicy::count_zero_hit() {
+  if (inventory_.nodes() > 0 &&
+      zero_hits_.fetch_add(1, std::memory_order_relaxed) + 1 == kZeroHitWatchdog) {
+    zero_hits_.store(0, std::memory_order_relaxed);
+    if (watchdog_) watchdog_->inc();
+    log::warn(kLogWatchdog,
+              "kv_exact: 50 lookups in a row matched no cached page although the inventory "
+              "holds blocks; check that kvBlockSize is the engines' --page-size, that "
+              "tokenizerPath is the served model's (same chat template), or whether requests "
+              "share prefixes at all")
+        .kv("rule", rule_)
+        .kv("blocks", inventory_.nodes());
+  }
+}
+
 Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   auto sources = sources_.load();
   const RequestInfo& req = *ctx.request;
@@ -348,6 +363,31 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     }
   }
 
+  const bool maybe_ready = any_ready_.load(std::memory_order_relaxed);
+  if (!maybe_ready || (matches.empty() && predicted_pages == 0)) {
+    // No rank trusted yet (not ready), or nothing cached or predicted anywhere (a miss, or not
+    // ready): which one needs only a trusted rank of an available worker, not a cost per rank.
+    bool any_ready = false;
+    if (maybe_ready) {
+      for (Worker* w : available) {
+        auto it = sources->by_worker.find(w->id());
+        if (it == sources->by_worker.end()) continue;
+        for (const Source* s : it->second) {
+          any_ready = any_ready || (s->ready.load(std::memory_order_relaxed) &&
+                                    (!req.lora || s->lora_names.load(std::memory_order_relaxed)));
+        }
+        if (any_ready) break;
+      }
+    }
+    if (!any_ready && req.lora) {
+      return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
+    }
+    if (!any_ready) {
+      return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
+    }
+    count_zero_hit();
+    return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
+  }
   const auto tokens = static_cast<int64_t>(req.tokens.size());
   const uint64_t request_hash = keys.empty() ? 0 : keys.front();
   Source* best = nullptr;
@@ -405,18 +445,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   }
   if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
   if (longest == 0 || best == nullptr) {
-    if (inventory_.nodes() > 0 &&
-        zero_hits_.fetch_add(1, std::memory_order_relaxed) + 1 == kZeroHitWatchdog) {
-      zero_hits_.store(0, std::memory_order_relaxed);
-      if (watchdog_) watchdog_->inc();
-      log::warn(kLogWatchdog,
-                "kv_exact: 50 lookups in a row matched no cached page although the inventory "
-                "holds blocks; check that kvBlockSize is the engines' --page-size, that "
-                "tokenizerPath is the served model's (same chat template), or whether requests "
-                "share prefixes at all")
-          .kv("rule", rule_)
-          .kv("blocks", inventory_.nodes());
-    }
+    count_zero_hit();
     return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
   }
   zero_hits_.store(0, std::memory_order_relaxed);
@@ -852,7 +881,9 @@ void KvExactPolicy::on_period() {
     bool excluded = s->page_size_mismatch.load(std::memory_order_relaxed);
     // Trusted: connected (a disconnected rank's inventory may be stale: its engine may have
     // restarted), not excluded, and warm or holding blocks.
-    s->ready.store(!excluded && connected && (warm || gpu + other > 0), std::memory_order_relaxed);
+    const bool ready = !excluded && connected && (warm || gpu + other > 0);
+    if (ready) any_ready_.store(true, std::memory_order_relaxed);  // before the source says so
+    s->ready.store(ready, std::memory_order_relaxed);
     if (connected_) {
       std::string rank = std::to_string(s->rank);
       excluded_->with({rule_, s->url, rank, "page_size"}).set(excluded ? 1 : 0);

@@ -97,6 +97,8 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   // The keys of the request's full pages (cached in the context: select, dispatch, completion
   // and retries key them once).
   const std::vector<kv::BlockKey>& request_keys(RouteContext& ctx) const;
+  // The zero-hit watchdog's count of one lookup that matched nothing.
+  void count_zero_hit();
   // `counted`: the misses counter of `why` (null without metrics).
   Decision fall_back(std::span<Worker* const> available, RouteContext& ctx, std::string_view why,
                      metrics::Counter* counted, const Sources& sources);
@@ -193,6 +195,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   metrics::GaugeFamily* excluded_ = nullptr;
   // Zero-hit watchdog: lookups in a row that matched nothing while the inventory held blocks.
   std::atomic<int64_t> zero_hits_{0};
+  // Some source has been ready (set before its flag): false means none is, so a request matching
+  // nothing needs no look at the sources to know kv_exact is not ready.
+  std::atomic<bool> any_ready_{false};
   // Parity probes: the pool's runtime, and a lifeline the probes' coroutines check (under its
   // lock) before touching the policy after each wait.
   PolicyRuntime runtime_;

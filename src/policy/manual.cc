@@ -34,10 +34,10 @@ std::chrono::milliseconds ManualPolicy::period() const {
   return std::min<std::chrono::milliseconds>(max_idle_, std::chrono::seconds(60));
 }
 
-Worker* ManualPolicy::place(std::span<Worker* const> available) {
+Worker* ManualPolicy::place(std::span<Worker* const> available, const RouteContext& ctx) {
   switch (mode_) {
     case Mode::kMinLoad:
-      return least_loaded(available, rng_, inflight_load);
+      return least_inflight(available, ctx, rng_);
     case Mode::kMinGroup:
       return least_loaded(available, rng_, [this](const Worker* w) {
         auto it = group_size_.find(w->id());
@@ -85,7 +85,7 @@ Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& 
       forget(std::prev(lru_.end()));
       if (evicted_full_) evicted_full_->inc();
     }
-    Worker* w = place(available);
+    Worker* w = place(available, ctx);
     lru_.push_front(Entry{.key = std::string(key), .candidates = {w->id(), 0}, .last_access = now});
     keys_.emplace(lru_.front().key, lru_.begin());
     ++group_size_[w->id()];
@@ -97,13 +97,11 @@ Decision ManualPolicy::select(std::span<Worker* const> available, RouteContext& 
   e.last_access = now;
   for (uint64_t id : e.candidates) {
     if (id == 0) continue;
-    for (Worker* w : available) {
-      if (w->id() == id) return {w, std::nullopt, "occupied_hit", 0};
-    }
+    if (Worker* w = find_available(available, ctx, id)) return {w, std::nullopt, "occupied_hit", 0};
   }
   // Neither candidate is available: place again as the second candidate, keeping the first so the
   // key returns to it once it recovers.
-  Worker* w = place(available);
+  Worker* w = place(available, ctx);
   e.candidates[1] = w->id();
   return {w, std::nullopt, "occupied_miss", 0};
 }

@@ -38,7 +38,7 @@ class ManualPolicy final : public Policy {
     Clock::time_point last_access{};
   };
   using Lru = std::list<Entry>;  // most recently used first
-  Worker* place(std::span<Worker* const> available);
+  Worker* place(std::span<Worker* const> available, const RouteContext& ctx);
   void forget(Lru::iterator it);  // under mu_
   void publish_size();            // under mu_
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "request/request_info.h"
+#include "workers/availability.h"
 #include "workers/worker.h"
 
 namespace boost::asio {
@@ -36,6 +37,10 @@ struct RouteContext {
   // on_dispatched() / on_completed() and by every retry (the request does not change).
   std::vector<uint64_t> page_keys;
   bool page_keys_set = false;
+  // The pool's availability index, when the span select() gets is its list as it stands (set by
+  // the gateway for each select; policy/common.h's helpers use it only when it describes that
+  // span): lookups by id and in-flight figures without a scan.
+  Candidates candidates;
 };
 
 struct Decision {

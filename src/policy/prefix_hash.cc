@@ -11,7 +11,7 @@ Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteConte
   std::string_view text = ctx.request ? std::string_view(ctx.request->text) : std::string_view();
   auto state = ring_.get();
   if (text.empty() || state->ring.empty()) {
-    return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_text", 0};
+    return {least_inflight(available, ctx, rng_), std::nullopt, "no_text", 0};
   }
   // The first --prefix-token-count tokens when the request was tokenized (--tokenizer-path, or
   // input_ids), else as many characters.
@@ -26,17 +26,16 @@ Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteConte
   }
   Worker* owner = nullptr;
   state->ring.walk(h, [&](size_t m) {
-    owner = find_available(available, state->ids[m]);
+    owner = find_available(available, ctx, state->ids[m]);
     return owner != nullptr;
   });
-  if (!owner) return {least_loaded(available, rng_, inflight_load), std::nullopt, "no_owner", 0};
-  int64_t total = 0;
-  for (Worker* w : available) total += w->inflight();
+  if (!owner) return {least_inflight(available, ctx, rng_), std::nullopt, "no_owner", 0};
+  int64_t total = inflight_spread(available, ctx).total;
   double bound = static_cast<double>(total + 1) / static_cast<double>(available.size()) * factor_;
   if (static_cast<double>(owner->inflight()) <= bound) return {owner, std::nullopt, "ring", 0};
   // The owner is over the bound: the least loaded worker under it (there always is one: the
   // average load is below the bound).
-  Worker* pick = least_loaded(available, rng_, inflight_load);
+  Worker* pick = least_inflight(available, ctx, rng_);
   return {pick, std::nullopt, "overloaded", 0};
 }
 

@@ -83,7 +83,7 @@ struct ApproxTree::Node {
   Node* parent = nullptr;
   std::vector<uint32_t> keys;  // first code point of each child, parallel to children
   std::vector<std::unique_ptr<Node>> children;
-  std::vector<Tenant> tenants;
+  std::vector<Tenant> tenants;  // by slot: a lookup is a binary search, however many workers
 
   int child_index(uint32_t cp) const {
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -91,16 +91,20 @@ struct ApproxTree::Node {
     }
     return -1;
   }
+  std::vector<Tenant>::const_iterator lower(Slot s) const {
+    return std::lower_bound(tenants.begin(), tenants.end(), s,
+                            [](const Tenant& t, Slot x) { return t.slot < x; });
+  }
   Tenant* tenant(Slot s) {
-    for (auto& t : tenants) {
-      if (t.slot == s) return &t;
-    }
-    return nullptr;
+    auto it = lower(s);
+    if (it == tenants.end() || it->slot != s) return nullptr;
+    return &tenants[static_cast<size_t>(it - tenants.begin())];
   }
   bool holds(Slot s) const {
-    return std::any_of(tenants.begin(), tenants.end(),
-                       [s](const Tenant& t) { return t.slot == s; });
+    auto it = lower(s);
+    return it != tenants.end() && it->slot == s;
   }
+  void add_tenant(Slot s, uint64_t now) { tenants.insert(lower(s), Tenant{s, now}); }
   bool child_holds(Slot s) const {
     return std::any_of(children.begin(), children.end(),
                        [s](const auto& c) { return c->holds(s); });
@@ -153,10 +157,8 @@ size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
     const Node* c = n->children[static_cast<size_t>(i)].get();
     size_t common = common_prefix(text.substr(pos), c->label);
     depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
-    for (const Tenant& t : c->tenants) {
-      for (size_t k = 0; k < slots.size(); ++k) {
-        if (slots[k] == t.slot) matched[k] = depth;
-      }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (c->holds(slots[k])) matched[k] = depth;
     }
     if (common < c->label.size()) break;
     pos += common;
@@ -164,6 +166,62 @@ size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
   }
   lock.unlock();
   return count_chars(text);
+}
+
+size_t ApproxTree::match_one(std::string_view text, Slot slot) const {
+  std::shared_lock lock(mu_);
+  const Node* n = root_.get();
+  size_t pos = 0, depth = 0, matched = 0;
+  while (pos < text.size()) {
+    int i = n->child_index(first_code_point(text.substr(pos)));
+    if (i < 0) break;
+    const Node* c = n->children[static_cast<size_t>(i)].get();
+    // A slot on a node is on all its ancestors: below the first node without it, none has it.
+    if (!c->holds(slot)) break;
+    size_t common = common_prefix(text.substr(pos), c->label);
+    depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
+    matched = depth;
+    if (common < c->label.size()) break;
+    pos += common;
+    n = c;
+  }
+  return matched;
+}
+
+size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
+                              std::vector<Slot>& slots, size_t& total) const {
+  // The nodes on the text's path and their depths; then, from the deepest, the first holding a
+  // slot `accept` takes (depths grow strictly along a path, so its slots are all the slots whose
+  // match is the longest).
+  thread_local std::vector<std::pair<const Node*, size_t>> path;
+  path.clear();
+  size_t best = 0;
+  {
+    std::shared_lock lock(mu_);
+    const Node* n = root_.get();
+    size_t pos = 0, depth = 0;
+    while (pos < text.size()) {
+      int i = n->child_index(first_code_point(text.substr(pos)));
+      if (i < 0) break;
+      const Node* c = n->children[static_cast<size_t>(i)].get();
+      size_t common = common_prefix(text.substr(pos), c->label);
+      depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
+      path.emplace_back(c, depth);
+      if (common < c->label.size()) break;
+      pos += common;
+      n = c;
+    }
+    for (auto it = path.rbegin(); it != path.rend() && best == 0; ++it) {
+      for (const Tenant& t : it->first->tenants) {
+        if (accept.fn(accept.self, t.slot)) {
+          slots.push_back(t.slot);
+          best = it->second;
+        }
+      }
+    }
+  }
+  total = count_chars(text);
+  return best;
 }
 
 void ApproxTree::insert(std::string_view text, Slot slot) {
@@ -211,7 +269,7 @@ void ApproxTree::insert(std::string_view text, Slot slot) {
     if (Tenant* t = c->tenant(slot)) {
       t->last = now;
     } else {
-      c->tenants.push_back({slot, now});
+      c->add_tenant(slot, now);
       held += c->chars;
     }
     pos += common;

@@ -30,6 +30,19 @@ class ApproxTree {
   // For each slot in `slots`, the number of characters of `text` it matches (written to
   // `matched`, same order). Returns the number of characters in `text`.
   size_t match(std::string_view text, std::span<const Slot> slots, std::span<size_t> matched) const;
+  // The same for one slot (a binary search per node on the path: no work per other slot).
+  size_t match_one(std::string_view text, Slot slot) const;
+  // The longest match of `text` among the slots `accept` takes, without looking at each of them:
+  // returns its length in characters (0: none of them holds any of it) and appends to `slots`
+  // every slot `accept` takes that matches that much (none when 0). `total` gets the number of
+  // characters of `text`. Cost: the path, plus the slots of the nodes looked at from its deepest
+  // up to the first one holding a slot `accept` takes.
+  struct SlotFilter {
+    bool (*fn)(const void* self, Slot slot);
+    const void* self;
+  };
+  size_t match_best(std::string_view text, const SlotFilter& accept, std::vector<Slot>& slots,
+                    size_t& total) const;
   // Records `text` as sent to `slot` (now the most recently used).
   void insert(std::string_view text, Slot slot);
   // `slot` does not hold `text` beyond its first `keep_chars` characters: it is removed from that

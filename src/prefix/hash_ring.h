@@ -3,6 +3,7 @@
 // member's points do not depend on the others: adding or removing one moves only its keys.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -30,12 +31,28 @@ class HashRing {
   std::optional<size_t> walk(uint64_t hash, Accept&& accept) const {
     if (points_.empty()) return std::nullopt;
     size_t start = lower(hash);
-    std::vector<bool> seen(members_, false);
+    // The members seen so far: a short list while the walk is short (it usually stops at the
+    // first or second member), a bitmap of every member once it is not: no allocation and no
+    // work proportional to the ring's size for a walk that stops early.
+    constexpr size_t kInline = 16;
+    uint32_t recent[kInline];
+    std::vector<bool> seen;
     size_t distinct = 0;
     for (size_t k = 0; k < points_.size() && distinct < members_; ++k) {
       uint32_t m = points_[(start + k) % points_.size()].member;
-      if (seen[m]) continue;
-      seen[m] = true;
+      if (seen.empty()) {
+        if (std::find(recent, recent + distinct, m) != recent + distinct) continue;
+        if (distinct < kInline) {
+          recent[distinct] = m;
+        } else {
+          seen.assign(members_, false);
+          for (uint32_t r : recent) seen[r] = true;
+          seen[m] = true;
+        }
+      } else {
+        if (seen[m]) continue;
+        seen[m] = true;
+      }
       ++distinct;
       if (accept(static_cast<size_t>(m))) return m;
     }

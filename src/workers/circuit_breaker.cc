@@ -40,6 +40,13 @@ bool CircuitBreaker::could_pass(TimePoint now) const {
   return false;
 }
 
+std::optional<CircuitBreaker::TimePoint> CircuitBreaker::passes_from() const {
+  if (!config_.enabled || state() != BreakerState::kOpen) return std::nullopt;
+  std::lock_guard lock(mu_);
+  if (state() != BreakerState::kOpen) return std::nullopt;
+  return opened_at_ + config_.open_timeout;
+}
+
 CircuitBreaker::Pass CircuitBreaker::admit(TimePoint now) {
   if (!config_.enabled || state() == BreakerState::kClosed) return Pass::kNormal;
   std::lock_guard lock(mu_);

@@ -50,6 +50,9 @@ class CircuitBreaker {
   void record_neutral(Pass pass);
 
   BreakerState state() const { return static_cast<BreakerState>(state_.load()); }
+  // Open: the time could_pass() turns true by the clock alone (the open timeout's end); nullopt
+  // in any other state (every other change happens in a call above).
+  std::optional<TimePoint> passes_from() const;
   const BreakerConfig& config() const { return config_; }
 
  private:

@@ -9,19 +9,51 @@ Worker::Worker(uint64_t id, http::Target target, BreakerConfig breaker)
     : id_(id), target_(std::move(target)), breaker_(breaker) {}
 
 void Worker::set_healthy(bool h) {
-  healthy_.store(h, std::memory_order_release);
+  bool was = healthy_.exchange(h, std::memory_order_acq_rel);
   if (metrics_.health) metrics_.health->set(h ? 1 : 0);
+  if (was != h) availability_changed();
+}
+
+void Worker::availability_changed() {
+  std::lock_guard lock(listeners_mu_);
+  for (const Listener& l : listeners_) l.l->availability_changed(l.cookie);
 }
 
 void Worker::begin_request() {
-  inflight_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(listeners_mu_);
+    inflight_.fetch_add(1, std::memory_order_relaxed);
+    for (const Listener& l : listeners_) l.l->inflight_changed(l.cookie, 1);
+  }
   if (metrics_.inflight) metrics_.inflight->add(1);
   if (metrics_.requests) metrics_.requests->inc();
 }
 
 void Worker::end_request() {
-  inflight_.fetch_sub(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(listeners_mu_);
+    inflight_.fetch_sub(1, std::memory_order_relaxed);
+    for (const Listener& l : listeners_) l.l->inflight_changed(l.cookie, -1);
+  }
   if (metrics_.inflight) metrics_.inflight->add(-1);
+}
+
+void Worker::add_listener(WorkerListener* l, uint32_t cookie, int64_t& inflight) {
+  std::lock_guard lock(listeners_mu_);
+  listeners_.push_back({l, cookie});
+  inflight = inflight_.load(std::memory_order_relaxed);
+}
+
+void Worker::remove_listener(WorkerListener* l) {
+  std::lock_guard lock(listeners_mu_);
+  std::erase_if(listeners_, [l](const Listener& x) { return x.l == l; });
+}
+
+CircuitBreaker::Pass Worker::admit(Clock::time_point now) {
+  CircuitBreaker::Pass pass = breaker_.admit(now);
+  // A trial taken (and an open breaker turned half-open by it): no other request can pass now.
+  if (pass == CircuitBreaker::Pass::kTrial) availability_changed();
+  return pass;
 }
 
 void Worker::set_reported_load(int64_t v) {
@@ -31,6 +63,7 @@ void Worker::set_reported_load(int64_t v) {
 
 void Worker::publish_breaker(std::optional<BreakerState> changed) {
   if (!changed) return;
+  availability_changed();
   if (metrics_.cb_state) metrics_.cb_state->set(static_cast<double>(*changed));
   log::Line(*changed == BreakerState::kOpen ? log::Level::kWarn : log::Level::kInfo,
             "circuit breaker changed")
@@ -38,17 +71,23 @@ void Worker::publish_breaker(std::optional<BreakerState> changed) {
       .kv("state", to_string(*changed));
 }
 
+// A trial's outcome frees the half-open trial slot: another request may pass again.
 void Worker::record_success(CircuitBreaker::Pass pass) {
-  publish_breaker(breaker_.record_success(pass));
+  auto changed = breaker_.record_success(pass);
+  publish_breaker(changed);
+  if (!changed && pass == CircuitBreaker::Pass::kTrial) availability_changed();
 }
 
 void Worker::record_failure(CircuitBreaker::Pass pass, Clock::time_point now) {
   if (metrics_.failures) metrics_.failures->inc();
-  publish_breaker(breaker_.record_failure(pass, now));
+  auto changed = breaker_.record_failure(pass, now);
+  publish_breaker(changed);
+  if (!changed && pass == CircuitBreaker::Pass::kTrial) availability_changed();
 }
 
 void Worker::record_neutral(CircuitBreaker::Pass pass) {
   breaker_.record_neutral(pass);
+  if (pass == CircuitBreaker::Pass::kTrial) availability_changed();
 }
 
 std::vector<std::string> Worker::models() const {

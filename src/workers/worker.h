@@ -42,6 +42,20 @@ struct WorkerMetrics {
   metrics::Counter* load_poll_failures = nullptr;
 };
 
+// Told of a worker's changes (Worker::add_listener): an availability index
+// (workers/availability.h). Called on any thread with the worker's listener lock held: keep it
+// short, and never call back into a Worker from it.
+class WorkerListener {
+ public:
+  // Health or breaker state changed: whether the worker could take a request may have changed.
+  virtual void availability_changed(uint32_t cookie) = 0;
+  // Its in-flight count moved by `delta` (+1 or -1).
+  virtual void inflight_changed(uint32_t cookie, int64_t delta) = 0;
+
+ protected:
+  ~WorkerListener() = default;
+};
+
 class Worker {
  public:
   Worker(uint64_t id, http::Target target, BreakerConfig breaker);
@@ -55,7 +69,7 @@ class Worker {
   // Healthy and the breaker could let a request through now (no side effect: for listing
   // candidates). Dispatching takes a pass with admit().
   bool available(Clock::time_point now) const { return healthy() && breaker_.could_pass(now); }
-  CircuitBreaker::Pass admit(Clock::time_point now) { return breaker_.admit(now); }
+  CircuitBreaker::Pass admit(Clock::time_point now);
 
   int64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
   void begin_request();
@@ -68,7 +82,7 @@ class Worker {
   // What power_of_two and the least-loaded choices compare.
   int64_t load() const { return inflight() + reported_load(); }
 
-  CircuitBreaker& breaker() { return breaker_; }
+  const CircuitBreaker& breaker() const { return breaker_; }
   BreakerState breaker_state() const { return breaker_.state(); }
   // The outcome of a request the breaker let through with `pass` (exactly one per admit()).
   void record_success(CircuitBreaker::Pass pass);
@@ -91,6 +105,12 @@ class Worker {
   std::vector<int64_t> rank_loads() const;
   void set_rank_loads(std::vector<int64_t> loads);
 
+  // Listeners hear every availability change and in-flight move from here on; `inflight` is
+  // told the count at the moment of registration (consistent with the moves that follow).
+  // Remove before the listener goes.
+  void add_listener(WorkerListener* l, uint32_t cookie, int64_t& inflight);
+  void remove_listener(WorkerListener* l);
+
   void attach_metrics(WorkerMetrics m);
   // The role label of kvgate_worker_role ("" before one is set). Control loop only.
   std::string_view role() const { return role_; }
@@ -99,11 +119,19 @@ class Worker {
 
  private:
   void publish_breaker(std::optional<BreakerState> changed);
+  void availability_changed();
+
+  struct Listener {
+    WorkerListener* l;
+    uint32_t cookie;
+  };
 
   uint64_t id_;
   http::Target target_;
   std::atomic<bool> healthy_{false};
-  std::atomic<int64_t> inflight_{0};
+  std::atomic<int64_t> inflight_{0};  // changed under listeners_mu_ (see add_listener)
+  std::mutex listeners_mu_;
+  std::vector<Listener> listeners_;
   std::atomic<int64_t> reported_load_{0};
   CircuitBreaker breaker_;
   WorkerMetrics metrics_;

@@ -8,6 +8,29 @@
 namespace kvgate::testing {
 namespace {
 
+// --port-count: one process answering on consecutive ports, one server behind them all (the
+// end-to-end benchmark of many workers).
+TEST(SimBinary, PortCountServesOneEngineOnEveryPort) {
+  Sim s;
+  s.port = free_ports(4);
+  s.args = {"--port-count", "4", "--enable-metrics", "--ttft-ms", "1", "--tpot-ms", "1"};
+  s.start();
+  auto prompt_tokens = [](int port) {
+    std::string text = HttpClient(port).get("/metrics").body;
+    size_t at = text.find("sglang:prompt_tokens_total{");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  for (int i = 0; i < 4; ++i) {
+    HttpClient c(s.port + i);
+    EXPECT_EQ(c.get("/health").status, 200) << "port " << s.port + i;
+    auto r = c.post("/generate", R"({"text":"hi there","sampling_params":{"max_new_tokens":2}})");
+    EXPECT_EQ(r.status, 200) << "port " << s.port + i << ": " << r.body;
+  }
+  std::string first = prompt_tokens(s.port);
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(prompt_tokens(s.port + 3), first) << "every port is the same engine";
+}
+
 TEST(SimBinary, MetricsAreValidPrometheusText) {
   Sim s;
   s.port = free_port();

@@ -133,6 +133,12 @@ TEST(SimConfig, InvalidValuesNameTheFlagAndTheFix) {
       {{"--page-size", "64", "--max-total-tokens", "32"}, "--max-total-tokens (32) must hold"},
       {{"extra"}, "unexpected argument 'extra'"},
       {{"--port"}, "--port needs a value"},
+      {{"--port", "0", "--port-count", "2"}, "--port-count 2 needs a --port to count from"},
+      {{"--port", "65000", "--port-count", "600"}, "goes past port 65535"},
+      {{"--port-count", "0"}, "--port-count: 0 is out of range"},
+      {{"--port", "31000", "--port-count", "4", "--disaggregation-mode", "prefill",
+        "--disaggregation-bootstrap-port", "31002"},
+       "the bootstrap rendezvous needs a port of its own"},
   };
   for (const auto& k : cases) {
     SimConfig c;

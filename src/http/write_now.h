@@ -1,0 +1,34 @@
+// http/write_now: a write that completes without a round trip through the event loop when the
+// socket takes it whole (nearly always: a proxy's writes are small next to a socket's buffer).
+// Asio 1.81 completes even an immediately successful asynchronous write through the scheduler
+// (a post, a lock, a resumption); this one system call is all the fast path costs. The socket
+// must be in non-blocking mode (set once per connection), so a full buffer is never waited for
+// here: the rest goes out asynchronously, with the caller's deadline.
+#pragma once
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
+
+#include "http/io.h"
+
+namespace kvgate::http {
+
+// Writes what `socket` takes now. Returns the bytes written; `ec` is set only on a failure
+// (a full socket buffer is not one: fewer bytes are returned).
+template <class Buffers>
+size_t write_now(Socket& socket, const Buffers& buffers, boost::system::error_code& ec) {
+  size_t n = socket.write_some(buffers, ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
+  return n;
+}
+
+// The part of `buffers` after the first `n` bytes (what write_now left for an asynchronous write).
+template <class Buffers>
+boost::beast::buffers_suffix<Buffers> rest_after(const Buffers& buffers, size_t n) {
+  boost::beast::buffers_suffix<Buffers> rest(buffers);
+  rest.consume(n);
+  return rest;
+}
+
+}  // namespace kvgate::http

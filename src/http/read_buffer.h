@@ -58,7 +58,8 @@ class ReadBuffer {
   void reserve(size_t n) {
     if (n > cap_) grow(n);
   }
-  // Gives the memory back when nothing is unread or pinned (an idle connection).
+  // Gives the memory back when nothing is unread or pinned (an idle connection). A pinned head's
+  // fields are views the handler may still hold: a buffer in use is never given back.
   void release() {
     if (end_ != 0 || pin_ != 0) return;
     buf_.reset();

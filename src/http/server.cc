@@ -393,6 +393,9 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   Stream& stream_;
   Socket& socket_;
   Deadline& deadline_;
+  // Holds the request's head, pinned: method(), target() and every header view the handler got
+  // point into it, so it is neither released nor moved while the exchange runs (release() refuses
+  // a pinned buffer); only pipelined bytes after the request are read from it (peek: watch).
   ReadBuffer& buffer_;
   Request& req_;
   const std::string& remote_;

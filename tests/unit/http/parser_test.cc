@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
+
+#include "http/read_buffer.h"
 
 namespace kvgate::http {
 namespace {
@@ -518,6 +521,43 @@ TEST(ParseError, EveryErrorIsDescribed) {
   for (int e = 0; e <= static_cast<int>(ParseError::kBadTrailer); ++e) {
     EXPECT_NE(describe(static_cast<ParseError>(e)), "unknown error") << e;
   }
+}
+
+// ---- the read buffer a head is parsed in ----
+
+void put(ReadBuffer& b, std::string_view bytes) {
+  auto space = b.prepare(bytes.size());
+  ASSERT_GE(space.size(), bytes.size());
+  std::memcpy(space.data(), bytes.data(), bytes.size());
+  b.commit(bytes.size());
+}
+
+TEST(ReadBuffer, APinnedHeadStaysByOffsetWhileMoreIsRead) {
+  ReadBuffer b;
+  b.reserve(32);
+  put(b, "HEAD|body1");
+  b.pin(5);  // "HEAD|" is a parsed head: it stays
+  b.consume(5);
+  EXPECT_EQ(std::string_view(b.data(), b.size()), "body1");
+  b.consume(3);
+  put(b, std::string(100, 'x'));  // more than fits: grows, keeping offsets
+  EXPECT_GE(b.capacity(), 107u);
+  EXPECT_EQ(std::string_view(b.base(), 5), "HEAD|");
+  EXPECT_EQ(std::string_view(b.data(), 2), "y1");
+  b.consume(b.size());  // all read: the next read goes right after the head
+  EXPECT_EQ(b.data(), b.base() + 5);
+  put(b, "tail");
+  b.consume(2);
+  auto space = b.prepare(b.capacity() - 5);  // moves "il" down to the pin, not over the head
+  EXPECT_GE(space.size(), b.capacity() - 7);
+  EXPECT_EQ(std::string_view(b.base(), 7), "HEAD|il");
+  b.release();  // pinned: kept
+  EXPECT_NE(b.base(), nullptr);
+  b.restart();  // the next message: what is left moves to the start
+  EXPECT_EQ(std::string_view(b.base(), b.size()), "il");
+  b.consume(2);
+  b.release();
+  EXPECT_EQ(b.capacity(), 0u);
 }
 
 }  // namespace

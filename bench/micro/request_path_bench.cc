@@ -1,7 +1,11 @@
 // Micro-benchmarks of the per-request hot path: body parsing, the rule table's resolve step,
 // policy selection, breaker check and pass, the retry budget, a stream's first-event check,
-// metric cell lookup, JSON escaping, body rewrites.
+// metric cell lookup, JSON escaping, body rewrites, HTTP head parsing (kvgate's parser, and Beast's
+// for reference).
 #include <benchmark/benchmark.h>
+
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/parser.hpp>
 
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
@@ -10,6 +14,7 @@
 #include "gateway/retry.h"
 #include "gateway/stream_check.h"
 #include "http/message.h"
+#include "http/parser.h"
 #include "policy/registry.h"
 #include "request/body_rewrite.h"
 #include "request/request_info.h"
@@ -192,6 +197,84 @@ void BM_BodyRewrite(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * body.size()));
 }
 BENCHMARK(BM_BodyRewrite);
+
+// What an OpenAI SDK client sends (python httpx), and what an SGLang worker (uvicorn) answers a
+// non-streamed chat with; the request is as kvgate forwards it too.
+constexpr std::string_view kRequestHead =
+    "POST /v1/chat/completions HTTP/1.1\r\n"
+    "Host: gateway.internal:30000\r\n"
+    "Accept-Encoding: gzip, deflate\r\n"
+    "Connection: keep-alive\r\n"
+    "Accept: application/json\r\n"
+    "Content-Type: application/json\r\n"
+    "User-Agent: OpenAI/Python 1.54.3\r\n"
+    "X-Stainless-Lang: python\r\n"
+    "X-Stainless-Package-Version: 1.54.3\r\n"
+    "X-Stainless-OS: Linux\r\n"
+    "X-Stainless-Arch: x64\r\n"
+    "X-Stainless-Runtime: CPython\r\n"
+    "X-Stainless-Runtime-Version: 3.11.9\r\n"
+    "Authorization: Bearer sk-0123456789abcdef0123456789abcdef0123456789abcdef\r\n"
+    "X-Stainless-Async: false\r\n"
+    "x-stainless-retry-count: 0\r\n"
+    "Content-Length: 1024\r\n"
+    "\r\n";
+constexpr std::string_view kResponseHead =
+    "HTTP/1.1 200 OK\r\n"
+    "date: Tue, 04 Mar 2025 10:00:00 GMT\r\n"
+    "server: uvicorn\r\n"
+    "content-length: 742\r\n"
+    "content-type: application/json\r\n"
+    "x-request-id: 7f3c2a1e-5b6d-4c8e-9f0a-1b2c3d4e5f60\r\n"
+    "\r\n";
+
+void BM_ParseRequestHead(benchmark::State& state) {
+  http::HeadParser p(http::HeadParser::Kind::kRequest);
+  for (auto _ : state) {
+    p.reset();
+    auto st = p.parse(kRequestHead.data(), kRequestHead.size(), 65536);
+    benchmark::DoNotOptimize(st);
+    benchmark::DoNotOptimize(p.find("authorization"));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kRequestHead.size()));
+}
+BENCHMARK(BM_ParseRequestHead);
+
+void BM_ParseResponseHead(benchmark::State& state) {
+  http::HeadParser p(http::HeadParser::Kind::kResponse);
+  for (auto _ : state) {
+    p.reset();
+    auto st = p.parse(kResponseHead.data(), kResponseHead.size(), 65536);
+    benchmark::DoNotOptimize(st);
+    benchmark::DoNotOptimize(p.find("content-type"));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kResponseHead.size()));
+}
+BENCHMARK(BM_ParseResponseHead);
+
+// The same heads through Beast's parser (what kvgate ran before its own): a parser and its
+// field allocations per message, as the server and client made them.
+template <bool kRequest>
+void BM_BeastParseHead(benchmark::State& state, std::string_view head) {
+  namespace bhttp = boost::beast::http;
+  for (auto _ : state) {
+    bhttp::parser<kRequest, bhttp::empty_body> p;
+    p.header_limit(65536);
+    boost::beast::error_code ec;
+    p.put(boost::asio::buffer(head.data(), head.size()), ec);
+    benchmark::DoNotOptimize(ec);
+    benchmark::DoNotOptimize(p.get()[kRequest ? "authorization" : "content-type"]);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * head.size()));
+}
+void BM_BeastParseRequestHead(benchmark::State& state) {
+  BM_BeastParseHead<true>(state, kRequestHead);
+}
+void BM_BeastParseResponseHead(benchmark::State& state) {
+  BM_BeastParseHead<false>(state, kResponseHead);
+}
+BENCHMARK(BM_BeastParseRequestHead);
+BENCHMARK(BM_BeastParseResponseHead);
 
 }  // namespace
 }  // namespace kvgate

@@ -1275,7 +1275,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   if (a.blame_prefill) verdict = Verdict::kNeutral;  // a failed KV transfer: neither side charged
   UsageScanner usage;
   bool scan_usage = pool_->wants_usage() && status < 400;
-  if (call.done()) {
+  if (call.done() && a.pre.empty()) {  // no body (a.pre: what the first event's check read)
     bool sent = co_await ex_.respond(status, out, "");
     if (!sent) final_status = kClientClosedStatus;
     complete(a, final_status, verdict, usage);

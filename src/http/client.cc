@@ -1,5 +1,5 @@
-// http/client: see client.h. The only client-side translation unit that includes Beast and
-// Asio's TLS.
+// http/client: see client.h. The only client-side translation unit that includes Asio's TLS.
+// Responses are parsed by http/parser, in place in the connection's read buffer.
 #include "http/client.h"
 
 #include <netdb.h>
@@ -14,24 +14,25 @@
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/buffer_body.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/read.hpp>
 #include <charconv>
+#include <cstring>
 
 #include "http/deadline.h"
+#include "http/parser.h"
+#include "http/read_buffer.h"
 #include "http/write_now.h"
 
 namespace kvgate::http {
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
 namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 namespace {
 constexpr auto kTuple = asio::as_tuple(use_awaitable);
 // Interim (1xx) answers skipped before the real one; more is a broken or hostile peer.
 constexpr int kMaxInterimResponses = 8;
+// A worker's answer head (status line and fields) must end within this many bytes.
+constexpr size_t kHeaderLimit = size_t{64} * 1024;
+// The least room a read into a connection's buffer is given.
+constexpr size_t kMinRead = 1024;
 }  // namespace
 
 struct TlsClientContext::Impl {
@@ -96,13 +97,19 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
 
 struct Connection {
   explicit Connection(const Executor& ex) : socket(ex), deadline(ex, socket) {
-    buffer.reserve(16384);  // Beast reads what fits: a small buffer means a recv per 512 bytes
+    buffer.reserve(16384);  // reads take what fits: a small buffer means more receives
   }
   Socket socket;
   Deadline deadline;
   std::unique_ptr<ssl::stream<Socket&>> tls;  // https workers
-  beast::flat_buffer buffer;
-  std::optional<bhttp::response_parser<bhttp::buffer_body>> parser;
+  ReadBuffer buffer;
+  // The answer being read: its head (fields in `buffer`), then its body as `framing` says.
+  HeadParser head{HeadParser::Kind::kResponse};
+  bool head_done = false;  // a final (not 1xx) head was read
+  bool keep_alive = false;
+  BodyFraming framing = BodyFraming::kNone;
+  uint64_t left = 0;  // kLength: body bytes not yet read
+  ChunkedDecoder chunks;
   Clock::time_point idle_since{};
 
   // Runs `fn(stream)` with the stream requests travel on (TLS or plain).
@@ -297,9 +304,10 @@ UpstreamCall::UpstreamCall(Executor ex, ConnectionPool& pool, const Target& targ
 UpstreamCall::~UpstreamCall() {
   // Back to the pool only after a clean, complete exchange: the request written whole, the
   // response read to its end with nothing after it, and the peer willing to keep the connection.
-  if (conn_ && sent_ && done_ && !aborted_ && conn_->parser && conn_->parser->is_done() &&
-      conn_->parser->keep_alive() && conn_->buffer.size() == 0 && conn_->socket.is_open()) {
-    conn_->parser.reset();
+  if (conn_ && sent_ && done_ && !aborted_ && conn_->head_done && conn_->keep_alive &&
+      conn_->buffer.size() == 0 && conn_->socket.is_open()) {
+    conn_->head_done = false;
+    conn_->buffer.restart();
     pool_.give(key_, std::move(conn_));
   }
 }
@@ -310,17 +318,14 @@ CallError UpstreamCall::classify(const boost::system::error_code& ec) {
     detail_ = "no complete answer before the deadline";
     return CallError::kTimeout;
   }
-  detail_ = ec.message();
-  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-      ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
-      ec == bhttp::error::partial_message || ec == asio::error::operation_aborted ||
-      ec == ssl::error::stream_truncated) {
-    return CallError::kReset;
-  }
-  if (ec.category() == bhttp::make_error_code(bhttp::error::bad_version).category()) {
-    return CallError::kProtocol;
-  }
+  detail_ = ec.message();  // end of stream, reset, broken pipe, a TLS error...
   return CallError::kReset;
+}
+
+CallError UpstreamCall::malformed(ParseError e) {
+  detail_ = "malformed HTTP response: " + std::string(describe(e));
+  conn_.reset();
+  return aborted_ ? CallError::kAborted : CallError::kProtocol;
 }
 
 awaitable<CallError> UpstreamCall::connect() {
@@ -415,14 +420,27 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
 
   // The answer's head; interim 1xx answers (100 Continue, 103 Early Hints) are read and skipped:
   // the final answer follows on the same connection.
+  const bool head_request = method == "HEAD";
+  Connection& c = *conn_;
   for (int interim = 0;; ++interim) {
-    conn_->parser.emplace();
-    conn_->parser->header_limit(64 * 1024);
-    conn_->parser->body_limit(boost::none);
-    auto [rec, rn] = co_await conn_->with_stream([&](auto& s) {
-      return bhttp::async_read_header(s, conn_->buffer, *conn_->parser, kTuple);
-    });
-    if (rn > 0 || conn_->buffer.size() > 0) response_started_ = true;
+    c.head.reset();
+    c.head_done = false;
+    c.buffer.restart();  // an interim answer's bytes are dropped: the next head starts here
+    ParseStatus st = ParseStatus::kNeedMore;
+    boost::system::error_code rec;
+    for (;;) {
+      st = c.head.parse(c.buffer.data(), c.buffer.size(), kHeaderLimit);
+      if (st != ParseStatus::kNeedMore) break;
+      auto space = c.buffer.prepare(kMinRead);
+      auto [ec, n] =
+          co_await c.with_stream([&](auto& s) { return s.async_read_some(space, kTuple); });
+      c.buffer.commit(n);
+      if (c.buffer.size() > 0) response_started_ = true;
+      if (ec) {
+        rec = ec;
+        break;
+      }
+    }
     if (rec) {
       if (aborted_) co_return CallError::kAborted;
       CallError e = classify(rec);
@@ -430,7 +448,10 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
       co_return e;
     }
     response_started_ = true;
-    int status = static_cast<int>(conn_->parser->get().result_int());
+    if (st == ParseStatus::kError) co_return malformed(c.head.error());
+    c.buffer.pin(c.head.head_size());  // its fields stay where they are while the body is read
+    c.buffer.consume(c.head.head_size());
+    int status = c.head.status();
     if (status >= 200) break;
     if (status == 101 || interim + 1 >= kMaxInterimResponses) {
       detail_ = status == 101 ? "the worker switched protocols (101), which was not asked for"
@@ -439,72 +460,106 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
       co_return CallError::kProtocol;
     }
   }
-  done_ = conn_->parser->is_done();
+  c.head_done = true;
+  c.framing = c.head.framing(head_request);
+  c.keep_alive = c.head.keep_alive(head_request);
+  c.left = c.framing == BodyFraming::kLength ? *c.head.content_length() : 0;
+  c.chunks.reset();
+  done_ = c.framing == BodyFraming::kNone;
   co_return CallError::kNone;
 }
 
 int UpstreamCall::status() const {
-  return conn_ && conn_->parser ? static_cast<int>(conn_->parser->get().result_int()) : 0;
+  return conn_ && conn_->head_done ? conn_->head.status() : 0;
 }
 
 std::string_view UpstreamCall::header(std::string_view name) const {
-  if (!conn_ || !conn_->parser) return {};
-  const auto& msg = conn_->parser->get();
-  auto it = msg.find(name);
-  return it == msg.end() ? std::string_view{} : std::string_view(it->value());
+  return conn_ && conn_->head_done ? conn_->head.find(name) : std::string_view{};
 }
 
 void UpstreamCall::for_each_header(
     const std::function<void(std::string_view, std::string_view)>& fn) const {
-  if (!conn_ || !conn_->parser) return;
-  for (const auto& f : conn_->parser->get()) fn(f.name_string(), f.value());
+  if (conn_ && conn_->head_done) conn_->head.for_each(fn);
 }
 
 std::optional<uint64_t> UpstreamCall::content_length() const {
-  if (!conn_ || !conn_->parser) return std::nullopt;
-  auto len = conn_->parser->content_length();
-  if (!len || conn_->parser->chunked()) return std::nullopt;
-  return *len;
+  if (!conn_ || !conn_->head_done || conn_->framing == BodyFraming::kChunked ||
+      conn_->framing == BodyFraming::kUntilClose) {
+    return std::nullopt;
+  }
+  return conn_->head.content_length();
 }
 
 awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& error) {
   error = CallError::kNone;
-  if (done_ || !conn_ || !conn_->parser) co_return 0;
-  auto& p = *conn_->parser;
-  // Body bytes that arrived with the head are parsed in place: no asynchronous round trip.
-  if (conn_->buffer.size() > 0) {
-    p.get().body().data = buf;
-    p.get().body().size = cap;
-    boost::system::error_code ec;
-    size_t used = p.put(conn_->buffer.data(), ec);
-    conn_->buffer.consume(used);
-    if (ec == bhttp::error::need_buffer || ec == bhttp::error::need_more) ec = {};
-    size_t got = cap - p.get().body().size;
-    if (p.is_done()) done_ = true;
-    if (ec) {
-      error = classify(ec);
-      conn_.reset();
-      done_ = false;
-      co_return got;
+  if (done_ || !conn_ || !conn_->head_done || cap == 0) co_return 0;
+  Connection& c = *conn_;
+  if (c.framing == BodyFraming::kChunked) {
+    size_t got = 0;
+    for (;;) {
+      // The chunks' data already here, as much as fits; then more bytes, if none was.
+      ParseStatus st = ParseStatus::kNeedMore;
+      for (;;) {
+        size_t used = 0;
+        std::string_view data;
+        st = c.chunks.decode(c.buffer.data(), c.buffer.size(), cap - got, used, data);
+        if (!data.empty()) std::memcpy(buf + got, data.data(), data.size());
+        got += data.size();
+        c.buffer.consume(used);
+        if (st != ParseStatus::kNeedMore || used == 0) break;
+      }
+      if (st == ParseStatus::kDone) {
+        done_ = true;
+        co_return got;
+      }
+      if (st == ParseStatus::kError) {
+        error = malformed(c.chunks.error());
+        co_return got;
+      }
+      if (got > 0) co_return got;
+      auto space = c.buffer.prepare(kMinRead);
+      auto [ec, n] =
+          co_await c.with_stream([&](auto& s) { return s.async_read_some(space, kTuple); });
+      c.buffer.commit(n);
+      c.head.rebase(c.buffer.base());  // the buffer may have grown
+      if (ec) {
+        error = classify(ec);
+        conn_.reset();
+        co_return 0;
+      }
     }
-    if (got > 0 || done_) co_return got;
+  }
+  // Content-Length, or until the worker closes: bytes that came with the head first, then reads
+  // straight into the caller's buffer (never past the body's end).
+  const bool until_close = c.framing == BodyFraming::kUntilClose;
+  size_t want = until_close ? cap : static_cast<size_t>(std::min<uint64_t>(cap, c.left));
+  if (c.buffer.size() > 0) {
+    size_t n = std::min(want, c.buffer.size());
+    std::memcpy(buf, c.buffer.data(), n);
+    c.buffer.consume(n);
+    if (!until_close) {
+      c.left -= n;
+      done_ = c.left == 0;
+    }
+    co_return n;
   }
   for (;;) {
-    p.get().body().data = buf;
-    p.get().body().size = cap;
-    auto [ec, n] = co_await conn_->with_stream(
-        [&](auto& s) { return bhttp::async_read_some(s, conn_->buffer, p, kTuple); });
-    (void)n;
-    if (ec == bhttp::error::need_buffer) ec = {};
-    size_t got = cap - p.get().body().size;
-    if (p.is_done()) done_ = true;
+    auto [ec, n] = co_await c.with_stream(
+        [&](auto& s) { return s.async_read_some(asio::buffer(buf, want), kTuple); });
+    if (until_close && ec == asio::error::eof && !aborted_) {
+      done_ = true;  // the end of the body (and of the connection, which is not pooled)
+      co_return 0;
+    }
     if (ec) {
       error = classify(ec);
       conn_.reset();
-      done_ = false;
-      co_return got;
+      co_return 0;
     }
-    if (got > 0 || done_) co_return got;
+    if (!until_close) {
+      c.left -= n;
+      done_ = c.left == 0;
+    }
+    if (n > 0 || done_) co_return n;
   }
 }
 

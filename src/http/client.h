@@ -26,6 +26,7 @@
 namespace kvgate::http {
 
 class TlsClientContext;
+enum class ParseError : uint8_t;  // http/parser.h
 
 // Where an upstream lives: parsed once from a URL, resolved once.
 struct Target {
@@ -153,6 +154,7 @@ class UpstreamCall {
  private:
   awaitable<CallError> connect();
   CallError classify(const boost::system::error_code& ec);
+  CallError malformed(ParseError e);  // drops the connection; kProtocol
 
   Executor ex_;
   ConnectionPool& pool_;

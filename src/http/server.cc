@@ -1,5 +1,5 @@
-// http/server: see server.h. The only server-side translation unit that includes Beast and
-// Asio's TLS.
+// http/server: see server.h. The only server-side translation unit that includes Asio's TLS.
+// Requests are parsed by http/parser, in place in the connection's read buffer.
 #include "http/server.h"
 
 #include <openssl/ssl.h>
@@ -14,21 +14,17 @@
 #include <boost/asio/ssl/error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/read.hpp>
 #include <charconv>
 #include <stdexcept>
 
 #include "http/deadline.h"
-#include "http/padded_body.h"
+#include "http/parser.h"
+#include "http/read_buffer.h"
 #include "http/write_now.h"
 #include "util/json.h"
 #include "util/log.h"
 
 namespace kvgate::http {
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
 namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 constexpr auto kTuple = asio::as_tuple(use_awaitable);
@@ -38,6 +34,12 @@ namespace {
 // Bytes a connection keeps for reading while a request is in progress. Released while the
 // connection is idle: 10,000 idle keep-alive connections must not hold 10,000 read buffers.
 constexpr size_t kReadBufferSize = 16384;
+// The least room a read into the buffer is given (fewer free bytes: moved or grown first).
+constexpr size_t kMinRead = 1024;
+// A body of known length is read straight into its string, in reads as large as what remains,
+// but the string grows only as fast as bytes arrive (at most doubling, from this step): a
+// Content-Length alone makes it reserve, not touch, the memory.
+constexpr size_t kBodyStep = 65536;
 // How long an idle keep-alive connection keeps its read buffer before giving it back.
 constexpr auto kKeepBufferFor = std::chrono::milliseconds(1000);
 
@@ -108,7 +110,11 @@ struct Server::Shared {
 
 namespace {
 
-using Request = bhttp::request<PaddedStringBody>;
+// A request being read or handled: its head (fields in the connection's read buffer) and body.
+struct Request {
+  HeadParser head{HeadParser::Kind::kRequest};
+  std::string body;
+};
 
 Socket& lowest(Socket& s) {
   return s;
@@ -139,7 +145,7 @@ struct WatchState {
 template <class Stream>
 class ExchangeImpl final : public Exchange, public ForceClosable {
  public:
-  ExchangeImpl(Stream& stream, Deadline& deadline, beast::flat_buffer& buffer, Request& req,
+  ExchangeImpl(Stream& stream, Deadline& deadline, ReadBuffer& buffer, Request& req,
                const std::string& remote, Server::Shared& srv, std::string& scratch)
       : stream_(stream),
         socket_(lowest(stream)),
@@ -154,18 +160,15 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   ExchangeImpl(const ExchangeImpl&) = delete;
   ExchangeImpl& operator=(const ExchangeImpl&) = delete;
 
-  std::string_view method() const override { return req_.method_string(); }
-  std::string_view target() const override { return req_.target(); }
-  unsigned version() const override { return req_.version(); }
-  std::string_view header(std::string_view name) const override {
-    auto it = req_.find(name);
-    return it == req_.end() ? std::string_view{} : std::string_view(it->value());
-  }
+  std::string_view method() const override { return req_.head.method(); }
+  std::string_view target() const override { return req_.head.target(); }
+  unsigned version() const override { return req_.head.version(); }
+  std::string_view header(std::string_view name) const override { return req_.head.find(name); }
   void for_each_header(
       const std::function<void(std::string_view, std::string_view)>& fn) const override {
-    for (const auto& f : req_) fn(f.name_string(), f.value());
+    req_.head.for_each(fn);
   }
-  std::string& body() override { return req_.body(); }
+  std::string& body() override { return req_.body; }
   const std::string& remote_address() const override { return remote_; }
   bool secure() const override { return !std::is_same_v<Stream, Socket>; }
   uint16_t local_port() const override { return srv_.port; }
@@ -175,7 +178,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     append_content_length(head_, body.size());
     head_.append("\r\n");
     started_ = true;
-    bool head_only = req_.method() == bhttp::verb::head;
+    bool head_only = req_.head.method() == "HEAD";
     std::array<asio::const_buffer, 2> bufs{asio::buffer(head_),
                                            asio::buffer(body.data(), head_only ? 0 : body.size())};
     bool ok = co_await write(bufs);
@@ -190,7 +193,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       append_content_length(head_, *content_length);
       remaining_ = *content_length;
       chunked_ = false;
-    } else if (req_.version() >= 11) {
+    } else if (req_.head.version() >= 11) {
       head_.append("transfer-encoding: chunked\r\n");
       chunked_ = true;
     } else {
@@ -347,15 +350,15 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
  private:
   void start_head(int status, HeaderList headers) {
     head_.clear();
-    append_status_line(head_, status, req_.version() >= 11 ? 11 : 10);
+    append_status_line(head_, status, req_.head.version() >= 11 ? 11 : 10);
     for (const auto& h : headers) append_header(head_, h.name, h.value);
     // While the server drains, every answer closes its connection.
-    bool keep = req_.keep_alive() && !close_ && !srv_.stopping.load(std::memory_order_relaxed);
+    bool keep = req_.head.keep_alive() && !close_ && !srv_.stopping.load(std::memory_order_relaxed);
     if (!keep) {
       close_ = true;
       head_.append("connection: close\r\n");
       closing_header_written_ = true;
-    } else if (req_.version() < 11) {
+    } else if (req_.head.version() < 11) {
       head_.append("connection: keep-alive\r\n");
     }
   }
@@ -394,7 +397,10 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   Stream& stream_;
   Socket& socket_;
   Deadline& deadline_;
-  beast::flat_buffer& buffer_;
+  // Holds the request's head, pinned: method(), target() and every header view the handler got
+  // point into it, so it is neither released nor moved while the exchange runs (release() refuses
+  // a pinned buffer); only pipelined bytes after the request are read from it (peek: watch).
+  ReadBuffer& buffer_;
   Request& req_;
   const std::string& remote_;
   Server::Shared& srv_;
@@ -455,101 +461,169 @@ awaitable<void> reject(Stream& stream, Deadline& deadline, const ServerConfig& c
   if (!ec) co_await linger(lowest(stream), deadline, cfg.linger_timeout);
 }
 
-// True when the request has no Transfer-Encoding, or exactly "chunked" (in any case).
-bool only_chunked(const Request& req) {
-  int count = 0;
-  for (const auto& f : req) {
-    if (f.name() != bhttp::field::transfer_encoding) continue;
-    std::string_view v = f.value();
-    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-    if (++count > 1 || !iequals(v, "chunked")) return false;
-  }
-  return true;
+bool is_quiet_close(const boost::system::error_code& ec) {
+  return ec == asio::error::eof || ec == asio::error::connection_reset ||
+         ec == asio::error::bad_descriptor || ec == asio::error::operation_aborted ||
+         ec == ssl::error::stream_truncated;
 }
 
-bool is_quiet_close(const boost::system::error_code& ec) {
-  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-         ec == asio::error::connection_reset || ec == asio::error::bad_descriptor ||
-         ec == asio::error::operation_aborted || ec == bhttp::error::partial_message ||
-         ec == ssl::error::stream_truncated;
+// Decodes the chunked body bytes in `buffer` into `body` (kept with kBodyPadding spare bytes).
+ParseStatus decode_chunks(ChunkedDecoder& dec, ReadBuffer& buffer, std::string& body) {
+  for (;;) {
+    size_t used = 0;
+    std::string_view data;
+    ParseStatus st = dec.decode(buffer.data(), buffer.size(), SIZE_MAX, used, data);
+    if (!data.empty()) {
+      size_t need = body.size() + data.size() + kBodyPadding;
+      if (need > body.capacity()) body.reserve(std::max(body.capacity() * 2, need));
+      body.append(data);
+    }
+    buffer.consume(used);
+    if (st != ParseStatus::kNeedMore || used == 0) return st;
+  }
 }
 
 // Reads one request and runs its exchange. Returns whether the connection may serve another.
 template <class Stream>
 awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadline,
-                          SessionNode& node, const std::string& remote, beast::flat_buffer& buffer,
+                          SessionNode& node, const std::string& remote, ReadBuffer& buffer,
                           std::string& scratch) {
   const ServerConfig& cfg = srv.config;
-  bhttp::request_parser<PaddedStringBody> parser;
-  parser.header_limit(static_cast<std::uint32_t>(cfg.header_limit));
-  parser.body_limit(cfg.body_limit);
+  Request req;
+  HeadParser& head = req.head;
+  std::string& body = req.body;
+  buffer.restart();  // a pipelined request's bytes, to the start: the head is parsed there
   deadline.expires_after(cfg.header_timeout);
   bool reading_body = false;
-  auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kTuple);
-  (void)n;
-  if (!ec && !only_chunked(parser.get())) {
-    // Any coding but chunked alone (RFC 9112 6.1: a body of unknown length, or one the worker
-    // would not know to decode) is refused before its body is read.
-    deadline.never();
-    srv.stats.rejected[ServerStats::kBadRequest].fetch_add(1, std::memory_order_relaxed);
-    co_await reject(stream, deadline, cfg, 400, "bad_http_request",
-                    "unsupported Transfer-Encoding: only 'chunked' is accepted");
-    co_return false;
-  }
-  if (!ec && !parser.is_done() && buffer.size() > 0) {
-    // The body usually arrives with the head: parse it in place, no asynchronous round trip.
-    size_t used = parser.put(buffer.data(), ec);
-    buffer.consume(used);
-    if (ec == bhttp::error::need_more) ec = {};
-  }
-  if (!ec && !parser.is_done()) {
-    reading_body = true;
-    if (buffer.size() == 0 && http::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      deadline.expires_after(cfg.write_timeout);
-      auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
-      (void)cn;
-      ec = cec;
+  boost::system::error_code ec;
+  ParseError bad = ParseError::kNone;
+  for (;;) {
+    ParseStatus st = head.parse(buffer.data(), buffer.size(), cfg.header_limit);
+    if (st == ParseStatus::kDone) break;
+    if (st == ParseStatus::kError) {
+      bad = head.error();
+      break;
     }
-    if (!ec) {
-      deadline.expires_after(cfg.body_timeout);
-      std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kTuple);
+    auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
+    buffer.commit(rn);
+    if (rec) {
+      ec = rec;
+      break;
+    }
+  }
+  BodyFraming framing = BodyFraming::kNone;
+  if (!ec && bad == ParseError::kNone) {
+    buffer.pin(head.head_size());  // the fields stay where they are while the body is read
+    buffer.consume(head.head_size());
+    framing = head.framing();
+    if (framing == BodyFraming::kLength && *head.content_length() > cfg.body_limit) {
+      bad = ParseError::kBodyLimit;
+    }
+  }
+  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  if (!ec && bad == ParseError::kNone && framing == BodyFraming::kLength) {
+    // Known length: what came with the head, then the rest straight into the body string.
+    const auto len = static_cast<size_t>(*head.content_length());
+    body.reserve(len + kBodyPadding);
+    size_t have = std::min(len, buffer.size());
+    body.assign(buffer.data(), have);
+    buffer.consume(have);
+    if (have < len) {
+      reading_body = true;
+      if (head.expect_continue()) {
+        deadline.expires_after(cfg.write_timeout);
+        auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+        (void)cn;
+        ec = cec;
+      }
+      if (!ec) deadline.expires_after(cfg.body_timeout);
+      while (!ec && have < len) {
+        size_t want = std::min(len - have, std::max(have, kBodyStep));
+        body.resize(have + want);
+        auto [rec, rn] =
+            co_await stream.async_read_some(asio::buffer(body.data() + have, want), kTuple);
+        have += rn;
+        ec = rec;
+      }
+      body.resize(have);
+    }
+  } else if (!ec && bad == ParseError::kNone && framing == BodyFraming::kChunked) {
+    ChunkedDecoder chunks(cfg.body_limit);
+    for (;;) {
+      ParseStatus st = decode_chunks(chunks, buffer, body);
+      if (st == ParseStatus::kDone) break;
+      if (st == ParseStatus::kError) {
+        bad = chunks.error();
+        break;
+      }
+      if (!reading_body) {
+        reading_body = true;
+        if (buffer.size() == 0 && head.expect_continue()) {
+          deadline.expires_after(cfg.write_timeout);
+          auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+          (void)cn;
+          if (cec) {
+            ec = cec;
+            break;
+          }
+        }
+        deadline.expires_after(cfg.body_timeout);
+      }
+      auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
+      buffer.commit(rn);
+      if (rec) {
+        ec = rec;
+        break;
+      }
     }
   }
   bool timed_out = ec && deadline.expired();
   deadline.never();
-  if (ec) {
+  if (ec || bad != ParseError::kNone) {
     auto count = [&](ServerStats::Reject r) {
       srv.stats.rejected[r].fetch_add(1, std::memory_order_relaxed);
     };
     if (timed_out) {
-      bool body = reading_body;
-      count(body ? ServerStats::kBodyTimeout : ServerStats::kHeaderTimeout);
-      auto limit = body ? cfg.body_timeout : cfg.header_timeout;
+      bool in_body = reading_body;
+      count(in_body ? ServerStats::kBodyTimeout : ServerStats::kHeaderTimeout);
+      auto limit = in_body ? cfg.body_timeout : cfg.header_timeout;
       std::string secs = std::to_string(std::chrono::duration<double>(limit).count());
       secs.erase(secs.find_last_not_of('0') + 1);
       if (secs.back() == '.') secs.pop_back();
-      std::string what = body ? "the request body" : "the request headers";
+      std::string what = in_body ? "the request body" : "the request headers";
       co_await reject(stream, deadline, cfg, 408, "request_timeout",
                       what + " did not arrive within " + secs + " s");
-    } else if (ec == bhttp::error::body_limit) {
+    } else if (ec) {
+      if (!is_quiet_close(ec)) {
+        count(ServerStats::kBadRequest);
+        co_await reject(stream, deadline, cfg, 400, "bad_http_request",
+                        "malformed HTTP request: " + ec.message());
+      }
+    } else if (bad == ParseError::kBodyLimit) {
       count(ServerStats::kBodyTooLarge);
       co_await reject(
           stream, deadline, cfg, 413, "payload_too_large",
           "request body exceeds --max-payload-size (" + std::to_string(cfg.body_limit) + " bytes)");
-    } else if (ec == bhttp::error::header_limit) {
+    } else if (bad == ParseError::kHeaderLimit) {
       count(ServerStats::kHeadersTooLarge);
       co_await reject(stream, deadline, cfg, 431, "headers_too_large",
                       "request headers exceed " + std::to_string(cfg.header_limit) + " bytes");
-    } else if (!is_quiet_close(ec)) {
+    } else if (bad == ParseError::kBadTransferEncoding) {
+      // Any coding but chunked alone (RFC 9112 6.1: a body of unknown length, or one the worker
+      // would not know to decode) is refused before its body is read.
       count(ServerStats::kBadRequest);
       co_await reject(stream, deadline, cfg, 400, "bad_http_request",
-                      "malformed HTTP request: " + ec.message());
+                      "unsupported Transfer-Encoding: only 'chunked' is accepted");
+    } else {
+      count(ServerStats::kBadRequest);
+      co_await reject(stream, deadline, cfg, 400, "bad_http_request",
+                      "malformed HTTP request: " + std::string(describe(bad)));
     }
     co_return false;
   }
-  Request& req = parser.get();
+  // Simdjson parses bodies in place: kBodyPadding spare bytes past the end, even when empty.
+  if (body.capacity() < body.size() + kBodyPadding) body.reserve(body.size() + kBodyPadding);
+  head.rebase(buffer.base());  // the buffer may have grown while a chunked body was read
   bool close = false;
   {
     ExchangeImpl<Stream> ex(stream, deadline, buffer, req, remote, srv, scratch);
@@ -573,7 +647,7 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       }
       ex.close_after();
     }
-    close = ex.must_close() || ex.client_gone() || !req.keep_alive();
+    close = ex.must_close() || ex.client_gone() || !head.keep_alive();
   }
   co_return !close;
 }
@@ -594,7 +668,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
                       const std::string& remote) {
   const ServerConfig& cfg = srv.config;
   Socket& socket = lowest(stream);
-  beast::flat_buffer buffer;
+  ReadBuffer buffer;
   std::string scratch;
 
   for (;;) {
@@ -614,6 +688,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
       // longer than kKeepBufferFor gives its buffers back and waits for readability alone (an
       // epoll_ctl per wait, only paid by connections that were idle anyway).
       // (TLS connections keep theirs: cancelling a TLS read may leave a record half-read.)
+      buffer.restart();  // nothing unread: the previous request's head is no longer needed
       buffer.reserve(kReadBufferSize);
       auto waiting_since = coarse_now();
       auto idle_until = waiting_since + cfg.idle_timeout;
@@ -624,7 +699,7 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
       buffer.commit(rn);
       if (kPlain && rec && rn == 0 && deadline.expired() && coarse_now() < idle_until &&
           !srv.stopping.load(std::memory_order_relaxed)) {
-        buffer.shrink_to_fit();
+        buffer.release();
         scratch.clear();
         scratch.shrink_to_fit();
         deadline.expires_at(idle_until);

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -676,6 +677,227 @@ TEST(UpstreamRetrySafety, PooledConnectionClosedWhileIdleIsReplacedBeforeSending
   EXPECT_EQ(b.status, 200);
   EXPECT_TRUE(b.fresh);
   EXPECT_EQ(requests.load(), 2);
+}
+
+// ---- the parser in place: requests and answers in every framing, whole and byte by byte ----
+
+// Sends `bytes` one byte per send (TCP_NODELAY: each its own segment, as a slow client's).
+void send_bytewise(int fd, std::string_view bytes) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  for (char c : bytes) send_all(fd, std::string_view(&c, 1));
+}
+
+awaitable<void> echo_body(Exchange& ex) {
+  bool padded = ex.body().capacity() >= ex.body().size() + kBodyPadding;
+  std::string out = std::string(ex.method()) + " " + std::string(ex.target()) + " [" + ex.body() +
+                    "] padded=" + (padded ? "yes" : "no") + " t=" + std::string(ex.header("x-t"));
+  co_await ex.respond(200, {}, out);
+}
+
+TEST(ServerParsing, EveryFramingWholeAndByteByByte) {
+  TestServer s(echo_body);
+  const std::string requests =
+      "GET /a HTTP/1.1\r\nHost: x\r\nX-T:  one \r\n\r\n"
+      "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+      "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5;ext=\"v\"\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"
+      "GET /d HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+      "GET /e HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  for (bool bytewise : {false, true}) {
+    int fd = connect_to(s.port());
+    if (bytewise) {
+      send_bytewise(fd, requests);
+    } else {
+      send_all(fd, requests);
+    }
+    std::string out = read_until_close(fd);
+    ::close(fd);
+    std::vector<std::string> want = {"GET /a [] padded=yes t=one", "POST /b [hello] padded=yes t=",
+                                     "POST /c [hello world] padded=yes t=",
+                                     "GET /d [] padded=yes t=", "GET /e [] padded=yes t="};
+    size_t at = 0;
+    for (const auto& w : want) {
+      size_t found = out.find(w, at);
+      EXPECT_NE(found, std::string::npos) << w << " in " << out;
+      if (found != std::string::npos) at = found;
+    }
+    EXPECT_NE(out.find("HTTP/1.0 200 OK\r\nconnection: keep-alive"), std::string::npos) << out;
+    EXPECT_NE(out.find("connection: close"), std::string::npos) << out;
+  }
+}
+
+TEST(ServerParsing, ALargeBodyIsReadWhole) {
+  TestServer s([](Exchange& ex) -> awaitable<void> {
+    size_t sum = 0;
+    for (char c : ex.body()) sum += static_cast<unsigned char>(c);
+    bool padded = ex.body().capacity() >= ex.body().size() + kBodyPadding;
+    std::string out = std::to_string(ex.body().size()) + " " + std::to_string(sum) +
+                      (padded ? " padded" : " short");
+    co_await ex.respond(200, {}, out);
+  });
+  std::string body(300000, '\0');
+  size_t sum = 0;
+  for (size_t i = 0; i < body.size(); ++i) {
+    body[i] = static_cast<char>('a' + i % 26);
+    sum += static_cast<unsigned char>(body[i]);
+  }
+  testing::HttpClient c(s.port());
+  auto r = c.post("/big", body);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, std::to_string(body.size()) + " " + std::to_string(sum) + " padded");
+  // Chunked, in chunks of 7000 bytes.
+  std::string chunked = "POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (size_t i = 0; i < body.size(); i += 7000) {
+    std::string part = body.substr(i, 7000);
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx\r\n", part.size());
+    chunked += size + part + "\r\n";
+  }
+  chunked += "0\r\n\r\n";
+  int fd = connect_to(s.port());
+  send_all(fd, chunked);
+  ::shutdown(fd, SHUT_WR);
+  std::string out = read_until_close(fd);
+  ::close(fd);
+  EXPECT_NE(out.find(std::to_string(body.size()) + " " + std::to_string(sum) + " padded"),
+            std::string::npos)
+      << out.substr(0, 300);
+}
+
+TEST(ServerParsing, ChunkedBodiesBeyondTheLimitAre413) {
+  ServerConfig cfg;
+  cfg.body_limit = 10;
+  TestServer s(echo_body, cfg);
+  int fd = connect_to(s.port());
+  send_all(fd,
+           "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+           "5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n");
+  std::string out = read_until_close(fd);
+  ::close(fd);
+  EXPECT_NE(out.find("HTTP/1.1 413"), std::string::npos) << out;
+  EXPECT_EQ(s.stats().rejected[ServerStats::kBodyTooLarge].load(), 1u);
+}
+
+TEST(ServerParsing, MalformedHeadsByteByByteGet400) {
+  TestServer s(echo_body);
+  for (std::string_view bad :
+       {"GET / HTTP/1.1\r\nHost : x\r\n\r\n", "GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+        "GET /a b HTTP/1.1\r\n\r\n"}) {
+    int fd = connect_to(s.port());
+    send_bytewise(fd, bad);
+    std::string out = read_until_close(fd);
+    ::close(fd);
+    EXPECT_NE(out.find("HTTP/1.1 400"), std::string::npos) << bad << ": " << out;
+    EXPECT_NE(out.find("malformed HTTP request"), std::string::npos) << out;
+  }
+}
+
+// Answers each request with the next of `answers`, `piece` bytes per send.
+RawServer::Script answer_with(std::vector<std::string> answers, size_t piece) {
+  return [answers = std::move(answers), piece](int fd, int) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    for (const auto& a : answers) {
+      if (read_request(fd).empty()) return;
+      for (size_t i = 0; i < a.size(); i += piece)
+        send_all(fd, std::string_view(a).substr(i, piece));
+    }
+    read_request(fd);
+  };
+}
+
+TEST(UpstreamParsing, EveryFramingWholeAndByteByByte) {
+  const std::vector<std::string> answers = {
+      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: a\r\n\r\nfirst",
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "4;x=1\r\nsec \r\n3\r\nond\r\n0\r\nX-Trailer: t\r\n\r\n",
+      "HTTP/1.1 204 No Content\r\n\r\n",
+      "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\nlast",
+  };
+  for (size_t piece : {size_t{1}, size_t{3}, size_t{100000}}) {
+    RawServer raw(answer_with(answers, piece));
+    ClientSide client;
+    Target t = raw.target();
+    auto a = client.call(t);
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.body, "first");
+    auto b = client.call(t);
+    EXPECT_EQ(b.error, CallError::kNone);
+    EXPECT_EQ(b.body, "sec ond");
+    EXPECT_FALSE(b.fresh);
+    auto c = client.call(t);
+    EXPECT_EQ(c.status, 204);
+    EXPECT_EQ(c.body, "");
+    auto d = client.call(t);
+    EXPECT_EQ(d.status, 201);
+    EXPECT_EQ(d.body, "last");
+    EXPECT_EQ(raw.accepted(), 1) << "piece " << piece;  // all four on one connection
+  }
+}
+
+TEST(UpstreamParsing, ABodyUntilCloseEndsWithTheConnection) {
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    send_all(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of this");
+  });
+  ClientSide client;
+  Target t = raw.target();
+  auto r = client.call(t);
+  EXPECT_EQ(r.error, CallError::kNone);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "all of this");
+  EXPECT_EQ(client.idle(), 0u);
+}
+
+TEST(UpstreamParsing, AnAnswerToHeadHasNoBody) {
+  RawServer raw(answer_with({"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",
+                             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"},
+                            100000));
+  ClientSide client;
+  Target t = raw.target();
+  auto r = run_on<CallResult>(client.ctx(), [&]() -> awaitable<CallResult> {
+    CallResult out;
+    UpstreamCall c(client.ctx().get_executor(), client.pool(), t, 1);
+    c.set_deadline(Clock::now() + 5s);
+    out.error = co_await c.start("HEAD", "/x", {}, "");
+    out.status = c.status();
+    if (out.error == CallError::kNone) out.error = co_await c.read_all(out.body);
+    out.sent = c.done();
+    co_return out;
+  });
+  EXPECT_EQ(r.error, CallError::kNone);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(r.sent);  // done at once
+  auto next = client.call(t);
+  EXPECT_EQ(next.body, "ok");
+  EXPECT_FALSE(next.fresh);
+}
+
+TEST(UpstreamParsing, MalformedAnswersAreProtocolErrors) {
+  for (const std::string& bad :
+       {std::string("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: "
+                    "chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n"),
+        std::string("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: "
+                    "3\r\n\r\nabc"),
+        std::string("HTTP/1.1 200 OK\nContent-Length: 2\n\nok"),
+        std::string("HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: "
+                    "2\r\n\r\nok"),
+        std::string("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "zz\r\nhello\r\n0\r\n\r\n"),
+        std::string("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "5\r\nhelloXX0\r\n\r\n"),
+        std::string("HTTP/1.1 101 Switching Protocols\r\n\r\n")}) {
+    RawServer raw([bad](int fd, int) {
+      if (read_request(fd).empty()) return;
+      send_all(fd, bad);
+      read_request(fd);
+    });
+    ClientSide client;
+    auto r = client.call(raw.target());
+    EXPECT_EQ(r.error, CallError::kProtocol) << bad;
+    EXPECT_EQ(client.idle(), 0u);
+  }
 }
 
 }  // namespace

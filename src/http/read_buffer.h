@@ -1,0 +1,87 @@
+// http/read_buffer: the bytes a connection has read and not yet used, in one contiguous block, so
+// a message head is parsed where it arrived (http/parser) and its fields stay views into it.
+//
+// A message's head can be pinned: while it is, bytes before the pin never move (reading more only
+// moves unread bytes down to the pin, or grows the block, keeping offsets), so the head's fields
+// stay valid, by offset, while its body is read through the same buffer. restart() unpins and
+// moves what is left (a pipelined next message) to the start.
+#pragma once
+
+#include <algorithm>
+#include <boost/asio/buffer.hpp>
+#include <cstring>
+#include <memory>
+
+namespace kvgate::http {
+
+class ReadBuffer {
+ public:
+  ReadBuffer() = default;
+  ReadBuffer(const ReadBuffer&) = delete;
+  ReadBuffer& operator=(const ReadBuffer&) = delete;
+
+  const char* data() const { return buf_.get() + begin_; }  // the unread bytes
+  size_t size() const { return end_ - begin_; }
+  const char* base() const { return buf_.get(); }  // where a pinned head starts
+  size_t capacity() const { return cap_; }
+
+  void consume(size_t n) {
+    begin_ += std::min(n, size());
+    if (begin_ == end_) begin_ = end_ = pin_;  // nothing unread: read again right after the pin
+  }
+  // Keeps [base(), base() + n) in place until restart() (pin a head before consuming it).
+  void pin(size_t n) { pin_ = std::min(n, end_); }
+  // Unpins, and moves the unread bytes to base().
+  void restart() {
+    pin_ = 0;
+    if (begin_ > 0) {
+      size_t n = size();
+      if (n > 0) std::memmove(buf_.get(), buf_.get() + begin_, n);
+      begin_ = 0;
+      end_ = n;
+    }
+  }
+  // Room after the unread bytes: all there is, and at least `min` bytes (moving the unread bytes
+  // down to the pin, or growing).
+  boost::asio::mutable_buffer prepare(size_t min) {
+    if (cap_ - end_ < min && begin_ > pin_) {
+      size_t n = size();
+      std::memmove(buf_.get() + pin_, buf_.get() + begin_, n);
+      begin_ = pin_;
+      end_ = pin_ + n;
+    }
+    if (cap_ - end_ < min) grow(std::max(cap_ * 2, end_ + min));
+    return {buf_.get() + end_, cap_ - end_};
+  }
+  void commit(size_t n) { end_ += std::min(n, cap_ - end_); }
+  // Capacity of at least `n` bytes.
+  void reserve(size_t n) {
+    if (n > cap_) grow(n);
+  }
+  // Gives the memory back when nothing is unread or pinned (an idle connection). A pinned head's
+  // fields are views the handler may still hold: a buffer in use is never given back.
+  void release() {
+    if (end_ != 0 || pin_ != 0) return;
+    buf_.reset();
+    cap_ = begin_ = end_ = 0;
+  }
+
+ private:
+  void grow(size_t n) {
+    auto bigger = std::make_unique_for_overwrite<char[]>(n);
+    // Offsets are kept: the pinned bytes, then the unread ones where they were.
+    if (pin_ > 0) std::memcpy(bigger.get(), buf_.get(), pin_);
+    size_t from = std::max(begin_, pin_);
+    if (end_ > from) std::memcpy(bigger.get() + from, buf_.get() + from, end_ - from);
+    buf_ = std::move(bigger);
+    cap_ = n;
+  }
+
+  std::unique_ptr<char[]> buf_;
+  size_t cap_ = 0;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  size_t pin_ = 0;
+};
+
+}  // namespace kvgate::http

@@ -280,10 +280,8 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     }
     watch_->fd = socket_.native_handle();
     watch_->recheck = std::make_unique<Timer>(socket_.get_executor());
-    // A request still running when its watch starts (queued, generating, streaming) reads
-    // nothing more from its client until it ends: its read buffer is given back meanwhile
-    // (serve() takes one again before the next read), so 1,000 streams do not hold 16 MB.
-    if (buffer_.size() == 0) buffer_.shrink_to_fit();
+    // (The read buffer is kept while the request runs: its method, target and headers are views
+    // into it, and the gateway holds them across retries.)
     if (buffer_.size() > 0) {
       recheck_loop(watch_);  // pipelined bytes already here: only a hang-up can be seen
       return;

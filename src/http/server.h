@@ -115,7 +115,6 @@ class Exchange {
   // Calls `fn` (on this exchange's executor) if the client closes its connection before the
   // response is complete, or when the server closes it by force at shutdown. One watch per
   // exchange; stopped by unwatch_disconnect() or, at the latest, when the handler returns.
-  // Nothing more is read from the client meanwhile: the connection's read buffer is released.
   virtual void watch_disconnect(std::function<void()> fn) = 0;
   virtual void unwatch_disconnect() = 0;
   virtual bool client_gone() const = 0;

@@ -1,8 +1,10 @@
 // http/message: see message.h.
 #include "http/message.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 
 namespace kvgate::http {
 
@@ -79,33 +81,47 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+namespace {
+// `n` equals `lower` (lowercase letters, digits and '-') ignoring case. Exact for any name whose
+// bytes are printable (a byte | 0x20 that gives a lowercase letter, digit or '-' came from that
+// letter, its uppercase, that digit or '-' unless it was a control character).
+bool is_lower_name(std::string_view n, std::string_view lower) {
+  for (size_t i = 0; i < n.size(); ++i) {
+    auto c = static_cast<unsigned char>(n[i]);
+    if (c < 0x20 || static_cast<char>(c | 0x20) != lower[i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
 HeaderKind classify_header(std::string_view n) {
   switch (n.size()) {
     case 2:
-      return iequals(n, "te") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return is_lower_name(n, "te") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 4:
-      return iequals(n, "host") ? HeaderKind::kHost : HeaderKind::kOther;
+      return is_lower_name(n, "host") ? HeaderKind::kHost : HeaderKind::kOther;
     case 6:
-      return iequals(n, "expect") ? HeaderKind::kExpect : HeaderKind::kOther;
+      return is_lower_name(n, "expect") ? HeaderKind::kExpect : HeaderKind::kOther;
     case 7:
-      return iequals(n, "trailer") || iequals(n, "upgrade") ? HeaderKind::kHopByHop
-                                                            : HeaderKind::kOther;
+      return is_lower_name(n, "trailer") || is_lower_name(n, "upgrade") ? HeaderKind::kHopByHop
+                                                                        : HeaderKind::kOther;
     case 10:
-      return iequals(n, "connection") || iequals(n, "keep-alive") ? HeaderKind::kHopByHop
-                                                                  : HeaderKind::kOther;
+      return is_lower_name(n, "connection") || is_lower_name(n, "keep-alive")
+                 ? HeaderKind::kHopByHop
+                 : HeaderKind::kOther;
     case 12:
-      if (iequals(n, "content-type")) return HeaderKind::kContentType;
-      return iequals(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
+      if (is_lower_name(n, "content-type")) return HeaderKind::kContentType;
+      return is_lower_name(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
     case 14:
-      return iequals(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
+      return is_lower_name(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
     case 16:
-      return iequals(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return is_lower_name(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 17:
-      return iequals(n, "transfer-encoding") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return is_lower_name(n, "transfer-encoding") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 18:
-      return iequals(n, "proxy-authenticate") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return is_lower_name(n, "proxy-authenticate") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 19:
-      return iequals(n, "proxy-authorization") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return is_lower_name(n, "proxy-authorization") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     default:
       return HeaderKind::kOther;
   }
@@ -126,7 +142,20 @@ void append_status_line(std::string& out, int status, unsigned version) {
 }
 
 void append_header(std::string& out, std::string_view name, std::string_view value) {
-  out.append(name).append(": ").append(value).append("\r\n");
+  // One growth and four copies (the chained appends checked capacity four times).
+  size_t at = out.size();
+  size_t len = name.size() + value.size() + 4;
+  if (out.capacity() < at + len) out.reserve(std::max(at + len, out.capacity() * 2));
+  out.resize(at + len);
+  char* p = out.data() + at;
+  std::memcpy(p, name.data(), name.size());
+  p += name.size();
+  *p++ = ':';
+  *p++ = ' ';
+  std::memcpy(p, value.data(), value.size());
+  p += value.size();
+  *p++ = '\r';
+  *p = '\n';
 }
 
 }  // namespace kvgate::http

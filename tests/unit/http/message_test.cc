@@ -1,0 +1,48 @@
+// Unit tests: http/message (header classification and head building).
+#include "http/message.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace kvgate::http {
+namespace {
+
+TEST(ClassifyHeader, KnowsItsNamesInAnyCase) {
+  EXPECT_EQ(classify_header("Host"), HeaderKind::kHost);
+  EXPECT_EQ(classify_header("CONTENT-LENGTH"), HeaderKind::kContentLength);
+  EXPECT_EQ(classify_header("content-type"), HeaderKind::kContentType);
+  EXPECT_EQ(classify_header("X-Request-Id"), HeaderKind::kRequestId);
+  EXPECT_EQ(classify_header("Expect"), HeaderKind::kExpect);
+  for (const char* h : {"Connection", "keep-alive", "TE", "Trailer", "Upgrade", "Proxy-Connection",
+                        "Transfer-Encoding", "Proxy-Authenticate", "proxy-authorization"}) {
+    EXPECT_EQ(classify_header(h), HeaderKind::kHopByHop) << h;
+    EXPECT_TRUE(is_hop_by_hop(h)) << h;
+  }
+}
+
+TEST(ClassifyHeader, OtherNamesOfTheSameLengthAreOther) {
+  EXPECT_EQ(classify_header("hist"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header("content-typo"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header("x-request-ix"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header(""), HeaderKind::kOther);
+  // A control character is never a letter's other case: CR | 0x20 is '-', yet no match.
+  EXPECT_EQ(classify_header("keep\ralive"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header(std::string("t\x05", 2)), HeaderKind::kOther);
+  // Bytes that differ from a letter only in bit 0x20 but are not letters.
+  EXPECT_EQ(classify_header("@ost"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header("hos\x7f"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header("h\xcfst"), HeaderKind::kOther);
+}
+
+TEST(AppendHeader, WritesNameColonValueCrlf) {
+  std::string out = "GET / HTTP/1.1\r\n";
+  append_header(out, "host", "a:1");
+  append_header(out, "x-empty", "");
+  std::string big(5000, 'v');
+  append_header(out, "x-big", big);
+  EXPECT_EQ(out, "GET / HTTP/1.1\r\nhost: a:1\r\nx-empty: \r\nx-big: " + big + "\r\n");
+}
+
+}  // namespace
+}  // namespace kvgate::http

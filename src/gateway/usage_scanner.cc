@@ -26,10 +26,19 @@ std::optional<int64_t> number_at(std::string_view s, size_t pos) {
 }  // namespace
 
 void UsageScanner::scan(std::string_view s) {
-  for (auto [key, out] : {std::pair{kCached, &cached_}, std::pair{kPrompt, &prompt_}}) {
-    for (size_t pos = s.find(key); pos != std::string_view::npos; pos = s.find(key, pos + 1)) {
-      if (auto v = number_at(s, pos + key.size())) *out = v;
-    }
+  // Both keys end in `_tokens":`. Anchored on '_' (a few per body) rather than on '"' (every
+  // key and string: a search from each quote cost ~4,000 instructions per response).
+  constexpr std::string_view kTail = "_tokens\":";
+  constexpr size_t kHead = kCached.size() - kTail.size();  // `"cached`, `"prompt`
+  static_assert(kPrompt.size() - kTail.size() == kHead);
+  for (size_t p = s.find('_'); p != std::string_view::npos; p = s.find('_', p + 1)) {
+    if (p < kHead || s.compare(p, kTail.size(), kTail) != 0) continue;
+    std::string_view head = s.substr(p - kHead, kHead);
+    std::optional<int64_t>* out = head == kCached.substr(0, kHead)   ? &cached_
+                                  : head == kPrompt.substr(0, kHead) ? &prompt_
+                                                                     : nullptr;
+    if (!out) continue;
+    if (auto v = number_at(s, p + kTail.size())) *out = v;
   }
 }
 

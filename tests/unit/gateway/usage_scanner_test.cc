@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <random>
+#include <string>
+
 namespace kvgate {
 namespace {
 
@@ -38,6 +42,52 @@ TEST(UsageScanner, LastValueWins) {
   s.feed("data: {\"meta_info\":{\"cached_tokens\":0}}\n\n");
   s.feed("data: {\"meta_info\":{\"cached_tokens\":64}}\n\n");
   EXPECT_EQ(s.cached_tokens(), 64);
+}
+
+// What the scanner must find, written the plain way: every full key, its number, the last wins.
+std::optional<int64_t> last_value(const std::string& s, const std::string& key) {
+  std::optional<int64_t> v;
+  for (size_t p = s.find(key); p != std::string::npos; p = s.find(key, p + 1)) {
+    size_t i = p + key.size();
+    while (i < s.size() && s[i] == ' ') ++i;
+    size_t start = i;
+    int64_t n = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9' && i - start < 18)
+      n = n * 10 + (s[i++] - '0');
+    if (i != start && i != s.size()) v = n;
+  }
+  return v;
+}
+
+TEST(UsageScanner, AgreesWithAPlainSearchOnRandomBodiesInRandomPieces) {
+  std::mt19937 rng(7);
+  const char* parts[] = {"\"cached_tokens\":",
+                         "\"prompt_tokens\":",
+                         "_tokens\":",
+                         "\"cached",
+                         "\"prompt",
+                         "_",
+                         " ",
+                         "12",
+                         "3",
+                         "\"",
+                         ",",
+                         "x_tokens\":",
+                         "{\"a\":1}"};
+  for (int round = 0; round < 2000; ++round) {
+    std::string body;
+    int n = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) body += parts[rng() % std::size(parts)];
+    body += ",";  // a number at the very end is incomplete by design
+    UsageScanner sc;
+    for (size_t at = 0; at < body.size();) {
+      size_t len = 1 + rng() % 9;
+      sc.feed(std::string_view(body).substr(at, len));
+      at += len;
+    }
+    EXPECT_EQ(sc.cached_tokens(), last_value(body, "\"cached_tokens\":")) << body;
+    EXPECT_EQ(sc.prompt_tokens(), last_value(body, "\"prompt_tokens\":")) << body;
+  }
 }
 
 }  // namespace

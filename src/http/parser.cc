@@ -448,6 +448,9 @@ BodyFraming HeadParser::framing(bool head_request) const {
 
 bool HeadParser::keep_alive(bool head_request) const {
   bool keep = version_ >= 11 ? !conn_close_ : conn_keep_alive_ && !conn_close_;
+  // RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (a 1.0 hop before
+  // us may not have read it as chunked): it is processed, then the connection closes.
+  if (version_ < 11 && te_fields_ > 0) keep = false;
   return keep && framing(head_request) != BodyFraming::kUntilClose;
 }
 

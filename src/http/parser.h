@@ -118,7 +118,8 @@ class HeadParser {
   // "Connection: close", HTTP/1.0 only with "Connection: keep-alive"; never after a response
   // whose body ends with the connection.
   bool keep_alive(bool head_request = false) const;
-  bool expect_continue() const { return expect_continue_; }  // requests
+  // Requests. An HTTP/1.0 client's Expect is ignored (RFC 9110 10.1.1: it may not understand 100).
+  bool expect_continue() const { return expect_continue_ && version_ >= 11; }
 
  private:
   const Field& at(size_t i) const {

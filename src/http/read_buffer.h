@@ -3,14 +3,16 @@
 //
 // A message's head can be pinned: while it is, bytes before the pin never move (reading more only
 // moves unread bytes down to the pin, or grows the block, keeping offsets), so the head's fields
-// stay valid, by offset, while its body is read through the same buffer. restart() unpins and
-// moves what is left (a pipelined next message) to the start.
+// stay valid, by offset, while its body is read through the same buffer; views taken before the
+// block grew stay valid too (the old block is kept until restart()). restart() unpins and moves
+// what is left (a pipelined next message) to the start.
 #pragma once
 
 #include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace kvgate::http {
 
@@ -34,6 +36,7 @@ class ReadBuffer {
   // Unpins, and moves the unread bytes to base().
   void restart() {
     pin_ = 0;
+    retired_.clear();
     if (begin_ > 0) {
       size_t n = size();
       if (n > 0) std::memmove(buf_.get(), buf_.get() + begin_, n);
@@ -63,6 +66,7 @@ class ReadBuffer {
   void release() {
     if (end_ != 0 || pin_ != 0) return;
     buf_.reset();
+    retired_.clear();
     cap_ = begin_ = end_ = 0;
   }
 
@@ -73,10 +77,15 @@ class ReadBuffer {
     if (pin_ > 0) std::memcpy(bigger.get(), buf_.get(), pin_);
     size_t from = std::max(begin_, pin_);
     if (end_ > from) std::memcpy(bigger.get() + from, buf_.get() + from, end_ - from);
+    // A pinned head's old block stays allocated until restart(): whoever holds views of its
+    // fields (the gateway copies a worker's headers into the answer it writes, after reading the
+    // body) still reads the same bytes there. Growth doubles, so that is at most the block again.
+    if (pin_ > 0) retired_.push_back(std::move(buf_));
     buf_ = std::move(bigger);
     cap_ = n;
   }
 
+  std::vector<std::unique_ptr<char[]>> retired_;  // earlier blocks of a pinned head (see grow)
   std::unique_ptr<char[]> buf_;
   size_t cap_ = 0;
   size_t begin_ = 0;

@@ -70,7 +70,11 @@ class AvailabilityIndex final : private WorkerListener {
   Worker* least_inflight(uint64_t generation, Below&& below) const {
     std::lock_guard lock(mu_);
     if (current_->generation != generation || current_->workers.empty()) return nullptr;
+    // (Levels move by one and never go negative, so the lowest level's bucket is not empty; if
+    // that ever broke, the caller scans instead of indexing out of range.)
+    if (min_ < 0 || static_cast<size_t>(min_) >= bucket_.size()) return nullptr;
     const std::vector<uint32_t>& b = bucket_[static_cast<size_t>(min_)];
+    if (b.empty()) return nullptr;
     return workers_->workers[b[static_cast<size_t>(below(b.size()))]].get();
   }
 

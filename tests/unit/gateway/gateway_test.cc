@@ -409,6 +409,31 @@ TEST(GatewayRetry, StreamAbortedInItsFirstEventIsAFailedAttempt) {
   EXPECT_TRUE(h.policy->balanced());
 }
 
+// A short stream can be read whole by the first-event check (the answer ended before its first
+// event was looked at): all of it must still reach the client, framed by length or chunked.
+TEST(GatewayRelay, AStreamReadWholeByTheFirstEventCheckIsRelayedWhole) {
+  const std::string events = "data: {\"text\":\"a\"}\n\ndata: {\"text\":\"b\"}\n\ndata: [DONE]\n\n";
+  FakeWorker by_length([&](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.respond(200, h, events);
+  });
+  FakeWorker chunked([&](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body(events);  // one chunk, then the last chunk: all in one read
+    co_await ex.end_body();
+  });
+  for (FakeWorker* w : {&by_length, &chunked}) {
+    Harness h({w->url()});
+    HttpClient c(h.port());
+    auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(testing::sse_data(r.body),
+              (std::vector<std::string>{"{\"text\":\"a\"}", "{\"text\":\"b\"}", "[DONE]"}))
+        << r.body;
+  }
+}
+
 TEST(GatewayRetry, LastWorkerAbortingItsStreamIsRelayedAsItSentIt) {
   FakeWorker aborting([](http::Exchange& ex) -> awaitable<void> {
     const http::Header h[] = {{"content-type", "text/event-stream"}};

@@ -131,6 +131,8 @@ TEST(HeadParser, KeepAliveFollowsVersionAndConnection) {
       {"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", true},
       {"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n", false},
       {"GET / HTTP/1.1\r\nProxy-Connection: close\r\n\r\n", false},
+      // RFC 9112 6.1: HTTP/1.0 with Transfer-Encoding is faulty framing: served, then closed.
+      {"POST / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n", false},
   };
   for (const auto& c : cases) {
     HeadParser p(Kind::kRequest);
@@ -152,6 +154,20 @@ TEST(HeadParser, ChunkedRequestsAndExpectContinue) {
   ASSERT_EQ(parse_both(p, "POST / HTTP/1.1\r\nExpect: x\r\nExpect: 100-continue\r\n\r\n").status,
             ParseStatus::kDone);
   EXPECT_FALSE(p.expect_continue());  // the first one counts
+  ASSERT_EQ(
+      parse_both(p, "POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n").status,
+      ParseStatus::kDone);
+  EXPECT_FALSE(p.expect_continue());  // RFC 9110 10.1.1: a 1.0 client's Expect is ignored
+}
+
+TEST(HeadParser, AWorkersHttp10AnswerWithTransferEncodingIsNeverKeptAlive) {
+  HeadParser p(Kind::kResponse);
+  ASSERT_EQ(parse_both(p,
+                       "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: "
+                       "chunked\r\n\r\n")
+                .status,
+            ParseStatus::kDone);
+  EXPECT_FALSE(p.keep_alive());
 }
 
 TEST(HeadParser, RepeatedEqualContentLengthsAreOneLength) {
@@ -558,6 +574,24 @@ TEST(ReadBuffer, APinnedHeadStaysByOffsetWhileMoreIsRead) {
   b.consume(2);
   b.release();
   EXPECT_EQ(b.capacity(), 0u);
+}
+
+TEST(ReadBuffer, ViewsOfAPinnedHeadSurviveTheBlockGrowing) {
+  // The gateway holds a worker's header views while it reads the body (the prompt-logprobs merge
+  // writes its answer only after read_all): growing must not free the block they point into.
+  ReadBuffer b;
+  b.reserve(16);
+  put(b, "Name: value|");
+  b.pin(12);
+  b.consume(12);
+  std::string_view held(b.base() + 6, 5);  // a field's value, as HeadParser::find gives it
+  for (int i = 0; i < 6; ++i) put(b, std::string(1000, 'b'));  // grows several times
+  EXPECT_EQ(held, "value");  // (ASan: a read of freed memory if the old block were gone)
+  EXPECT_EQ(std::string_view(b.base() + 6, 5), "value");
+  b.consume(b.size());
+  b.restart();  // the next message: the old blocks go now
+  put(b, "next");
+  EXPECT_EQ(std::string_view(b.data(), b.size()), "next");
 }
 
 }  // namespace

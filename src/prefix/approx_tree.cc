@@ -145,46 +145,45 @@ size_t& ApproxTree::count_of(Slot slot) {
   return slot_chars_[slot];
 }
 
-size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
-                         std::span<size_t> matched) const {
-  std::fill(matched.begin(), matched.end(), 0);
-  std::shared_lock lock(mu_);
+template <class Visit>
+void ApproxTree::walk(std::string_view text, Visit&& visit) const {
   const Node* n = root_.get();
   size_t pos = 0, depth = 0;
   while (pos < text.size()) {
     int i = n->child_index(first_code_point(text.substr(pos)));
-    if (i < 0) break;
+    if (i < 0) return;
     const Node* c = n->children[static_cast<size_t>(i)].get();
     size_t common = common_prefix(text.substr(pos), c->label);
     depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
-    for (size_t k = 0; k < slots.size(); ++k) {
-      if (c->holds(slots[k])) matched[k] = depth;
-    }
-    if (common < c->label.size()) break;
+    if (!visit(c, depth) || common < c->label.size()) return;
     pos += common;
     n = c;
   }
+}
+
+size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
+                         std::span<size_t> matched) const {
+  std::fill(matched.begin(), matched.end(), 0);
+  std::shared_lock lock(mu_);
+  walk(text, [&](const Node* c, size_t depth) {
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (c->holds(slots[k])) matched[k] = depth;
+    }
+    return true;
+  });
   lock.unlock();
   return count_chars(text);
 }
 
 size_t ApproxTree::match_one(std::string_view text, Slot slot) const {
   std::shared_lock lock(mu_);
-  const Node* n = root_.get();
-  size_t pos = 0, depth = 0, matched = 0;
-  while (pos < text.size()) {
-    int i = n->child_index(first_code_point(text.substr(pos)));
-    if (i < 0) break;
-    const Node* c = n->children[static_cast<size_t>(i)].get();
+  size_t matched = 0;
+  walk(text, [&](const Node* c, size_t depth) {
     // A slot on a node is on all its ancestors: below the first node without it, none has it.
-    if (!c->holds(slot)) break;
-    size_t common = common_prefix(text.substr(pos), c->label);
-    depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
+    if (!c->holds(slot)) return false;
     matched = depth;
-    if (common < c->label.size()) break;
-    pos += common;
-    n = c;
-  }
+    return true;
+  });
   return matched;
 }
 
@@ -198,19 +197,10 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
   size_t best = 0;
   {
     std::shared_lock lock(mu_);
-    const Node* n = root_.get();
-    size_t pos = 0, depth = 0;
-    while (pos < text.size()) {
-      int i = n->child_index(first_code_point(text.substr(pos)));
-      if (i < 0) break;
-      const Node* c = n->children[static_cast<size_t>(i)].get();
-      size_t common = common_prefix(text.substr(pos), c->label);
-      depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
+    walk(text, [&](const Node* c, size_t depth) {
       path.emplace_back(c, depth);
-      if (common < c->label.size()) break;
-      pos += common;
-      n = c;
-    }
+      return true;
+    });
     for (auto it = path.rbegin(); it != path.rend() && best == 0; ++it) {
       for (const Tenant& t : it->first->tenants) {
         if (accept.fn(accept.self, t.slot)) {

@@ -67,6 +67,10 @@ class ApproxTree {
   void remove_from_subtree(Node* top, Slot slot);
   void prune(Node* n);  // deletes n (and empty ancestors) when it holds no slot and no children
   size_t& count_of(Slot slot);
+  // Calls visit(node, depth) for each node on `text`'s path from the root (depth: the characters
+  // matched down to and into it) until visit returns false or the text leaves the tree. mu_ held.
+  template <class Visit>
+  void walk(std::string_view text, Visit&& visit) const;
 
   mutable std::shared_mutex mu_;
   std::unique_ptr<Node> root_;

@@ -148,11 +148,11 @@ void append_header(std::string& out, std::string_view name, std::string_view val
   if (out.capacity() < at + len) out.reserve(std::max(at + len, out.capacity() * 2));
   out.resize(at + len);
   char* p = out.data() + at;
-  std::memcpy(p, name.data(), name.size());
+  if (!name.empty()) std::memcpy(p, name.data(), name.size());  // (an empty view may be null)
   p += name.size();
   *p++ = ':';
   *p++ = ' ';
-  std::memcpy(p, value.data(), value.size());
+  if (!value.empty()) std::memcpy(p, value.data(), value.size());
   p += value.size();
   *p++ = '\r';
   *p = '\n';

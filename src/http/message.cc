@@ -81,47 +81,34 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-namespace {
-// `n` equals `lower` (lowercase letters, digits and '-') ignoring case. Exact for any name whose
-// bytes are printable (a byte | 0x20 that gives a lowercase letter, digit or '-' came from that
-// letter, its uppercase, that digit or '-' unless it was a control character).
-bool is_lower_name(std::string_view n, std::string_view lower) {
-  for (size_t i = 0; i < n.size(); ++i) {
-    auto c = static_cast<unsigned char>(n[i]);
-    if (c < 0x20 || static_cast<char>(c | 0x20) != lower[i]) return false;
-  }
-  return true;
-}
-}  // namespace
-
 HeaderKind classify_header(std::string_view n) {
   switch (n.size()) {
     case 2:
-      return is_lower_name(n, "te") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return iequals_lower(n, "te") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 4:
-      return is_lower_name(n, "host") ? HeaderKind::kHost : HeaderKind::kOther;
+      return iequals_lower(n, "host") ? HeaderKind::kHost : HeaderKind::kOther;
     case 6:
-      return is_lower_name(n, "expect") ? HeaderKind::kExpect : HeaderKind::kOther;
+      return iequals_lower(n, "expect") ? HeaderKind::kExpect : HeaderKind::kOther;
     case 7:
-      return is_lower_name(n, "trailer") || is_lower_name(n, "upgrade") ? HeaderKind::kHopByHop
+      return iequals_lower(n, "trailer") || iequals_lower(n, "upgrade") ? HeaderKind::kHopByHop
                                                                         : HeaderKind::kOther;
     case 10:
-      return is_lower_name(n, "connection") || is_lower_name(n, "keep-alive")
+      return iequals_lower(n, "connection") || iequals_lower(n, "keep-alive")
                  ? HeaderKind::kHopByHop
                  : HeaderKind::kOther;
     case 12:
-      if (is_lower_name(n, "content-type")) return HeaderKind::kContentType;
-      return is_lower_name(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
+      if (iequals_lower(n, "content-type")) return HeaderKind::kContentType;
+      return iequals_lower(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
     case 14:
-      return is_lower_name(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
+      return iequals_lower(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
     case 16:
-      return is_lower_name(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return iequals_lower(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 17:
-      return is_lower_name(n, "transfer-encoding") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return iequals_lower(n, "transfer-encoding") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 18:
-      return is_lower_name(n, "proxy-authenticate") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return iequals_lower(n, "proxy-authenticate") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 19:
-      return is_lower_name(n, "proxy-authorization") ? HeaderKind::kHopByHop : HeaderKind::kOther;
+      return iequals_lower(n, "proxy-authorization") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     default:
       return HeaderKind::kOther;
   }

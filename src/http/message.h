@@ -26,6 +26,17 @@ std::string_view reason(int status);
 
 // ASCII case-insensitive comparison of header names.
 bool iequals(std::string_view a, std::string_view b);
+// `name` equals `lower` (lowercase letters, digits, '-') ignoring ASCII case: one OR per byte,
+// exact for any bytes (a byte | 0x20 that gives such a character came from that character or its
+// uppercase, unless it was a control character, which never matches).
+inline bool iequals_lower(std::string_view name, std::string_view lower) {
+  if (name.size() != lower.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || static_cast<char>(c | 0x20) != lower[i]) return false;
+  }
+  return true;
+}
 
 // Hop-by-hop headers (RFC 9110 7.6.1) that a proxy must not forward.
 bool is_hop_by_hop(std::string_view name);

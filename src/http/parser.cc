@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "http/message.h"
+
 namespace kvgate::http {
 
 namespace {
@@ -93,28 +95,6 @@ inline std::string_view trim(std::string_view v) {
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
   while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
   return v;
-}
-
-// `a` equals the lowercase `lower`, ignoring ASCII case (`a` holds token characters only, for
-// which setting bit 0x20 lowercases a letter and changes no other character into one of `lower`).
-inline bool eq_lower(std::string_view a, std::string_view lower) {
-  if (a.size() != lower.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if ((a[i] | 0x20) != lower[i]) return false;
-  }
-  return true;
-}
-
-inline bool iequal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x == y) continue;
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x + 32);
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y + 32);
-    if (x != y) return false;
-  }
-  return true;
 }
 
 // Calls fn(element) for each non-empty element of a comma-separated list (RFC 9110 5.6.1:
@@ -357,25 +337,25 @@ bool HeadParser::parse_field(const char* line, const char* end) {
 bool HeadParser::on_field(std::string_view name, std::string_view value) {
   switch (name.size()) {
     case 6:  // expect
-      if (!expect_seen_ && eq_lower(name, "expect")) {
+      if (!expect_seen_ && iequals_lower(name, "expect")) {
         expect_seen_ = true;
-        expect_continue_ = iequal(value, "100-continue");
+        expect_continue_ = iequals(value, "100-continue");
       }
       return true;
     case 10:  // connection
     case 16:  // proxy-connection (as Beast did: its tokens count too)
-      if (eq_lower(name, "connection") || eq_lower(name, "proxy-connection")) {
+      if (iequals_lower(name, "connection") || iequals_lower(name, "proxy-connection")) {
         bool ok = for_each_element(value, [&](std::string_view e) {
           if (!is_token(e)) return false;
-          if (iequal(e, "close")) conn_close_ = true;
-          if (iequal(e, "keep-alive")) conn_keep_alive_ = true;
+          if (iequals(e, "close")) conn_close_ = true;
+          if (iequals(e, "keep-alive")) conn_keep_alive_ = true;
           return true;
         });
         if (!ok) return bad(ParseError::kBadConnection);
       }
       return true;
     case 14:  // content-length
-      if (eq_lower(name, "content-length")) {
+      if (iequals_lower(name, "content-length")) {
         // 1*DIGIT: no sign, no list, no space inside (the value is trimmed already).
         if (value.empty() || value.size() > 20) return bad(ParseError::kBadContentLength);
         uint64_t v = 0;
@@ -393,12 +373,12 @@ bool HeadParser::on_field(std::string_view name, std::string_view value) {
       }
       return true;
     case 17:  // transfer-encoding
-      if (eq_lower(name, "transfer-encoding")) {
+      if (iequals_lower(name, "transfer-encoding")) {
         if (te_fields_ < 255) ++te_fields_;
         if (kind_ == Kind::kRequest) {
           // Clients: "chunked" alone, in one field (RFC 9112 6.1: anything else leaves the length
           // unknown, or needs a decoding the worker may not do).
-          if (te_fields_ > 1 || !iequal(value, "chunked")) {
+          if (te_fields_ > 1 || !iequals(value, "chunked")) {
             return bad(ParseError::kBadTransferEncoding);
           }
           chunked_ = true;
@@ -409,7 +389,7 @@ bool HeadParser::on_field(std::string_view name, std::string_view value) {
         bool ok = for_each_element(value, [&](std::string_view e) {
           any = true;
           if (chunked_ || !is_token(e)) return false;  // a coding after chunked
-          if (iequal(e, "chunked")) chunked_ = true;
+          if (iequals(e, "chunked")) chunked_ = true;
           return true;
         });
         if (!ok || !any) return bad(ParseError::kBadTransferEncoding);
@@ -428,7 +408,7 @@ ParseError HeadParser::finish() {
 std::string_view HeadParser::find(std::string_view name) const {
   for (size_t i = 0; i < count_; ++i) {
     const Field& f = at(i);
-    if (f.name_len == name.size() && iequal(view(f.name, f.name_len), name)) {
+    if (f.name_len == name.size() && iequals(view(f.name, f.name_len), name)) {
       return view(f.value, f.value_len);
     }
   }

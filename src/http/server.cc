@@ -481,6 +481,17 @@ ParseStatus decode_chunks(ChunkedDecoder& dec, ReadBuffer& buffer, std::string& 
   }
 }
 
+// Tells a client that waits (Expect: 100-continue) to send its body.
+template <class Stream>
+awaitable<boost::system::error_code> send_continue(Stream& stream, Deadline& deadline,
+                                                   const ServerConfig& cfg) {
+  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  deadline.expires_after(cfg.write_timeout);
+  auto [ec, n] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
+  (void)n;
+  co_return ec;
+}
+
 // Reads one request and runs its exchange. Returns whether the connection may serve another.
 template <class Stream>
 awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadline,
@@ -518,7 +529,6 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       bad = ParseError::kBodyLimit;
     }
   }
-  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
   if (!ec && bad == ParseError::kNone && framing == BodyFraming::kLength) {
     // Known length: what came with the head, then the rest straight into the body string.
     const auto len = static_cast<size_t>(*head.content_length());
@@ -528,12 +538,7 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
     buffer.consume(have);
     if (have < len) {
       reading_body = true;
-      if (head.expect_continue()) {
-        deadline.expires_after(cfg.write_timeout);
-        auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
-        (void)cn;
-        ec = cec;
-      }
+      if (head.expect_continue()) ec = co_await send_continue(stream, deadline, cfg);
       if (!ec) deadline.expires_after(cfg.body_timeout);
       while (!ec && have < len) {
         size_t want = std::min(len - have, std::max(have, kBodyStep));
@@ -557,13 +562,8 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       if (!reading_body) {
         reading_body = true;
         if (buffer.size() == 0 && head.expect_continue()) {
-          deadline.expires_after(cfg.write_timeout);
-          auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(kContinue), kTuple);
-          (void)cn;
-          if (cec) {
-            ec = cec;
-            break;
-          }
+          ec = co_await send_continue(stream, deadline, cfg);
+          if (ec) break;
         }
         deadline.expires_after(cfg.body_timeout);
       }

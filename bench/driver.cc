@@ -211,17 +211,16 @@ struct Runner {
       r.route = std::string(prefill.empty() ? call.header("x-kvgate-route")
                                             : call.header("x-kvgate-prefill-route"));
       std::string pending;
-      char buf[16384];
       double last_token = -1;
       for (;;) {
         http::CallError e = http::CallError::kNone;
-        size_t n = co_await call.read_some(buf, sizeof buf, e);
+        std::string_view piece = co_await call.read_view(e);
         if (e != http::CallError::kNone) {
           r.error = std::string(http::to_string(e)) + " mid-stream: " + call.error_detail();
           break;
         }
-        if (n == 0) break;
-        pending.append(buf, n);
+        if (piece.empty()) break;
+        pending.append(piece);
         if (r.status != 200) continue;
         size_t pos;
         while ((pos = pending.find("\n\n")) != std::string::npos) {

@@ -134,6 +134,12 @@ void export_piece_cache_stats(metrics::Registry& registry,
 // Copies the listener's counters into metric families at each scrape.
 void export_server_stats(metrics::Registry& registry, const http::Server& server) {
   auto& connections = registry.gauge("kvgate_connections", "Client connections open now");
+  auto& idle_now = registry.gauge("kvgate_connections_idle",
+                                  "Client connections open now and waiting for their next request "
+                                  "(keep-alive)");
+  auto& parked = registry.gauge("kvgate_connections_parked",
+                                "Idle client connections parked: only their socket kept (plain "
+                                "TCP, idle for over a second)");
   auto& accepted =
       registry.counter("kvgate_connections_accepted_total", "Client connections accepted");
   auto& refused =
@@ -153,6 +159,8 @@ void export_server_stats(metrics::Registry& registry, const http::Server& server
   const http::ServerStats* st = &server.stats();
   registry.add_collector([&, st] {
     connections.with({}).set(static_cast<double>(st->connections.load()));
+    idle_now.with({}).set(static_cast<double>(st->idle.load()));
+    parked.with({}).set(static_cast<double>(st->parked.load()));
     accepted.with({}).mirror(st->accepted.load());
     refused.with({}).mirror(st->refused.load());
     idle.with({}).mirror(st->idle_closed.load());

@@ -34,8 +34,8 @@
 
 namespace kvgate {
 
-// What each request thread keeps between requests: its upstream keep-alive pool, spare relay
-// buffers, the sweep that starts disconnect watches. Owned by whoever runs the thread; it must
+// What each request thread keeps between requests: its upstream keep-alive pool, the sweep that
+// starts disconnect watches. Owned by whoever runs the thread; it must
 // outlive every request coroutine of that thread and be closed before the thread's io_context is
 // destroyed (its pooled sockets and timer belong to that context). Shutdown order:
 //   stop the io_context -> close() -> destroy the io_context (unfinished requests are destroyed

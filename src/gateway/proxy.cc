@@ -19,7 +19,6 @@
 namespace kvgate {
 namespace {
 
-constexpr size_t kRelayBufferSize = 16384;
 constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
 // A stream's first event is read before the client sees anything (it may be an abort): at most
 // this much of it. A longer first event is relayed without the check.
@@ -82,7 +81,6 @@ struct PendingWatch {
 struct RequestThread::State {
   explicit State(const GatewayConfig& c) : pool(upstream_pool_options(c)) {}
   http::ConnectionPool pool;
-  std::vector<std::unique_ptr<char[]>> spare;
   PendingWatch pending;  // list head
   std::unique_ptr<Timer> sweep;
   std::unique_ptr<Timer> reaper;
@@ -173,29 +171,6 @@ class WatchGuard {
  private:
   http::Exchange& ex_;
   PendingWatch node_;
-};
-
-// A relay buffer borrowed from the thread's spares for the life of one response.
-class RelayBuffer {
- public:
-  explicit RelayBuffer(RequestThread::State& ts) : ts_(ts) {
-    if (!ts_.spare.empty()) {
-      buf_ = std::move(ts_.spare.back());
-      ts_.spare.pop_back();
-    } else {
-      buf_.reset(new char[kRelayBufferSize]);
-    }
-  }
-  ~RelayBuffer() {
-    if (ts_.spare.size() < 1024) ts_.spare.push_back(std::move(buf_));
-  }
-  RelayBuffer(const RelayBuffer&) = delete;
-  RelayBuffer& operator=(const RelayBuffer&) = delete;
-  char* data() { return buf_.get(); }
-
- private:
-  RequestThread::State& ts_;
-  std::unique_ptr<char[]> buf_;
 };
 
 // What a policy may read of the request's headers. X-SMG-Target-Worker pins a worker: only
@@ -522,7 +497,6 @@ struct Gateway::Attempt {
   // Prefill/decode: the decode half says its KV transfer failed (which side is at fault is not
   // known: neither is charged, both avoided by the next attempt).
   bool blame_prefill = false;
-  std::optional<RelayBuffer> buf;
   // Prefill/decode: the prefill half (d, w, dispatch and call above are the decode half, whose
   // answer the client gets).
   using Prefill = PrefillHalf;
@@ -1132,13 +1106,12 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
 awaitable<Next> Gateway::Request::first_event(Attempt& a) {
   http::UpstreamCall& call = *a.call;
   a.sse = call.header("content-type").starts_with("text/event-stream");
-  a.buf.emplace(ts_);
   if (!a.sse || a.status != 200 || call.done()) co_return Next::kOn;
   http::CallError re = http::CallError::kNone;
   while (a.pre.size() < kFirstEventLimit && !first_event_end(a.pre)) {
-    size_t n = co_await call.read_some(a.buf->data(), kRelayBufferSize, re);
-    if (n == 0 || re != http::CallError::kNone) break;
-    a.pre.append(a.buf->data(), n);
+    std::string_view piece = co_await call.read_view(re);
+    a.pre.append(piece);
+    if (piece.empty() || re != http::CallError::kNone) break;
   }
   if (a.prefill) {
     // Nothing reached the client yet: a decode stream the prefill's failure cut (even after its
@@ -1292,13 +1265,13 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     if (scan_usage) usage.feed(a.pre);
     ok = co_await ex_.write_body(a.pre);
   }
-  char* buf = a.buf->data();
   while (ok) {
     http::CallError re = http::CallError::kNone;
-    size_t n = co_await call.read_some(buf, kRelayBufferSize, re);
-    if (n > 0 && scan_usage) usage.feed(std::string_view(buf, n));
-    if (n > 0) {
-      bool written = co_await ex_.write_body(std::string_view(buf, n));
+    // In place in the worker connection's buffer: no relay buffer, no copy.
+    std::string_view piece = co_await call.read_view(re);
+    if (!piece.empty() && scan_usage) usage.feed(piece);
+    if (!piece.empty()) {
+      bool written = co_await ex_.write_body(piece);
       if (!written) {
         ok = false;
         break;
@@ -1334,7 +1307,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
       verdict = Verdict::kFailure;
       break;
     }
-    if (n == 0) {
+    if (piece.empty()) {
       bool ended = co_await ex_.end_body();
       if (!ended) ok = false;
       break;
@@ -1472,7 +1445,6 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
   // meta_info), the rest relayed as is.
   co_await ex_.begin_body(a.status, out, std::nullopt);
   std::string pending = std::move(a.pre);
-  char* buf = a.buf->data();
   bool ok = true;
   for (;;) {
     while (ok) {
@@ -1487,12 +1459,12 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
     }
     if (!ok) break;
     http::CallError re = http::CallError::kNone;
-    size_t n = co_await call.read_some(buf, kRelayBufferSize, re);
-    if (n > 0) {
-      if (pending.size() + n > kMaxMergedAnswer) {
+    std::string_view piece = co_await call.read_view(re);
+    if (!piece.empty()) {
+      if (pending.size() + piece.size() > kMaxMergedAnswer) {
         re = http::CallError::kProtocol;  // an event past any sane size
       } else {
-        pending.append(buf, n);
+        pending.append(piece);
       }
     }
     if (re == http::CallError::kAborted || ex_.client_gone()) {
@@ -1507,7 +1479,7 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
       co_await ex_.end_body();
       break;
     }
-    if (n == 0) {
+    if (piece.empty()) {
       if (!pending.empty()) ok = co_await ex_.write_body(pending);
       if (ok) ok = co_await ex_.end_body();
       break;

@@ -490,24 +490,34 @@ std::optional<uint64_t> UpstreamCall::content_length() const {
   return conn_->head.content_length();
 }
 
-awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& error) {
+awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
   error = CallError::kNone;
-  if (done_ || !conn_ || !conn_->head_done || cap == 0) co_return 0;
+  if (done_ || !conn_ || !conn_->head_done) co_return std::string_view();
   Connection& c = *conn_;
   if (c.framing == BodyFraming::kChunked) {
-    size_t got = 0;
     for (;;) {
-      // The chunks' data already here, as much as fits; then more bytes, if none was.
+      // The data of every chunk already here, moved together to the front of the unread bytes
+      // (over the chunks' framing, which always comes before their data): one piece, however
+      // many chunks the worker's last write held.
+      char* const start = c.buffer.unread();
+      char* out = start;
+      size_t used_total = 0;
       ParseStatus st = ParseStatus::kNeedMore;
       for (;;) {
         size_t used = 0;
         std::string_view data;
-        st = c.chunks.decode(c.buffer.data(), c.buffer.size(), cap - got, used, data);
-        if (!data.empty()) std::memcpy(buf + got, data.data(), data.size());
-        got += data.size();
-        c.buffer.consume(used);
+        st =
+            c.chunks.decode(start + used_total, c.buffer.size() - used_total, SIZE_MAX, used, data);
+        if (!data.empty()) {
+          std::memmove(out, data.data(), data.size());
+          out += data.size();
+        }
+        used_total += used;
         if (st != ParseStatus::kNeedMore || used == 0) break;
       }
+      // (Consumed bytes stay where they are until the next read into the buffer.)
+      c.buffer.consume(used_total);
+      const std::string_view got(start, static_cast<size_t>(out - start));
       if (st == ParseStatus::kDone) {
         done_ = true;
         co_return got;
@@ -516,7 +526,7 @@ awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& erro
         error = malformed(c.chunks.error());
         co_return got;
       }
-      if (got > 0) co_return got;
+      if (!got.empty()) co_return got;
       auto space = c.buffer.prepare(kMinRead);
       auto [ec, n] =
           co_await c.with_stream([&](auto& s) { return s.async_read_some(space, kTuple); });
@@ -525,57 +535,57 @@ awaitable<size_t> UpstreamCall::read_some(char* buf, size_t cap, CallError& erro
       if (ec) {
         error = classify(ec);
         conn_.reset();
-        co_return 0;
+        co_return std::string_view();
       }
     }
   }
   // Content-Length, or until the worker closes: bytes that came with the head first, then reads
-  // straight into the caller's buffer (never past the body's end).
+  // into the buffer, never past the body's end (what follows it is not this answer's).
   const bool until_close = c.framing == BodyFraming::kUntilClose;
-  size_t want = until_close ? cap : static_cast<size_t>(std::min<uint64_t>(cap, c.left));
-  if (c.buffer.size() > 0) {
-    size_t n = std::min(want, c.buffer.size());
-    std::memcpy(buf, c.buffer.data(), n);
-    c.buffer.consume(n);
-    if (!until_close) {
-      c.left -= n;
-      done_ = c.left == 0;
-    }
-    co_return n;
+  if (!until_close && c.left == 0) {
+    done_ = true;
+    co_return std::string_view();
   }
-  for (;;) {
-    auto [ec, n] = co_await c.with_stream(
-        [&](auto& s) { return s.async_read_some(asio::buffer(buf, want), kTuple); });
+  while (c.buffer.size() == 0) {
+    auto space = c.buffer.prepare(kMinRead);
+    if (!until_close) space = asio::buffer(space, static_cast<size_t>(c.left));
+    auto [ec, n] =
+        co_await c.with_stream([&](auto& s) { return s.async_read_some(space, kTuple); });
+    c.buffer.commit(n);
+    c.head.rebase(c.buffer.base());
     if (until_close && ec == asio::error::eof && !aborted_) {
       done_ = true;  // the end of the body (and of the connection, which is not pooled)
-      co_return 0;
+      co_return std::string_view();
     }
     if (ec) {
       error = classify(ec);
       conn_.reset();
-      co_return 0;
+      co_return std::string_view();
     }
-    if (!until_close) {
-      c.left -= n;
-      done_ = c.left == 0;
-    }
-    if (n > 0 || done_) co_return n;
   }
+  size_t n = until_close ? c.buffer.size()
+                         : static_cast<size_t>(std::min<uint64_t>(c.left, c.buffer.size()));
+  const std::string_view got(c.buffer.unread(), n);
+  c.buffer.consume(n);
+  if (!until_close) {
+    c.left -= n;
+    done_ = c.left == 0;
+  }
+  co_return got;
 }
 
 awaitable<CallError> UpstreamCall::read_all(std::string& out, size_t limit) {
-  char buf[16384];
   for (;;) {
     CallError err = CallError::kNone;
-    size_t n = co_await read_some(buf, sizeof buf, err);
+    std::string_view piece = co_await read_view(err);
     if (err != CallError::kNone) co_return err;
-    if (n == 0) co_return CallError::kNone;
-    if (out.size() + n > limit) {
+    if (piece.empty()) co_return CallError::kNone;
+    if (out.size() + piece.size() > limit) {
       detail_ = "response larger than " + std::to_string(limit) + " bytes";
       abort();
       co_return CallError::kProtocol;
     }
-    out.append(buf, n);
+    out.append(piece);
   }
 }
 

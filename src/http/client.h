@@ -134,9 +134,10 @@ class UpstreamCall {
   void for_each_header(const std::function<void(std::string_view, std::string_view)>& fn) const;
   std::optional<uint64_t> content_length() const;
   bool done() const { return done_; }
-  // Reads the next piece of body into buf. Returns bytes read (> 0), or 0 when the body is
-  // complete; `error` is set on failure.
-  awaitable<size_t> read_some(char* buf, size_t cap, CallError& error);
+  // The next piece of body, where it lies in the connection's read buffer (no copy): valid until
+  // the next call on this object. Empty when the body is complete, or on failure (`error` set;
+  // a malformed chunk may still come with the data before it).
+  awaitable<std::string_view> read_view(CallError& error);
   // Reads the rest of the body into out (at most `limit` bytes, else kProtocol).
   awaitable<CallError> read_all(std::string& out, size_t limit = 64 << 20);
   // Closes the connection now; a pending operation completes with kAborted.

@@ -23,6 +23,7 @@ class ReadBuffer {
   ReadBuffer& operator=(const ReadBuffer&) = delete;
 
   const char* data() const { return buf_.get() + begin_; }  // the unread bytes
+  char* unread() { return buf_.get() + begin_; }            // the same, to rewrite in place
   size_t size() const { return end_ - begin_; }
   const char* base() const { return buf_.get(); }  // where a pinned head starts
   size_t capacity() const { return cap_; }

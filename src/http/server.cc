@@ -18,6 +18,7 @@
 #include <stdexcept>
 
 #include "http/deadline.h"
+#include "http/parking.h"
 #include "http/parser.h"
 #include "http/read_buffer.h"
 #include "http/write_now.h"
@@ -31,8 +32,8 @@ constexpr auto kTuple = asio::as_tuple(use_awaitable);
 
 namespace {
 
-// Bytes a connection keeps for reading while a request is in progress. Released while the
-// connection is idle: 10,000 idle keep-alive connections must not hold 10,000 read buffers.
+// Bytes a connection keeps for reading while a request is in progress. Given back with the rest
+// of the connection's memory when it is parked (http/parking).
 constexpr size_t kReadBufferSize = 16384;
 // The least room a read into the buffer is given (fewer free bytes: moved or grown first).
 constexpr size_t kMinRead = 1024;
@@ -40,8 +41,9 @@ constexpr size_t kMinRead = 1024;
 // but the string grows only as fast as bytes arrive (at most doubling, from this step): a
 // Content-Length alone makes it reserve, not touch, the memory.
 constexpr size_t kBodyStep = 65536;
-// How long an idle keep-alive connection keeps its read buffer before giving it back.
-constexpr auto kKeepBufferFor = std::chrono::milliseconds(1000);
+// How long an idle plain-TCP keep-alive connection stays a session (its frames, read buffer and
+// reactor state kept) before it is parked (http/parking), holding only its descriptor.
+constexpr auto kParkAfter = std::chrono::milliseconds(1000);
 
 // What a forced close (shutdown after the grace period) does to an exchange in progress.
 class ForceClosable {
@@ -102,6 +104,7 @@ struct Server::Shared {
   std::unique_ptr<ssl::context> tls;
   std::vector<asio::io_context*> contexts;
   std::vector<std::unique_ptr<SessionNode>> sessions;  // list heads, one per context
+  std::vector<std::unique_ptr<ParkingLot>> parking;    // one per context
   // Contexts that have seen stop() (closed their acceptor, sorted their idle connections): until
   // all have, the server counts as busy (a connection whose request just arrived may still look
   // idle there).
@@ -650,6 +653,16 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
   co_return !close;
 }
 
+// Parked connections closed (keep-alive timeout, or shutdown).
+void closed_parked(Server::Shared& srv, size_t n) {
+  if (n == 0) return;
+  auto k = static_cast<int64_t>(n);
+  srv.stats.parked.fetch_sub(k, std::memory_order_relaxed);
+  srv.stats.idle.fetch_sub(k, std::memory_order_relaxed);
+  srv.stats.connections.fetch_sub(k, std::memory_order_relaxed);
+  srv.stats.idle_closed.fetch_add(n, std::memory_order_relaxed);
+}
+
 // Marks a connection waiting for its next request (or not): what shutdown closes at once, and
 // what the drain does not wait for.
 void set_idle(Server::Shared& srv, SessionNode& node, bool idle) {
@@ -658,12 +671,13 @@ void set_idle(Server::Shared& srv, SessionNode& node, bool idle) {
   srv.stats.idle.fetch_add(idle ? 1 : -1, std::memory_order_relaxed);
 }
 
-// Serves requests on one connection until it closes. The frame of an idle connection holds only
-// what waiting needs; a request's parser and exchange live in serve_one()'s frame, allocated per
-// request (from Asio's per-thread frame cache), so 10,000 idle connections stay small.
+// Serves requests on one connection until it closes, or (plain TCP) until it has been idle for
+// kParkAfter: then it returns the connection's idle deadline, and the session parks it. A
+// request's parser and exchange live in serve_one()'s frame, allocated per request.
 template <class Stream>
-awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, SessionNode& node,
-                      const std::string& remote) {
+awaitable<std::optional<Clock::time_point>> serve(Server::Shared& srv, Stream& stream,
+                                                  Deadline& deadline, SessionNode& node,
+                                                  const std::string& remote) {
   const ServerConfig& cfg = srv.config;
   Socket& socket = lowest(stream);
   ReadBuffer buffer;
@@ -681,29 +695,23 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
         if (!kPlain || socket.available(aec) == 0 || aec) break;
         arrived = true;
       }
-      // Waiting for the next request. First with the read buffer (most keep-alive requests follow
-      // within moments, and a read is the cheapest wait: no extra system call); a connection idle
-      // longer than kKeepBufferFor gives its buffers back and waits for readability alone (an
-      // epoll_ctl per wait, only paid by connections that were idle anyway).
-      // (TLS connections keep theirs: cancelling a TLS read may leave a record half-read.)
+      // Waiting for the next request, with a read (most keep-alive requests follow within
+      // moments, and a read is the cheapest wait: no extra system call). A plain connection idle
+      // longer than kParkAfter is parked: the session hands its descriptor to the context's
+      // parking lot and ends, giving back everything else (a few system calls, paid only by
+      // connections that were idle anyway). TLS connections stay sessions: their state is in
+      // the TLS stream, and cancelling a TLS read may leave a record half-read.
       buffer.restart();  // nothing unread: the previous request's head is no longer needed
       buffer.reserve(kReadBufferSize);
       auto waiting_since = coarse_now();
       auto idle_until = waiting_since + cfg.idle_timeout;
       set_idle(srv, node, !arrived);
-      deadline.expires_at(kPlain ? std::min(idle_until, waiting_since + kKeepBufferFor)
-                                 : idle_until);
+      deadline.expires_at(kPlain ? std::min(idle_until, waiting_since + kParkAfter) : idle_until);
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kReadBufferSize), kTuple);
       buffer.commit(rn);
       if (kPlain && rec && rn == 0 && deadline.expired() && coarse_now() < idle_until &&
           !srv.stopping.load(std::memory_order_relaxed)) {
-        buffer.release();
-        scratch.clear();
-        scratch.shrink_to_fit();
-        deadline.expires_at(idle_until);
-        auto [wec] = co_await socket.async_wait(Socket::wait_read, kTuple);
-        rec = wec;
-        buffer.reserve(kReadBufferSize);
+        co_return idle_until;  // idle: parked by the session (still counted idle)
       }
       set_idle(srv, node, false);
       if (kPlain && rec && buffer.size() == 0 && srv.stopping.load(std::memory_order_relaxed)) {
@@ -731,12 +739,16 @@ awaitable<void> serve(Server::Shared& srv, Stream& stream, Deadline& deadline, S
     bool again = co_await serve_one(srv, stream, deadline, node, remote, buffer, scratch);
     if (!again || srv.stopping.load(std::memory_order_relaxed)) break;
   }
+  co_return std::nullopt;
 }
 
-// Counts a connection open until the session ends.
+// Counts a connection open until the session ends (unless it was parked: still open).
 struct ConnectionCount {
   ServerStats& stats;
-  ~ConnectionCount() { stats.connections.fetch_sub(1, std::memory_order_relaxed); }
+  bool parked = false;
+  ~ConnectionCount() {
+    if (!parked) stats.connections.fetch_sub(1, std::memory_order_relaxed);
+  }
 };
 
 // A TLS connection: handshake, requests, close_notify. A coroutine of its own so that the TLS
@@ -752,7 +764,7 @@ awaitable<void> serve_tls(Server::Shared& srv, Socket& socket, Deadline& deadlin
     log::debug("TLS handshake failed").kv("client", remote).kv("error", ec.message());
     co_return;
   }
-  co_await serve(srv, tls, deadline, node, remote);
+  (void)co_await serve(srv, tls, deadline, node, remote);  // (TLS connections are never parked)
   if (socket.is_open()) {
     // close_notify, bounded: a client that does not answer it is not waited for.
     deadline.expires_after(std::chrono::milliseconds(500));
@@ -761,7 +773,8 @@ awaitable<void> serve_tls(Server::Shared& srv, Socket& socket, Deadline& deadlin
   }
 }
 
-awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size_t slot) {
+awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size_t slot,
+                        bool resumed = false) {
   ConnectionCount counted{srv->stats};
   SessionNode node;
   node.socket = &socket;
@@ -776,18 +789,37 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
   } unlink{*srv, node};
 
   boost::system::error_code ignored;
-  socket.set_option(tcp::no_delay(true), ignored);
+  if (!resumed) socket.set_option(tcp::no_delay(true), ignored);  // (a parked one kept it)
   socket.non_blocking(true, ignored);  // write_now() never waits; asynchronous I/O is unchanged
   std::string remote;
+  bool v6 = false;
   {
     auto ep = socket.remote_endpoint(ignored);
-    if (!ignored) remote = ep.address().to_string();
+    if (!ignored) {
+      remote = ep.address().to_string();
+      v6 = ep.address().is_v6();
+    }
   }
   Deadline deadline(socket.get_executor(), socket, Deadline::Action::kCancel);
+  std::optional<Clock::time_point> park;
   if (srv->tls) {
     co_await serve_tls(*srv, socket, deadline, node, remote);
   } else {
-    co_await serve(*srv, socket, deadline, node, remote);
+    park = co_await serve(*srv, socket, deadline, node, remote);
+  }
+  if (park && !srv->stopping.load(std::memory_order_relaxed)) {
+    // Out of Asio (its reactor state freed; non-blocking kept), into the lot; still open and
+    // idle. (A stop() handler runs on this thread: it either saw this session idle and ran
+    // before, and then `stopping` is seen here, or it runs after and closes the lot.)
+    int fd = socket.release(ignored);
+    if (!ignored && srv->parking[slot]->park(fd, v6, *park)) {
+      counted.parked = true;
+      srv->stats.parked.fetch_add(1, std::memory_order_relaxed);
+      srv->stats.idle.fetch_add(1, std::memory_order_relaxed);  // (Unlink takes the session's)
+      co_return;
+    }
+    if (!ignored) ::close(fd);
+    co_return;
   }
   socket.shutdown(Socket::shutdown_send, ignored);
   socket.close(ignored);
@@ -882,8 +914,35 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
                              "': not an IP address (use e.g. 0.0.0.0 or 127.0.0.1)");
   }
   uint16_t port = cfg.port;
-  for (auto* ctx : contexts) {
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    auto* ctx = contexts[i];
     shared_->sessions.push_back(std::make_unique<SessionNode>());
+    std::weak_ptr<Shared> weak = shared_;
+    shared_->parking.push_back(std::make_unique<ParkingLot>(
+        *ctx,
+        [weak, ctx, i](int fd, bool v6) {
+          // Readable (a request, or the client hung up): a session again.
+          auto srv = weak.lock();
+          if (!srv) {  // (the lot goes with the server's shared state: not expected)
+            ::close(fd);
+            return;
+          }
+          auto& st = srv->stats;
+          st.parked.fetch_sub(1, std::memory_order_relaxed);
+          st.idle.fetch_sub(1, std::memory_order_relaxed);
+          Socket s(ctx->get_executor());
+          boost::system::error_code ec;
+          s.assign(v6 ? tcp::v6() : tcp::v4(), fd, ec);
+          if (ec) {
+            ::close(fd);
+            st.connections.fetch_sub(1, std::memory_order_relaxed);
+            return;
+          }
+          asio::co_spawn(ctx->get_executor(), session(srv, std::move(s), i, true), asio::detached);
+        },
+        [weak](size_t n) {
+          if (auto srv = weak.lock()) closed_parked(*srv, n);
+        }));
     auto acc = std::make_unique<Acceptor>(*ctx);
     tcp::endpoint ep(address, port);
     acc->open(ep.protocol(), ec);
@@ -944,6 +1003,7 @@ void Server::stop() {
       // next request has arrived (bytes wait unread) is busy from now on: on plain TCP its
       // request is read and answered (with connection: close), and shutdown waits for it (a TLS
       // connection is closed: its bytes may be a partial record).
+      closed_parked(*srv, srv->parking[i]->close_all());
       SessionNode& head = *srv->sessions[i];
       for (SessionNode* n = head.next; n != &head; n = n->next) {
         if (!n->idle) continue;

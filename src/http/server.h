@@ -63,6 +63,7 @@ struct ServerStats {
   };
   std::atomic<int64_t> connections{0};      // open now
   std::atomic<int64_t> idle{0};             // of which waiting for their next request
+  std::atomic<int64_t> parked{0};           // of which parked (http/parking)
   std::atomic<uint64_t> accepted{0};        // ever
   std::atomic<uint64_t> refused{0};         // closed at once: --max-connections reached
   std::atomic<uint64_t> idle_closed{0};     // keep-alive timeout or shutdown

@@ -12,7 +12,6 @@
 namespace kvgate::pd {
 namespace {
 
-constexpr size_t kReadBuffer = 16384;
 // An error answer kept for the client, and the longest stream event checked for an abort.
 constexpr size_t kKeptLimit = 65536;
 // The prefill's answer kept for a logprobs merge (a long prompt's rows are large).
@@ -223,14 +222,12 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
   if (!sse) decode_ = nullptr;
   std::string pending;
   const size_t limit = keep_ ? kKeepLimit : kKeptLimit;
-  std::unique_ptr<char[]> buf(new char[kReadBuffer]);
   for (;;) {
     http::CallError re = http::CallError::kNone;
-    size_t n = co_await call.read_some(buf.get(), kReadBuffer, re);
-    if (n > 0) {
-      std::string_view piece(buf.get(), n);
+    std::string_view piece = co_await call.read_view(re);  // in the connection's buffer
+    if (!piece.empty()) {
       usage_.feed(piece);
-      if (pending.size() + n <= limit) {
+      if (pending.size() + piece.size() <= limit) {
         pending.append(piece);
       } else {
         pending.clear();  // an event this long is not checked (nor is a long whole answer)
@@ -261,7 +258,7 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
       finish(State::kFailed);
       co_return;
     }
-    if (n == 0) break;
+    if (piece.empty()) break;
   }
   if (!sse && !pending.empty()) {
     // A whole answer whose finish_reason says abort (as a stream's event would).

@@ -203,6 +203,88 @@ TEST(ServerTimeouts, IdleKeepAliveConnectionIsClosed) {
   EXPECT_TRUE(wait_until([&] { return s.stats().idle_closed.load() == 1; }));
 }
 
+// ---- server: idle connections parked (http/parking) ----
+
+// A request on `fd` and its answer (a small one, whole in one receive).
+std::string ask(int fd, std::string_view target) {
+  send_all(fd, "GET " + std::string(target) + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  char buf[512];
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+TEST(ServerParking, AnIdleConnectionIsParkedAndServedAgain) {
+  TestServer s(ok_handler);
+  int fd = connect_to(s.port());
+  ASSERT_NE(ask(fd, "/1").find("200"), std::string::npos);
+  // Idle for over a second: parked, still open and idle.
+  ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  EXPECT_EQ(s.stats().connections.load(), 1);
+  EXPECT_EQ(s.stats().idle.load(), 1);
+  EXPECT_EQ(s.server().busy_connections(), 0);
+  for (int i = 0; i < 3; ++i) {  // a request brings it back, as often as it is parked
+    std::string r = ask(fd, "/again");
+    EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+    EXPECT_EQ(r.find("close"), std::string::npos) << r;
+    ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  }
+  EXPECT_EQ(s.stats().connections.load(), 1);
+  EXPECT_EQ(s.stats().accepted.load(), 1u);
+  // The client leaves while parked: the connection is closed and no longer counted.
+  ::close(fd);
+  EXPECT_TRUE(wait_until([&] { return s.stats().connections.load() == 0; }));
+  EXPECT_EQ(s.stats().parked.load(), 0);
+  EXPECT_EQ(s.stats().idle.load(), 0);
+}
+
+TEST(ServerParking, PipelinedBytesSentJustAsItParksAreAnswered) {
+  TestServer s(ok_handler);
+  int fd = connect_to(s.port());
+  ASSERT_NE(ask(fd, "/1").find("200"), std::string::npos);
+  ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  // Two requests in one send, the second split across two: both answered, in order.
+  send_all(fd, "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHo");
+  send_all(fd, "st: x\r\n\r\n");
+  std::string got;
+  char buf[512];
+  while (got.find("ok", got.find("ok") + 1) == std::string::npos) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(got.find("HTTP/1.1 200"), 0u);
+  EXPECT_NE(got.find("HTTP/1.1 200", 1), std::string::npos);
+  ::close(fd);
+}
+
+TEST(ServerParking, AParkedConnectionClosesAtTheKeepAliveTimeout) {
+  ServerConfig cfg;
+  cfg.idle_timeout = 1500ms;  // parked after 1 s, closed 0.5 s later
+  TestServer s(ok_handler, cfg);
+  int fd = connect_to(s.port());
+  ASSERT_NE(ask(fd, "/").find("200"), std::string::npos);
+  ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  EXPECT_TRUE(peer_closed(fd));
+  ::close(fd);
+  EXPECT_TRUE(wait_until([&] { return s.stats().connections.load() == 0; }));
+  EXPECT_EQ(s.stats().idle_closed.load(), 1u);
+  EXPECT_EQ(s.stats().idle.load(), 0);
+  EXPECT_EQ(s.stats().parked.load(), 0);
+}
+
+TEST(ServerParking, StopClosesParkedConnections) {
+  TestServer s(ok_handler);
+  int fd = connect_to(s.port());
+  ASSERT_NE(ask(fd, "/").find("200"), std::string::npos);
+  ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  s.server().stop();
+  EXPECT_TRUE(peer_closed(fd));
+  ::close(fd);
+  EXPECT_TRUE(wait_until([&] { return s.stats().connections.load() == 0; }));
+  EXPECT_EQ(s.stats().idle_closed.load(), 1u);
+  EXPECT_EQ(s.server().busy_connections(), 0);
+}
+
 // ---- server: errors reach the client; limits ----
 
 TEST(ServerLimits, ErrorReachesAClientStillSendingItsBody) {
@@ -632,11 +714,92 @@ TEST(UpstreamPooling, AnswerNotReadToTheEndIsNotPooled) {
   auto n = run_on<size_t>(client.ctx(), [&]() -> awaitable<size_t> {
     UpstreamCall c(client.ctx().get_executor(), client.pool(), t, 1);
     co_await c.start("POST", "/generate", {}, "{}");
-    char buf[16];
     CallError e;
-    co_return co_await c.read_some(buf, sizeof buf, e);  // one piece, then abandoned
+    co_return (co_await c.read_view(e)).size();  // one piece, then abandoned
   });
   EXPECT_EQ(n, 5u);
+  EXPECT_EQ(client.idle(), 0u);
+}
+
+// ---- upstream: read_view, the body in place in the connection's buffer ----
+
+// The pieces read_view gives for one answer, until the end or an error ("!" + error last).
+std::vector<std::string> pieces_of(ClientSide& client, const Target& t) {
+  return run_on<std::vector<std::string>>(
+      client.ctx(), [&]() -> awaitable<std::vector<std::string>> {
+        std::vector<std::string> out;
+        UpstreamCall c(client.ctx().get_executor(), client.pool(), t, 1);
+        c.set_deadline(Clock::now() + 5s);
+        CallError started = co_await c.start("POST", "/generate", {}, "{}");
+        if (started != CallError::kNone) co_return out;
+        for (;;) {
+          CallError e = CallError::kNone;
+          std::string_view piece = co_await c.read_view(e);
+          if (!piece.empty()) out.emplace_back(piece);
+          if (e != CallError::kNone) {
+            out.push_back("!" + std::string(to_string(e)));
+            break;
+          }
+          if (piece.empty()) break;
+        }
+        co_return out;
+      });
+}
+
+TEST(UpstreamReadView, ChunksThatArriveTogetherComeAsOnePiece) {
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    // Three chunks in one write (framing in between), then the rest split mid-chunk-size.
+    send_all(fd,
+             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "3\r\nabc\r\n4;ext=1\r\ndefg\r\n1\r\nh\r\n");
+    std::this_thread::sleep_for(50ms);  // (lets the first piece be read alone; not a check)
+    send_all(fd, "1");
+    std::this_thread::sleep_for(20ms);
+    send_all(fd, "0\r\n");
+    send_all(fd, std::string(16, 'x') + "\r\n0\r\n\r\n");
+    read_request(fd);
+  });
+  ClientSide client;
+  auto got = pieces_of(client, raw.target());
+  std::string all;
+  for (const auto& p : got) all += p;
+  EXPECT_EQ(all, "abcdefgh" + std::string(16, 'x'));
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got[0].substr(0, 3), "abc");
+  for (const auto& p : got) {
+    EXPECT_EQ(p.find_first_of("\r\n;!"), std::string::npos) << p;  // data only, no framing
+  }
+  EXPECT_EQ(client.idle(), 1u);  // read to its end: pooled
+}
+
+TEST(UpstreamReadView, ContentLengthBodyStopsAtItsEnd) {
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123");
+    std::this_thread::sleep_for(20ms);
+    send_all(fd, "456789");
+    read_request(fd);
+  });
+  ClientSide client;
+  auto got = pieces_of(client, raw.target());
+  std::string all;
+  for (const auto& p : got) all += p;
+  EXPECT_EQ(all, "0123456789");
+  EXPECT_EQ(client.idle(), 1u);
+}
+
+TEST(UpstreamReadView, MalformedChunkFailsAfterTheDataBeforeIt) {
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    send_all(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\nzz\r\n");
+    read_request(fd);
+  });
+  ClientSide client;
+  auto got = pieces_of(client, raw.target());
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], "ok");
+  EXPECT_EQ(got[1], "!protocol");
   EXPECT_EQ(client.idle(), 0u);
 }
 

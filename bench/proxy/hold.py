@@ -9,8 +9,8 @@ before and after, for scripts/bench-memory. Loopback only; everything bounded in
 
 Before measuring, a few connections of the same kind warm the proxy up and are closed. Both
 measurements wait for the RSS to settle: at least --settle-min seconds (an allocator returns freed
-pages over time: kvgate's jemalloc decays them over 10 s, and kvgate releases an idle connection's
-read buffer after 1 s), then until 3 s of samples agree within max(256 KiB, 1%), at most
+pages over time: kvgate's jemalloc decays them over 10 s, and kvgate parks an idle connection,
+freeing all but its descriptor, after 1 s), then until 3 s of samples agree within max(256 KiB, 1%), at most
 --settle-max seconds. Prints one line: "before_kib after_kib held".
 """
 import argparse

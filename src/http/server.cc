@@ -807,10 +807,11 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
   } else {
     park = co_await serve(*srv, socket, deadline, node, remote);
   }
-  if (park && !srv->stopping.load(std::memory_order_relaxed)) {
+  // (An address is needed to bring it back: its family. Without one the peer is gone anyway.)
+  if (park && !remote.empty() && !srv->stopping.load(std::memory_order_relaxed)) {
     // Out of Asio (its reactor state freed; non-blocking kept), into the lot; still open and
-    // idle. (A stop() handler runs on this thread: it either saw this session idle and ran
-    // before, and then `stopping` is seen here, or it runs after and closes the lot.)
+    // idle. (stop() sets `stopping`, then its handler closes the lot on this thread: one parked
+    // before that handler runs is closed by it, and none is parked after.)
     int fd = socket.release(ignored);
     if (!ignored && srv->parking[slot]->park(fd, v6, *park)) {
       counted.parked = true;

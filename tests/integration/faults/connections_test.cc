@@ -94,21 +94,26 @@ TEST(Connections, TenThousandKeepAliveConnectionsHeldWithBoundedMemory) {
   }
   EXPECT_EQ(failed, 0);
   ASSERT_TRUE(wait_until([&] { return c.metric("kvgate_connections") >= kConnections; }));
-  // A connection idle for a second gives back its read buffer (and the allocator returns freed
-  // pages within its decay time, 10 s): wait for the memory to settle.
+  // A connection idle for a second is parked (only its descriptor kept), and the allocator
+  // returns freed pages within its decay time (10 s): wait for both.
+  EXPECT_TRUE(
+      wait_until([&] { return c.metric("kvgate_connections_parked") >= kConnections; }, 30s))
+      << c.metric("kvgate_connections_parked") << " parked";
   auto mb_per_1000 = [&] {
     return static_cast<double>(c.gateway().rss_kib() - rss_before) / 1024.0 /
            (static_cast<double>(kConnections) / 1000.0);
   };
-  bool settled = !kCheckMemory || wait_until([&] { return mb_per_1000() < 6.0; }, 30s);
+  // (It settles at ~0.7 here within the wait, two request threads; nginx: ~0.55 in
+  // scripts/bench-memory. The bound leaves room for a slower machine's allocator.)
+  bool settled = !kCheckMemory || wait_until([&] { return mb_per_1000() < 1.5; }, 30s);
   double per_1000 = mb_per_1000();
   std::cout << "kvgate holding " << fds.size() << " idle keep-alive connections: RSS "
             << rss_before / 1024 << " MB -> " << c.gateway().rss_kib() / 1024 << " MB, " << per_1000
             << " MB per 1,000 connections\n";
-  // What one idle connection costs: its coroutine frame, socket and timer state (no buffers).
+  // What one parked connection costs: an entry in its thread's parking lot.
   EXPECT_TRUE(settled) << per_1000 << " MB per 1,000 idle connections";
 
-  // Still serving real traffic while holding them; every held connection still works.
+  // Still serving real traffic while holding them; held (parked) connections still work.
   auto r =
       probe.post("/generate", R"({"text":"still serving","sampling_params":{"max_new_tokens":2}})");
   EXPECT_EQ(r.status, 200);

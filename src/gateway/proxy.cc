@@ -1264,6 +1264,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   if (!a.pre.empty()) {
     if (scan_usage) usage.feed(a.pre);
     ok = co_await ex_.write_body(a.pre);
+    std::string().swap(a.pre);  // (a stream may last minutes: not kept for it)
   }
   while (ok) {
     http::CallError re = http::CallError::kNone;

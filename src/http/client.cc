@@ -523,8 +523,11 @@ awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
         co_return got;
       }
       if (st == ParseStatus::kError) {
+        // The data before the error first (the error ends the connection, whose buffer the view
+        // points into); the decoder stays failed, and the next call reports it.
+        if (!got.empty()) co_return got;
         error = malformed(c.chunks.error());
-        co_return got;
+        co_return std::string_view();
       }
       if (!got.empty()) co_return got;
       auto space = c.buffer.prepare(kMinRead);

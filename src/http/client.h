@@ -135,8 +135,8 @@ class UpstreamCall {
   std::optional<uint64_t> content_length() const;
   bool done() const { return done_; }
   // The next piece of body, where it lies in the connection's read buffer (no copy): valid until
-  // the next call on this object. Empty when the body is complete, or on failure (`error` set;
-  // a malformed chunk may still come with the data before it).
+  // the next call on this object. Empty when the body is complete, or on failure (`error` set,
+  // never with data: the data before a malformed chunk comes first, the error on the next call).
   awaitable<std::string_view> read_view(CallError& error);
   // Reads the rest of the body into out (at most `limit` bytes, else kProtocol).
   awaitable<CallError> read_all(std::string& out, size_t limit = 64 << 20);

@@ -55,16 +55,18 @@ void ParkingLot::unlink(Entry* e) {
 void ParkingLot::watch() {
   if (watching_) return;
   watching_ = true;
-  epoll_.async_wait(Descriptor::wait_read, [this, alive = std::weak_ptr<char>(alive_)](
-                                               const boost::system::error_code& ec) {
-    if (ec || alive.expired()) return;  // the lot is gone or going
+  epoll_.async_wait(Descriptor::wait_read, [this, alive = std::weak_ptr<char>(alive_),
+                                            gen = watch_gen_](const boost::system::error_code& ec) {
+    // (A wait of before close_all(), or of a lot that is gone: nothing of it is left to touch.)
+    if (alive.expired() || gen != watch_gen_) return;
     watching_ = false;
-    take_ready();
+    if (ec) return;  // (not expected of an epoll descriptor: the next park() waits again)
+    resume_ready();
     if (size_ > 0) watch();
   });
 }
 
-void ParkingLot::take_ready() {
+void ParkingLot::resume_ready() {
   std::array<epoll_event, 64> events{};
   for (;;) {
     int n = ::epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), 0);
@@ -87,13 +89,14 @@ void ParkingLot::arm_timer() {
   if (timing_ || size_ == 0) return;
   timing_ = true;
   timer_.expires_at(head_.next->until);
-  timer_.async_wait(
-      [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-        if (ec || alive.expired()) return;  // the lot is gone or going
-        timing_ = false;
-        expire();
-        arm_timer();
-      });
+  timer_.async_wait([this, alive = std::weak_ptr<char>(alive_),
+                     gen = timer_gen_](const boost::system::error_code& ec) {
+    if (alive.expired() || gen != timer_gen_) return;
+    timing_ = false;
+    if (ec) return;  // (not expected: the next park() arms it again)
+    expire();
+    arm_timer();
+  });
 }
 
 void ParkingLot::expire() {
@@ -119,6 +122,14 @@ size_t ParkingLot::close_all() {
     delete e;
     ++n;
   }
+  // Nothing left to wait for, so the context may run out of work: the pending wait and timer are
+  // cancelled, and their handlers find their generation gone.
+  ++watch_gen_;
+  ++timer_gen_;
+  boost::system::error_code ignored;
+  if (watching_) epoll_.cancel(ignored);
+  if (timing_) timer_.cancel();
+  watching_ = timing_ = false;
   return n;
 }
 

@@ -807,20 +807,24 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
   } else {
     park = co_await serve(*srv, socket, deadline, node, remote);
   }
-  // (An address is needed to bring it back: its family. Without one the peer is gone anyway.)
-  if (park && !remote.empty() && !srv->stopping.load(std::memory_order_relaxed)) {
+  if (park) {
     // Out of Asio (its reactor state freed; non-blocking kept), into the lot; still open and
     // idle. (stop() sets `stopping`, then its handler closes the lot on this thread: one parked
-    // before that handler runs is closed by it, and none is parked after.)
-    int fd = socket.release(ignored);
-    if (!ignored && srv->parking[slot]->park(fd, v6, *park)) {
-      counted.parked = true;
-      srv->stats.parked.fetch_add(1, std::memory_order_relaxed);
-      srv->stats.idle.fetch_add(1, std::memory_order_relaxed);  // (Unlink takes the session's)
-      co_return;
+    // before that handler runs is closed by it, and none is parked after.) An address is needed
+    // to bring it back (its family): without one the peer is gone anyway.
+    ParkingLot* lot = srv->parking[slot].get();
+    if (lot && !remote.empty() && !srv->stopping.load(std::memory_order_relaxed)) {
+      int fd = socket.release(ignored);
+      if (!ignored && lot->park(fd, v6, *park)) {
+        counted.parked = true;
+        srv->stats.parked.fetch_add(1, std::memory_order_relaxed);
+        srv->stats.idle.fetch_add(1, std::memory_order_relaxed);  // (Unlink takes the session's)
+        co_return;
+      }
+      if (!ignored) ::close(fd);  // (the lot could not watch it: epoll refused)
     }
-    if (!ignored) ::close(fd);
-    co_return;
+    // Closed while idle instead: shutdown, or it could not be parked.
+    srv->stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
   }
   socket.shutdown(Socket::shutdown_send, ignored);
   socket.close(ignored);
@@ -973,6 +977,10 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
 
 Server::~Server() {
   stop();
+  // The parking lots' timers and descriptors belong to the contexts, which may be destroyed right
+  // after this (stopped already, per the contract above) while sessions' frames still hold the
+  // shared state: the lots go now. What they held is closed.
+  for (auto& lot : shared_->parking) lot.reset();
 }
 
 void Server::start() {
@@ -1004,7 +1012,12 @@ void Server::stop() {
       // next request has arrived (bytes wait unread) is busy from now on: on plain TCP its
       // request is read and answered (with connection: close), and shutdown waits for it (a TLS
       // connection is closed: its bytes may be a partial record).
-      closed_parked(*srv, srv->parking[i]->close_all());
+      if (auto& lot = srv->parking[i]) {
+        // A parked connection whose request has arrived is a session again first (answered with
+        // connection: close, below, like an idle session's); the others close now.
+        lot->resume_ready();
+        closed_parked(*srv, lot->close_all());
+      }
       SessionNode& head = *srv->sessions[i];
       for (SessionNode* n = head.next; n != &head; n = n->next) {
         if (!n->idle) continue;

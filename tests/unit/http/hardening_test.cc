@@ -272,6 +272,30 @@ TEST(ServerParking, AParkedConnectionClosesAtTheKeepAliveTimeout) {
   EXPECT_EQ(s.stats().parked.load(), 0);
 }
 
+TEST(ServerParking, ARequestArrivingAsShutdownBeginsIsAnsweredNotReset) {
+  TestServer s(ok_handler);
+  int fd = connect_to(s.port());
+  ASSERT_NE(ask(fd, "/").find("200"), std::string::npos);
+  ASSERT_TRUE(wait_until([&] { return s.stats().parked.load() == 1; }));
+  // On the server's thread: the request is sent, then the shutdown starts, before the thread
+  // has looked at the parked connections again.
+  std::promise<void> done;
+  asio::post(s.ctx(), [&] {
+    send_all(fd, "POST /last HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+    s.server().stop();
+    done.set_value();
+  });
+  done.get_future().get();
+  bool reset = false;
+  std::string out = read_until_close(fd, &reset);
+  ::close(fd);
+  EXPECT_FALSE(reset);
+  EXPECT_EQ(out.find("HTTP/1.1 200"), 0u) << out;
+  EXPECT_NE(out.find("connection: close"), std::string::npos) << out;
+  EXPECT_TRUE(wait_until([&] { return s.stats().connections.load() == 0; }));
+  EXPECT_EQ(s.stats().parked.load(), 0);
+}
+
 TEST(ServerParking, StopClosesParkedConnections) {
   TestServer s(ok_handler);
   int fd = connect_to(s.port());
@@ -787,6 +811,20 @@ TEST(UpstreamReadView, ContentLengthBodyStopsAtItsEnd) {
   for (const auto& p : got) all += p;
   EXPECT_EQ(all, "0123456789");
   EXPECT_EQ(client.idle(), 1u);
+}
+
+TEST(UpstreamReadView, BytesAfterAContentLengthBodyAreNotPartOfIt) {
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nbodyEXTRA");
+    read_request(fd);
+  });
+  ClientSide client;
+  auto got = pieces_of(client, raw.target());
+  std::string all;
+  for (const auto& p : got) all += p;
+  EXPECT_EQ(all, "body");
+  EXPECT_EQ(client.idle(), 0u);  // bytes nobody asked for: never pooled
 }
 
 TEST(UpstreamReadView, MalformedChunkFailsAfterTheDataBeforeIt) {

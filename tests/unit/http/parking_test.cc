@@ -84,24 +84,54 @@ TEST(ParkingLot, BytesThatArrivedBeforeParkingAreSeen) {
   ::close(a.parked);
 }
 
-TEST(ParkingLot, DeadlineClosesInOrder) {
+TEST(ParkingLot, DeadlineClosesThoseDueOnly) {
   asio::io_context ctx;
   size_t expired = 0;
   int resumed = 0;
   ParkingLot lot(
       ctx, [&](int, bool) { ++resumed; }, [&](size_t n) { expired += n; });
-  Pair a, b;
-  ASSERT_TRUE(lot.park(a.parked, false, Clock::now() + 50ms));
-  ASSERT_TRUE(lot.park(b.parked, false, Clock::now() + 300ms));
-  ASSERT_TRUE(run_until(ctx, [&] { return expired == 1; }));
-  EXPECT_TRUE(closed(a.parked));
-  EXPECT_FALSE(closed(b.parked));
-  char c;
-  EXPECT_EQ(::read(a.peer, &c, 1), 0);  // the client sees the close
+  Pair a, b, c;
+  ASSERT_TRUE(lot.park(a.parked, false, Clock::now() + 20ms));
+  ASSERT_TRUE(lot.park(b.parked, false, Clock::now() + 40ms));
+  ASSERT_TRUE(lot.park(c.parked, false, Clock::now() + 60s));
   ASSERT_TRUE(run_until(ctx, [&] { return expired == 2; }));
+  EXPECT_TRUE(closed(a.parked));
   EXPECT_TRUE(closed(b.parked));
-  EXPECT_EQ(lot.size(), 0u);
+  EXPECT_FALSE(closed(c.parked));
+  char ch;
+  EXPECT_EQ(::read(a.peer, &ch, 1), 0);  // the client sees the close
+  EXPECT_EQ(lot.size(), 1u);
   EXPECT_EQ(resumed, 0);
+  EXPECT_EQ(lot.close_all(), 1u);
+}
+
+TEST(ParkingLot, ResumeReadyHandsBackAtOnceAndCloseAllLeavesNoWork) {
+  asio::io_context ctx;
+  std::vector<int> resumed;
+  ParkingLot lot(
+      ctx, [&](int fd, bool) { resumed.push_back(fd); }, [](size_t) {});
+  Pair a, b;
+  ASSERT_TRUE(lot.park(a.parked, false, Clock::now() + 60s));
+  ASSERT_TRUE(lot.park(b.parked, false, Clock::now() + 60s));
+  ASSERT_EQ(::write(a.peer, "GET", 3), 3);
+  lot.resume_ready();  // without running the context (shutdown does this)
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0], a.parked);
+  ::close(a.parked);
+  EXPECT_EQ(lot.close_all(), 1u);
+  EXPECT_TRUE(closed(b.parked));
+  // Its wait and timer are cancelled: the context runs out of work (no guard here).
+  for (int i = 0; i < 100 && !ctx.stopped(); ++i) ctx.poll();
+  EXPECT_TRUE(ctx.stopped());
+  EXPECT_EQ(resumed.size(), 1u);
+  // It parks again after (the cancelled handlers found nothing of theirs).
+  ctx.restart();
+  Pair d;
+  ASSERT_TRUE(lot.park(d.parked, false, Clock::now() + 60s));
+  ASSERT_EQ(::write(d.peer, "x", 1), 1);
+  ASSERT_TRUE(run_until(ctx, [&] { return resumed.size() == 2; }));
+  EXPECT_EQ(resumed[1], d.parked);
+  ::close(d.parked);
 }
 
 TEST(ParkingLot, CloseAllAndDestructionCloseWhatIsParked) {

@@ -95,10 +95,15 @@ size_t CacheAwarePolicy::tree_count() {
   return trees_.size();
 }
 
+namespace {
+// (A conditional with a temporary std::string() would make the other side a copy of the text.)
+const std::string kNoText;
+}  // namespace
+
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   if (ctx.candidates.describes(available)) return select_indexed(available, ctx);
   LoadSpread spread = load_spread(available, inflight_load);
-  const std::string& text = ctx.request ? ctx.request->text : std::string();
+  const std::string& text = ctx.request ? ctx.request->text : kNoText;
   std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
   if (imbalanced(spread, config_.balance_abs_threshold, config_.balance_rel_threshold)) {
     Worker* pick = least_loaded(available, rng_, inflight_load);
@@ -160,7 +165,7 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
 // worker (the loads are the index's; the tree says which of its slots match longest).
 Decision CacheAwarePolicy::select_indexed(std::span<Worker* const> available, RouteContext& ctx) {
   const AvailableSet& set = *ctx.candidates.set;
-  const std::string& text = ctx.request ? ctx.request->text : std::string();
+  const std::string& text = ctx.request ? ctx.request->text : kNoText;
   std::string_view model = ctx.request ? std::string_view(ctx.request->model) : "";
   if (imbalanced(inflight_spread(available, ctx).spread, config_.balance_abs_threshold,
                  config_.balance_rel_threshold)) {

@@ -19,8 +19,7 @@ Decision ChwblPolicy::select(std::span<Worker* const> available, RouteContext& c
     const RequestInfo& r = *ctx.request;
     key = r.model;
     key.push_back('\x1f');
-    std::string_view msg = r.first_user_message.empty() ? std::string_view(r.text)
-                                                        : std::string_view(r.first_user_message);
+    std::string_view msg = r.first_user().empty() ? std::string_view(r.text) : r.first_user();
     key.append(first_chars(msg, key_chars_));
   }
   if (state->ring.empty()) {

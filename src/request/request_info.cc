@@ -119,7 +119,7 @@ void extract_chat(simdjson::dom::array messages, RequestInfo& out) {
       size_t before = out.text.size();
       append_content(out.text, content);
       if (!have_user && role == "user") {
-        out.first_user_message.assign(out.text, before, std::string::npos);
+        out.first_user_at = {before, out.text.size() - before};
         have_user = true;
       }
     }
@@ -220,6 +220,7 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.include_usage = false;
   out.text.clear();
   out.first_user_message.clear();
+  out.first_user_at = {0, 0};
   out.token_ids = false;
   out.rendered = false;
   out.render_failed = false;
@@ -304,6 +305,9 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     }
   }
   if (options.want_text) {
+    // The text is at most about the body's size (JSON escapes only lengthen what it carries): one
+    // allocation, instead of the copy a growth would make of a long prompt.
+    out.text.reserve(body.size());
     extract_text(route, obj, out, options);
     if (options.want_tokens) {
       auto t0 = std::chrono::steady_clock::now();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvgate {
@@ -47,8 +48,15 @@ struct RequestInfo {
   // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:
   // the input; rerank: the query. Batches are joined with "\n".
   std::string text;
-  std::string first_user_message;  // chat: the text of the first user message
-  bool token_ids = false;          // text holds token ids, not characters
+  // chat: the text of the first user message, when extracted on its own (without `text`); with
+  // `text`, first_user() finds it there (first_user_at) instead of a copy.
+  std::string first_user_message;
+  std::pair<size_t, size_t> first_user_at{0, 0};  // offset and size in `text`
+  std::string_view first_user() const {
+    if (!first_user_message.empty() || first_user_at.second == 0) return first_user_message;
+    return std::string_view(text).substr(first_user_at.first, first_user_at.second);
+  }
+  bool token_ids = false;  // text holds token ids, not characters
   // chat: `text` is the prompt the model's chat template renders (--tokenizer-path), as the
   // engine will see it, instead of the role/content stand-in above.
   bool rendered = false;

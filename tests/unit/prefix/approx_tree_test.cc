@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <thread>
 
@@ -40,6 +41,51 @@ TEST(ApproxTree, CountsCharactersNotBytesAndSplitsOnlyAtCodePoints) {
   EXPECT_EQ(t.chars_of(2), 3u);
   EXPECT_EQ(t.chars_of(3), 4u);
   EXPECT_EQ(t.stored_chars(), 8u + 1u + 4u);  // "日本" shared, "人" and "café" new
+}
+
+// Random text of `chars` characters mixing 1-, 2-, 3- and 4-byte UTF-8 sequences.
+std::string random_utf8(size_t chars, std::mt19937& rng) {
+  static const char* const kPieces[] = {"a", "b", " ", "é", "è", "日", "本", "😀"};
+  std::string out;
+  for (size_t i = 0; i < chars; ++i) out += kPieces[rng() % 8];
+  return out;
+}
+
+size_t count_chars_slowly(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+TEST(ApproxTree, LongPromptsMatchToTheCharacterAtEveryOffset) {
+  // The comparisons and the character count go sixteen bytes at a time: a difference, or a
+  // multi-byte character, anywhere in or across a block must land on the same answer.
+  std::mt19937 rng(7);
+  for (size_t chars : {0, 1, 5, 15, 16, 17, 31, 33, 64, 100, 1000, 5000}) {
+    std::string a = random_utf8(chars, rng);
+    EXPECT_EQ(count_chars(a), count_chars_slowly(a)) << chars;
+    EXPECT_EQ(count_chars(a), chars);
+  }
+  for (int round = 0; round < 200; ++round) {
+    size_t chars = 1 + rng() % 300;
+    std::string a = random_utf8(chars, rng);
+    size_t keep = rng() % chars;  // characters kept before the first difference
+    size_t cut = 0;
+    for (size_t c = 0; c < keep; ++c) {
+      ++cut;
+      while (cut < a.size() && (static_cast<unsigned char>(a[cut]) & 0xc0) == 0x80) ++cut;
+    }
+    // b: a's first `keep` characters, then one a does not have there (sharing its first byte
+    // where it can: é/è, 日/本), then anything.
+    const char* other = a.compare(cut, 2, "é") == 0    ? "è"
+                        : a.compare(cut, 3, "日") == 0 ? "本"
+                                                       : "x";
+    std::string b = a.substr(0, cut) + other + random_utf8(rng() % 40, rng);
+    ApproxTree t;
+    t.insert(a, 1);
+    EXPECT_EQ(match(t, b, {1}), (std::vector<size_t>{keep})) << "round " << round;
+    EXPECT_EQ(match(t, a, {1}), (std::vector<size_t>{chars}));
+  }
 }
 
 TEST(ApproxTree, SplitKeepsEveryTenantsCount) {

@@ -129,7 +129,7 @@ std::string text_of(ApiRoute route, const std::string& json, std::string* first_
   std::string body = json;
   body.reserve(body.size() + 64);
   EXPECT_EQ(parse_request(route, body, info, {.want_text = true}), "");
-  if (first_user) *first_user = info.first_user_message;
+  if (first_user) *first_user = std::string(info.first_user());
   if (ids) *ids = info.token_ids;
   return info.text;
 }
@@ -220,7 +220,7 @@ TEST(RequestText, ChatRendersWithTheModelTemplateAndTokenizes) {
       << err;
   EXPECT_EQ(info.text, expected);
   EXPECT_NE(info.text.find("<|im_start|>assistant\n<think>\n\n</think>"), std::string::npos);
-  EXPECT_EQ(info.first_user_message, "Hi there");
+  EXPECT_EQ(info.first_user(), "Hi there");
   EXPECT_EQ(info.tokens, m.tok->encode(expected, false));
   EXPECT_FALSE(info.tokens.empty());
 

@@ -1128,8 +1128,9 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
     client_left();
     co_return Next::kDone;
   }
-  if (re != http::CallError::kNone && a.pre.empty()) {
-    // Headers, then nothing: the worker had the request; not retried.
+  if (re != http::CallError::kNone && !first_event_end(a.pre)) {
+    // Headers, then nothing (or part of an event, which the client could not use): the worker had
+    // the request; not retried.
     g_.metrics_.upstream_errors.with({a.w->url(), "stream_" + std::string(http::to_string(re))})
         .inc();
     a.tag(log::warn(kLogNoFirstEvent, "upstream stream ended before its first event"))

@@ -492,6 +492,10 @@ std::optional<uint64_t> UpstreamCall::content_length() const {
 
 awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
   error = CallError::kNone;
+  if (read_error_ != CallError::kNone) {
+    error = read_error_;  // a failed body stays failed (never read as complete)
+    co_return std::string_view();
+  }
   if (done_ || !conn_ || !conn_->head_done) co_return std::string_view();
   Connection& c = *conn_;
   if (c.framing == BodyFraming::kChunked) {
@@ -526,7 +530,7 @@ awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
         // The data before the error first (the error ends the connection, whose buffer the view
         // points into); the decoder stays failed, and the next call reports it.
         if (!got.empty()) co_return got;
-        error = malformed(c.chunks.error());
+        error = read_error_ = malformed(c.chunks.error());
         co_return std::string_view();
       }
       if (!got.empty()) co_return got;
@@ -536,7 +540,7 @@ awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
       c.buffer.commit(n);
       c.head.rebase(c.buffer.base());  // the buffer may have grown
       if (ec) {
-        error = classify(ec);
+        error = read_error_ = classify(ec);
         conn_.reset();
         co_return std::string_view();
       }
@@ -561,7 +565,7 @@ awaitable<std::string_view> UpstreamCall::read_view(CallError& error) {
       co_return std::string_view();
     }
     if (ec) {
-      error = classify(ec);
+      error = read_error_ = classify(ec);
       conn_.reset();
       co_return std::string_view();
     }

@@ -136,7 +136,8 @@ class UpstreamCall {
   bool done() const { return done_; }
   // The next piece of body, where it lies in the connection's read buffer (no copy): valid until
   // the next call on this object. Empty when the body is complete, or on failure (`error` set,
-  // never with data: the data before a malformed chunk comes first, the error on the next call).
+  // never with data: the data before a malformed chunk comes first, the error on the next call;
+  // once failed, every later call fails the same way).
   awaitable<std::string_view> read_view(CallError& error);
   // Reads the rest of the body into out (at most `limit` bytes, else kProtocol).
   awaitable<CallError> read_all(std::string& out, size_t limit = 64 << 20);
@@ -167,6 +168,7 @@ class UpstreamCall {
   std::string detail_;
   bool done_ = false;
   bool aborted_ = false;
+  CallError read_error_ = CallError::kNone;  // how reading the body failed, for every later read
   bool fresh_ = false;
   bool sent_ = false;
   bool response_started_ = false;

@@ -29,6 +29,7 @@ ParkingLot::~ParkingLot() {
 }
 
 bool ParkingLot::park(int fd, bool v6, Clock::time_point until) {
+  if (closed_) return false;
   auto* e = new Entry{head_.prev, &head_, until, fd, v6};
   epoll_event ev{};
   // Level-triggered: a request that arrived before the descriptor was added is seen at once.
@@ -114,6 +115,7 @@ void ParkingLot::expire() {
 }
 
 size_t ParkingLot::close_all() {
+  closed_ = true;
   size_t n = 0;
   while (size_ > 0) {
     Entry* e = head_.next;

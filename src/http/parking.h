@@ -41,12 +41,15 @@ class ParkingLot {
   ParkingLot& operator=(const ParkingLot&) = delete;
 
   // Takes `fd` (a connected, non-blocking socket no reactor watches) until it is readable or
-  // `until` passes. False when it cannot be watched (the descriptor is still the caller's).
+  // `until` passes. False when it cannot be watched, or after close_all() (the descriptor is
+  // still the caller's).
   bool park(int fd, bool v6, Clock::time_point until);
+  // False once close_all() ran: nothing is parked any more.
+  bool open() const { return !closed_; }
   // Hands back (Resume) every parked connection that is readable now, without waiting for the
   // context to notice (shutdown: one whose request has arrived is answered, not reset).
   void resume_ready();
-  // Closes every parked connection now (shutdown); returns how many.
+  // Closes every parked connection now and refuses any later one (shutdown); returns how many.
   size_t close_all();
   size_t size() const { return size_; }
 
@@ -74,6 +77,7 @@ class ParkingLot {
   Timer timer_;
   bool watching_ = false;
   bool timing_ = false;
+  bool closed_ = false;
   // Bumped by close_all(): a wait or timer of before it is ignored when it completes.
   uint64_t watch_gen_ = 0;
   uint64_t timer_gen_ = 0;

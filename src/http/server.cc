@@ -801,30 +801,38 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
     }
   }
   Deadline deadline(socket.get_executor(), socket, Deadline::Action::kCancel);
-  std::optional<Clock::time_point> park;
   if (srv->tls) {
     co_await serve_tls(*srv, socket, deadline, node, remote);
   } else {
-    park = co_await serve(*srv, socket, deadline, node, remote);
-  }
-  if (park) {
-    // Out of Asio (its reactor state freed; non-blocking kept), into the lot; still open and
-    // idle. (stop() sets `stopping`, then its handler closes the lot on this thread: one parked
-    // before that handler runs is closed by it, and none is parked after.) An address is needed
-    // to bring it back (its family): without one the peer is gone anyway.
-    ParkingLot* lot = srv->parking[slot].get();
-    if (lot && !remote.empty() && !srv->stopping.load(std::memory_order_relaxed)) {
-      int fd = socket.release(ignored);
-      if (!ignored && lot->park(fd, v6, *park)) {
-        counted.parked = true;
-        srv->stats.parked.fetch_add(1, std::memory_order_relaxed);
-        srv->stats.idle.fetch_add(1, std::memory_order_relaxed);  // (Unlink takes the session's)
-        co_return;
+    for (;;) {
+      std::optional<Clock::time_point> park = co_await serve(*srv, socket, deadline, node, remote);
+      if (!park) break;
+      // Idle: out of Asio (its reactor state freed; non-blocking kept), into the lot, still
+      // open and idle. A shutdown closes the lot (its handler, on this thread, first hands back
+      // those whose request has arrived); an address is needed to bring it back (its family:
+      // without one the peer is gone anyway).
+      ParkingLot* lot = srv->parking[slot].get();
+      if (lot && lot->open() && !remote.empty()) {
+        int fd = socket.release(ignored);
+        if (!ignored && lot->park(fd, v6, *park)) {
+          counted.parked = true;
+          srv->stats.parked.fetch_add(1, std::memory_order_relaxed);
+          srv->stats.idle.fetch_add(1, std::memory_order_relaxed);  // (Unlink takes the session's)
+          co_return;
+        }
+        if (!ignored) {
+          ::close(fd);  // (epoll refused it)
+          srv->stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
+          co_return;
+        }
       }
-      if (!ignored) ::close(fd);  // (the lot could not watch it: epoll refused)
+      // Not parked (the lot is closed: shutting down): a request that arrived meanwhile is still
+      // read and answered (serve sees the shutdown: connection: close); otherwise it closes.
+      boost::system::error_code aec;
+      if (socket.available(aec) > 0 && !aec) continue;
+      srv->stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
+      break;
     }
-    // Closed while idle instead: shutdown, or it could not be parked.
-    srv->stats.idle_closed.fetch_add(1, std::memory_order_relaxed);
   }
   socket.shutdown(Socket::shutdown_send, ignored);
   socket.close(ignored);
@@ -978,8 +986,8 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
 Server::~Server() {
   stop();
   // The parking lots' timers and descriptors belong to the contexts, which may be destroyed right
-  // after this (stopped already, per the contract above) while sessions' frames still hold the
-  // shared state: the lots go now. What they held is closed.
+  // after this (all stopped already: the contract in server.h) while sessions' frames still hold
+  // the shared state: the lots go now. What they held is closed.
   for (auto& lot : shared_->parking) lot.reset();
 }
 

@@ -125,8 +125,9 @@ class Exchange {
 
 using Handler = std::function<awaitable<void>(Exchange&)>;
 
-// Destroy a Server only once its io_contexts have stopped running (or from their threads): its
-// acceptors belong to them. Connections in progress keep what they need alive on their own.
+// Destroy a Server only once every one of its io_contexts has stopped running (and before they are
+// destroyed): its acceptors and parking lots belong to them. Connections in progress keep what
+// they need alive on their own.
 class Server {
  public:
   // Binds one acceptor on each io_context. Throws std::runtime_error naming host:port and the

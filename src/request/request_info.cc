@@ -305,10 +305,13 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     }
   }
   if (options.want_text) {
-    // The text is at most about the body's size (JSON escapes only lengthen what it carries): one
-    // allocation, instead of the copy a growth would make of a long prompt.
+    // A chat's or prompt's text is about the body's size at most (JSON escapes only lengthen what
+    // it carries): one allocation, instead of the copy a growth would make of a long prompt. When
+    // the text is a small part of the body (a rerank's query beside its documents) the rest is
+    // given back: the request keeps its text while it runs.
     out.text.reserve(body.size());
     extract_text(route, obj, out, options);
+    if (out.text.capacity() > 2 * out.text.size() + 4096) out.text.shrink_to_fit();
     if (options.want_tokens) {
       auto t0 = std::chrono::steady_clock::now();
       tokenize_text(out, options.tokenizer, options.max_tokens);

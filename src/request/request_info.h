@@ -48,8 +48,8 @@ struct RequestInfo {
   // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:
   // the input; rerank: the query. Batches are joined with "\n".
   std::string text;
-  // chat: the text of the first user message, when extracted on its own (without `text`); with
-  // `text`, first_user() finds it there (first_user_at) instead of a copy.
+  // chat: the text of the first user message, a copy when `text` does not hold it as sent (the
+  // rendered prompt); otherwise first_user() finds it in `text` (first_user_at), not copied.
   std::string first_user_message;
   std::pair<size_t, size_t> first_user_at{0, 0};  // offset and size in `text`
   std::string_view first_user() const {

@@ -545,6 +545,23 @@ TEST(GatewayRetry, WorkerDyingAfterItsHeadersIsACleanErrorNotAnEmptyReply) {
   EXPECT_NE(r.body.find("upstream_failed"), std::string::npos) << r.body;
 }
 
+TEST(GatewayRetry, AStreamCutInsideItsFirstEventIsAnErrorNotATruncatedSuccess) {
+  // Part of the first event, then the worker dies: the client must not get that fragment as a
+  // stream that ended cleanly (a 200 with no error and no [DONE], counted a success).
+  FakeWorker dying([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header hdr[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, hdr, std::nullopt);
+    co_await ex.write_body("data: {\"text\":\"par");
+    co_await ex.flush();
+    ex.abort();
+  });
+  Harness h({dying.url()});
+  HttpClient c(h.port());
+  auto r = c.post("/generate", R"({"text":"hi","stream":true})");
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_EQ(r.body.find("\"par"), std::string::npos) << r.body;
+}
+
 TEST(GatewayRetry, AClientLeavingDuringARetryWaitFreesItsSlotAtOnce) {
   // The worker asks for 20 s before a retry; the client leaves meanwhile: its admission slot
   // must come back now, not when the wait would have ended.

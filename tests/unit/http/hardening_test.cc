@@ -759,6 +759,9 @@ std::vector<std::string> pieces_of(ClientSide& client, const Target& t) {
         for (;;) {
           CallError e = CallError::kNone;
           std::string_view piece = co_await c.read_view(e);
+          if (!piece.empty() && e != CallError::kNone) {
+            out.push_back("data with an error");  // never both (the view may be gone)
+          }
           if (!piece.empty()) out.emplace_back(piece);
           if (e != CallError::kNone) {
             out.push_back("!" + std::string(to_string(e)));
@@ -839,6 +842,33 @@ TEST(UpstreamReadView, MalformedChunkFailsAfterTheDataBeforeIt) {
   EXPECT_EQ(got[0], "ok");
   EXPECT_EQ(got[1], "!protocol");
   EXPECT_EQ(client.idle(), 0u);
+}
+
+TEST(UpstreamReadView, AFailedBodyStaysFailed) {
+  // After a failure, a later read must not look like the end of a complete body.
+  RawServer raw([](int fd, int) {
+    if (read_request(fd).empty()) return;
+    send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort");
+    ::shutdown(fd, SHUT_RDWR);  // gone before the body's end
+  });
+  ClientSide client;
+  Target t = raw.target();
+  auto errors =
+      run_on<std::vector<CallError>>(client.ctx(), [&]() -> awaitable<std::vector<CallError>> {
+        std::vector<CallError> out;
+        UpstreamCall c(client.ctx().get_executor(), client.pool(), t, 1);
+        c.set_deadline(Clock::now() + 5s);
+        CallError started = co_await c.start("POST", "/generate", {}, "{}");
+        if (started != CallError::kNone) co_return out;
+        for (int i = 0; i < 4; ++i) {
+          CallError e = CallError::kNone;
+          std::string_view piece = co_await c.read_view(e);
+          if (piece.empty()) out.push_back(e);
+        }
+        co_return out;
+      });
+  ASSERT_EQ(errors.size(), 3u);  // "short", then the failure, every time
+  for (CallError e : errors) EXPECT_NE(e, CallError::kNone);
 }
 
 TEST(UpstreamRetrySafety, ResetAfterTheWholeRequestWasSentIsNotResent) {

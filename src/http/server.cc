@@ -936,7 +936,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
         [weak, ctx, i](int fd, bool v6) {
           // Readable (a request, or the client hung up): a session again.
           auto srv = weak.lock();
-          if (!srv) {  // (the lot goes with the server's shared state: not expected)
+          if (!srv) {  // (not expected: the lot goes before the shared state does)
             ::close(fd);
             return;
           }

@@ -404,6 +404,7 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
     }
     if (!wec && wn == total) {
       sent_ = true;
+      std::string().swap(head_);  // sent whole: not kept for the answer's life (a stream's)
       break;
     }
     if (aborted_) co_return CallError::kAborted;

@@ -838,6 +838,28 @@ awaitable<void> session(std::shared_ptr<Server::Shared> srv, Socket socket, size
   socket.close(ignored);
 }
 
+// A parked connection turned readable (a request, or the client hung up): a session again.
+void resume_parked(std::shared_ptr<Server::Shared> srv, asio::io_context& ctx, size_t slot, int fd,
+                   bool v6) {
+  if (!srv) {  // (not expected: the lot goes before the shared state does)
+    ::close(fd);
+    return;
+  }
+  auto& st = srv->stats;
+  st.parked.fetch_sub(1, std::memory_order_relaxed);
+  st.idle.fetch_sub(1, std::memory_order_relaxed);
+  Socket s(ctx.get_executor());
+  boost::system::error_code ec;
+  s.assign(v6 ? tcp::v6() : tcp::v4(), fd, ec);
+  if (ec) {
+    ::close(fd);
+    st.connections.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  asio::co_spawn(ctx.get_executor(), session(std::move(srv), std::move(s), slot, true),
+                 asio::detached);
+}
+
 awaitable<void> accept_loop(std::shared_ptr<Server::Shared> srv, Acceptor* acceptor, size_t slot) {
   auto admit = [&](Socket s) {
     auto& st = srv->stats;
@@ -932,27 +954,7 @@ Server::Server(const std::vector<asio::io_context*>& contexts, ServerConfig conf
     shared_->sessions.push_back(std::make_unique<SessionNode>());
     std::weak_ptr<Shared> weak = shared_;
     shared_->parking.push_back(std::make_unique<ParkingLot>(
-        *ctx,
-        [weak, ctx, i](int fd, bool v6) {
-          // Readable (a request, or the client hung up): a session again.
-          auto srv = weak.lock();
-          if (!srv) {  // (not expected: the lot goes before the shared state does)
-            ::close(fd);
-            return;
-          }
-          auto& st = srv->stats;
-          st.parked.fetch_sub(1, std::memory_order_relaxed);
-          st.idle.fetch_sub(1, std::memory_order_relaxed);
-          Socket s(ctx->get_executor());
-          boost::system::error_code ec;
-          s.assign(v6 ? tcp::v6() : tcp::v4(), fd, ec);
-          if (ec) {
-            ::close(fd);
-            st.connections.fetch_sub(1, std::memory_order_relaxed);
-            return;
-          }
-          asio::co_spawn(ctx->get_executor(), session(srv, std::move(s), i, true), asio::detached);
-        },
+        *ctx, [weak, ctx, i](int fd, bool v6) { resume_parked(weak.lock(), *ctx, i, fd, v6); },
         [weak](size_t n) {
           if (auto srv = weak.lock()) closed_parked(*srv, n);
         }));

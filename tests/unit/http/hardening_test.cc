@@ -747,8 +747,10 @@ TEST(UpstreamPooling, AnswerNotReadToTheEndIsNotPooled) {
 
 // ---- upstream: read_view, the body in place in the connection's buffer ----
 
-// The pieces read_view gives for one answer, until the end or an error ("!" + error last).
-std::vector<std::string> pieces_of(ClientSide& client, const Target& t) {
+// The pieces read_view gives for one answer, until the end or an error ("!" + error last);
+// `taken` (when given) counts the pieces as they come, for a worker script to wait on.
+std::vector<std::string> pieces_of(ClientSide& client, const Target& t,
+                                   std::atomic<int>* taken = nullptr) {
   return run_on<std::vector<std::string>>(
       client.ctx(), [&]() -> awaitable<std::vector<std::string>> {
         std::vector<std::string> out;
@@ -763,6 +765,7 @@ std::vector<std::string> pieces_of(ClientSide& client, const Target& t) {
             out.push_back("data with an error");  // never both (the view may be gone)
           }
           if (!piece.empty()) out.emplace_back(piece);
+          if (!piece.empty() && taken) ++*taken;
           if (e != CallError::kNone) {
             out.push_back("!" + std::string(to_string(e)));
             break;
@@ -774,26 +777,26 @@ std::vector<std::string> pieces_of(ClientSide& client, const Target& t) {
 }
 
 TEST(UpstreamReadView, ChunksThatArriveTogetherComeAsOnePiece) {
-  RawServer raw([](int fd, int) {
+  std::atomic<int> taken{0};
+  RawServer raw([&](int fd, int) {
     if (read_request(fd).empty()) return;
-    // Three chunks in one write (framing in between), then the rest split mid-chunk-size.
+    // Three chunks in one write (one segment on loopback, read with the head), framing between
+    // them; the rest only once that piece was taken, in two writes split inside a chunk size.
     send_all(fd,
              "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
              "3\r\nabc\r\n4;ext=1\r\ndefg\r\n1\r\nh\r\n");
-    std::this_thread::sleep_for(50ms);  // (lets the first piece be read alone; not a check)
+    if (!wait_until([&] { return taken.load() >= 1; })) return;
     send_all(fd, "1");
-    std::this_thread::sleep_for(20ms);
-    send_all(fd, "0\r\n");
-    send_all(fd, std::string(16, 'x') + "\r\n0\r\n\r\n");
+    send_all(fd, "0\r\n" + std::string(16, 'x') + "\r\n0\r\n\r\n");
     read_request(fd);
   });
   ClientSide client;
-  auto got = pieces_of(client, raw.target());
+  auto got = pieces_of(client, raw.target(), &taken);
   std::string all;
   for (const auto& p : got) all += p;
   EXPECT_EQ(all, "abcdefgh" + std::string(16, 'x'));
   ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got[0].substr(0, 3), "abc");
+  EXPECT_EQ(got[0], "abcdefgh");  // three chunks, one piece
   for (const auto& p : got) {
     EXPECT_EQ(p.find_first_of("\r\n;!"), std::string::npos) << p;  // data only, no framing
   }
@@ -801,18 +804,17 @@ TEST(UpstreamReadView, ChunksThatArriveTogetherComeAsOnePiece) {
 }
 
 TEST(UpstreamReadView, ContentLengthBodyStopsAtItsEnd) {
-  RawServer raw([](int fd, int) {
+  std::atomic<int> taken{0};
+  RawServer raw([&](int fd, int) {
     if (read_request(fd).empty()) return;
     send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123");
-    std::this_thread::sleep_for(20ms);
+    if (!wait_until([&] { return taken.load() >= 1; })) return;  // the rest in a later read
     send_all(fd, "456789");
     read_request(fd);
   });
   ClientSide client;
-  auto got = pieces_of(client, raw.target());
-  std::string all;
-  for (const auto& p : got) all += p;
-  EXPECT_EQ(all, "0123456789");
+  auto got = pieces_of(client, raw.target(), &taken);
+  EXPECT_EQ(got, (std::vector<std::string>{"0123", "456789"}));
   EXPECT_EQ(client.idle(), 1u);
 }
 

@@ -101,6 +101,7 @@ const std::string kNoText;
 }  // namespace
 
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
+  ctx.approx_path.tree = 0;  // a hint is only ever this select's
   if (ctx.candidates.describes(available)) return select_indexed(available, ctx);
   LoadSpread spread = load_spread(available, inflight_load);
   const std::string& text = ctx.request ? ctx.request->text : kNoText;
@@ -182,7 +183,7 @@ Decision CacheAwarePolicy::select_indexed(std::span<Worker* const> available, Ro
       &set};
   with_tree(model, false, [&](const prefix::ApproxTree* t, bool) {
     if (t) {
-      best = t->match_best(text, accept, longest, total);
+      best = t->match_best(text, accept, longest, total, &ctx.approx_path);
     } else {  // a model nothing was recorded for yet
       total = prefix::count_chars(text);
     }
@@ -225,7 +226,7 @@ void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   if (!ctx.request || ctx.request->text.empty()) return;
   bool overflowed = false;
   with_tree(ctx.request->model, true, [&](prefix::ApproxTree* t, bool over) {
-    t->insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()));
+    t->insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()), &ctx.approx_path);
     overflowed = over;
   });
   if (!overflowed) return;
@@ -251,7 +252,10 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
     return;
   }
   if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
-  size_t total = prefix::count_chars(text);
+  const prefix::PathHint& h = ctx.approx_path;  // select counted the text's characters
+  size_t total = h.tree != 0 && h.text == text.data() && h.text_size == text.size()
+                     ? h.total_chars
+                     : prefix::count_chars(text);
   double chars_per_token = static_cast<double>(total) / static_cast<double>(*outcome.prompt_tokens);
   auto predicted_tokens =
       static_cast<uint64_t>(static_cast<double>(d.predicted_chars) / chars_per_token);

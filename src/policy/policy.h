@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "prefix/approx_tree.h"
 #include "request/request_info.h"
 #include "workers/availability.h"
 #include "workers/worker.h"
@@ -37,6 +38,9 @@ struct RouteContext {
   // on_dispatched() / on_completed() and by every retry (the request does not change).
   std::vector<uint64_t> page_keys;
   bool page_keys_set = false;
+  // cache_aware's match of the request text, for its on_dispatched to record the text where the
+  // match ended rather than walking the tree again (checked there against the tree's shape).
+  prefix::PathHint approx_path;
   // The pool's availability index, when the span select() gets is its list as it stands (set by
   // the gateway for each select; policy/common.h's helpers use it only when it describes that
   // span): lookups by id and in-flight figures without a scan.

@@ -2,6 +2,7 @@
 #include "prefix/approx_tree.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <queue>
@@ -44,6 +45,17 @@ size_t common_prefix(std::string_view a, std::string_view b) {
   size_t i = 0;
   bool found = false;
 #if defined(__SSE2__)
+  // Sixty-four bytes per step while they all match (one mask for four compares), then sixteen.
+  auto eq16 = [&](size_t at) {
+    return _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.data() + at)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.data() + at)));
+  };
+  while (i + 64 <= n) {
+    __m128i all = _mm_and_si128(_mm_and_si128(eq16(i), eq16(i + 16)),
+                                _mm_and_si128(eq16(i + 32), eq16(i + 48)));
+    if (_mm_movemask_epi8(all) != 0xffff) break;
+    i += 64;
+  }
   while (!found && i + 16 <= n) {
     __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.data() + i));
     __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.data() + i));
@@ -163,7 +175,12 @@ struct ApproxTree::Node {
   }
 };
 
-ApproxTree::ApproxTree() : root_(std::make_unique<Node>()) {}
+namespace {
+std::atomic<uint64_t> next_tree_id{1};
+}  // namespace
+
+ApproxTree::ApproxTree()
+    : id_(next_tree_id.fetch_add(1, std::memory_order_relaxed)), root_(std::make_unique<Node>()) {}
 
 ApproxTree::~ApproxTree() {
   // Iterative teardown: a deep tree must not recurse once per level.
@@ -190,8 +207,9 @@ void ApproxTree::walk(std::string_view text, Visit&& visit) const {
     if (i < 0) return;
     const Node* c = n->children[static_cast<size_t>(i)].get();
     size_t common = common_prefix(text.substr(pos), c->label);
-    depth += common == c->label.size() ? c->chars : count_chars(c->label.substr(0, common));
-    if (!visit(c, depth) || common < c->label.size()) return;
+    bool whole = common == c->label.size();
+    depth += whole ? c->chars : count_chars(c->label.substr(0, common));
+    if (!visit(c, depth, whole) || !whole) return;
     pos += common;
     n = c;
   }
@@ -201,20 +219,26 @@ size_t ApproxTree::match(std::string_view text, std::span<const Slot> slots,
                          std::span<size_t> matched) const {
   std::fill(matched.begin(), matched.end(), 0);
   std::shared_lock lock(mu_);
-  walk(text, [&](const Node* c, size_t depth) {
+  size_t pos = 0, whole_depth = 0;
+  walk(text, [&](const Node* c, size_t depth, bool whole) {
     for (size_t k = 0; k < slots.size(); ++k) {
       if (c->holds(slots[k])) matched[k] = depth;
+    }
+    if (whole) {
+      pos += c->label.size();
+      whole_depth = depth;
     }
     return true;
   });
   lock.unlock();
-  return count_chars(text);
+  // The characters of the path are known: only the rest of the text needs counting.
+  return whole_depth + count_chars(text.substr(pos));
 }
 
 size_t ApproxTree::match_one(std::string_view text, Slot slot) const {
   std::shared_lock lock(mu_);
   size_t matched = 0;
-  walk(text, [&](const Node* c, size_t depth) {
+  walk(text, [&](const Node* c, size_t depth, bool) {
     // A slot on a node is on all its ancestors: below the first node without it, none has it.
     if (!c->holds(slot)) return false;
     matched = depth;
@@ -224,17 +248,22 @@ size_t ApproxTree::match_one(std::string_view text, Slot slot) const {
 }
 
 size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
-                              std::vector<Slot>& slots, size_t& total) const {
+                              std::vector<Slot>& slots, size_t& total, PathHint* hint) const {
   // The nodes on the text's path and their depths; then, from the deepest, the first holding a
   // slot `accept` takes (depths grow strictly along a path, so its slots are all the slots whose
   // match is the longest).
   thread_local std::vector<std::pair<const Node*, size_t>> path;
   path.clear();
-  size_t best = 0;
+  size_t best = 0, pos = 0, whole_depth = 0, whole_nodes = 0;
   {
     std::shared_lock lock(mu_);
-    walk(text, [&](const Node* c, size_t depth) {
+    walk(text, [&](const Node* c, size_t depth, bool whole) {
       path.emplace_back(c, depth);
+      if (whole) {
+        pos += c->label.size();
+        whole_depth = depth;
+        ++whole_nodes;
+      }
       return true;
     });
     for (auto it = path.rbegin(); it != path.rend() && best == 0; ++it) {
@@ -245,17 +274,59 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
         }
       }
     }
+    if (hint) {
+      hint->tree = id_;
+      hint->version = shape_version_;
+    }
   }
-  total = count_chars(text);
+  // The characters of the path are known: only the rest of the text needs counting.
+  total = whole_depth + count_chars(text.substr(pos));
+  if (hint) {
+    hint->text = text.data();
+    hint->text_size = text.size();
+    hint->total_chars = total;
+    hint->node_count = std::min(whole_nodes, PathHint::kMaxNodes);
+    hint->pos = 0;
+    hint->depth = 0;
+    for (size_t i = 0; i < hint->node_count; ++i) {
+      hint->nodes[i] = path[i].first;
+      hint->pos += path[i].first->label.size();
+      hint->depth = path[i].second;
+    }
+  }
   return best;
 }
 
-void ApproxTree::insert(std::string_view text, Slot slot) {
+bool PathHint::matches(const ApproxTree& t, std::string_view s) const {
+  return tree == t.id() && text == s.data() && text_size == s.size();
+}
+
+void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) {
   std::unique_lock lock(mu_);
   uint64_t now = ++epoch_;
   size_t& held = count_of(slot);
   Node* n = root_.get();
   size_t pos = 0;
+  // The characters of the text before `pos` when its total is known (from the hint): a new
+  // leaf's count is then the difference, not a count of the rest.
+  size_t depth = 0;
+  const bool known = hint && hint->matches(*this, text);
+  if (known && hint->version == shape_version_) {
+    // The tree has the shape the match saw: the nodes it covered whole are still the path.
+    for (size_t k = 0; k < hint->node_count; ++k) {
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): the tree's own node, lock held
+      Node* c = const_cast<Node*>(static_cast<const Node*>(hint->nodes[k]));
+      if (Tenant* t = c->tenant(slot)) {
+        t->last = now;
+      } else {
+        c->add_tenant(slot, now);
+        held += c->chars;
+      }
+      n = c;
+    }
+    pos = hint->pos;
+    depth = hint->depth;
+  }
   while (pos < text.size()) {
     std::string_view rest = text.substr(pos);
     uint32_t cp = first_code_point(rest);
@@ -263,7 +334,7 @@ void ApproxTree::insert(std::string_view text, Slot slot) {
     if (i < 0) {
       auto leaf = std::make_unique<Node>();
       leaf->label.assign(rest);
-      leaf->chars = static_cast<uint32_t>(count_chars(rest));
+      leaf->chars = static_cast<uint32_t>(known ? hint->total_chars - depth : count_chars(rest));
       leaf->parent = n;
       leaf->tenants.push_back({slot, now});
       held += leaf->chars;
@@ -291,6 +362,7 @@ void ApproxTree::insert(std::string_view text, Slot slot) {
       owned = std::move(mid);
       c = owned.get();
       ++nodes_;
+      ++shape_version_;
     }
     if (Tenant* t = c->tenant(slot)) {
       t->last = now;
@@ -299,6 +371,7 @@ void ApproxTree::insert(std::string_view text, Slot slot) {
       held += c->chars;
     }
     pos += common;
+    depth += c->chars;
     n = c;
   }
 }
@@ -349,6 +422,7 @@ void ApproxTree::prune(Node* n) {
 
 void ApproxTree::truncate(std::string_view text, Slot slot, size_t keep_chars) {
   std::unique_lock lock(mu_);
+  ++shape_version_;
   Node* n = root_.get();
   size_t pos = 0, depth = 0;
   while (pos < text.size()) {
@@ -357,13 +431,19 @@ void ApproxTree::truncate(std::string_view text, Slot slot, size_t keep_chars) {
     Node* c = n->children[static_cast<size_t>(i)].get();
     if (!c->holds(slot)) return;  // the slot's part of this path ends before the cut
     size_t common = common_prefix(text.substr(pos), c->label);
-    if (depth + c->chars <= keep_chars && common == c->label.size()) {
+    bool whole = common == c->label.size();
+    size_t covered = whole ? c->chars : count_chars(c->label.substr(0, common));
+    if (depth + covered <= keep_chars) {
+      // The text leaves the tree inside c before the cut: nothing of it lies beyond.
+      if (!whole) return;
       depth += c->chars;
       pos += common;
       n = c;
       continue;
     }
-    size_t keep_here = keep_chars > depth ? keep_chars - depth : 0;
+    // The cut falls inside the part of c the text covers (depth <= keep_chars here): c is split
+    // there (the kept part is less than c, so both parts are non-empty).
+    size_t keep_here = keep_chars - depth;
     if (keep_here > 0) {
       // Split c so the kept part stays attributed to the slot.
       size_t bytes = byte_offset(c->label, keep_here);
@@ -388,6 +468,7 @@ void ApproxTree::truncate(std::string_view text, Slot slot, size_t keep_chars) {
 
 size_t ApproxTree::evict(size_t max_chars) {
   std::unique_lock lock(mu_);
+  ++shape_version_;
   size_t removed = 0;
   for (size_t s = 0; s < slot_chars_.size(); ++s) {
     if (slot_chars_[s] <= max_chars) continue;
@@ -424,6 +505,7 @@ size_t ApproxTree::evict(size_t max_chars) {
 
 void ApproxTree::remove_slot(Slot slot) {
   std::unique_lock lock(mu_);
+  ++shape_version_;
   std::vector<Node*> tops;
   for (auto& c : root_->children) tops.push_back(c.get());
   for (Node* t : tops) remove_from_subtree(t, slot);

@@ -20,6 +20,29 @@ namespace kvgate::prefix {
 
 using Slot = uint32_t;  // a worker id
 
+class ApproxTree;
+
+// Where a match of a text ended, so that recording the same text under the chosen slot
+// (ApproxTree::insert) starts there instead of comparing the whole text again: a long prompt is
+// walked once per request, not twice. Only valid while the tree has not changed shape since the
+// match (checked by insert: the tree's id and its version of the shape); otherwise insert walks
+// from the root as without one. Also carries the text's length in characters.
+struct PathHint {
+  static constexpr size_t kMaxNodes = 16;
+  uint64_t tree = 0;     // ApproxTree::id() of the tree matched; 0: no hint
+  uint64_t version = 0;  // the tree's shape version at the match
+  const char* text = nullptr;
+  size_t text_size = 0;
+  size_t total_chars = 0;  // characters of the text
+  // The nodes the text covers whole, from the root's child down (at most kMaxNodes of them), the
+  // bytes and characters of the text they cover.
+  const void* nodes[kMaxNodes] = {};
+  size_t node_count = 0;
+  size_t pos = 0;
+  size_t depth = 0;
+  bool matches(const ApproxTree& t, std::string_view s) const;
+};
+
 class ApproxTree {
  public:
   ApproxTree();
@@ -42,9 +65,11 @@ class ApproxTree {
     const void* self;
   };
   size_t match_best(std::string_view text, const SlotFilter& accept, std::vector<Slot>& slots,
-                    size_t& total) const;
-  // Records `text` as sent to `slot` (now the most recently used).
-  void insert(std::string_view text, Slot slot);
+                    size_t& total, PathHint* hint = nullptr) const;
+  // Records `text` as sent to `slot` (now the most recently used). With the hint a match of the
+  // same text on this tree left, the walk starts where the match ended if the tree's shape has
+  // not changed since (same result either way).
+  void insert(std::string_view text, Slot slot, const PathHint* hint = nullptr);
   // `slot` does not hold `text` beyond its first `keep_chars` characters: it is removed from that
   // point of the path on, with everything below it (a cache cannot hold an extension of a prefix
   // it lost).
@@ -58,8 +83,9 @@ class ApproxTree {
   size_t chars_of(Slot slot) const;  // characters attributed to slot
   size_t stored_chars() const;       // characters in all edges (each stored once)
   size_t node_count() const;
-  bool empty() const;           // no text recorded (only the root)
-  size_t memory_bytes() const;  // approximate heap bytes held
+  bool empty() const;                  // no text recorded (only the root)
+  uint64_t id() const { return id_; }  // unique among the process's trees (never 0)
+  size_t memory_bytes() const;         // approximate heap bytes held
 
   struct Node;
 
@@ -73,6 +99,10 @@ class ApproxTree {
   void walk(std::string_view text, Visit&& visit) const;
 
   mutable std::shared_mutex mu_;
+  const uint64_t id_;
+  // Changes whenever a node may have been freed, split or relabelled (a hint's node pointers and
+  // byte positions stay true while it does not). New leaves leave it alone.
+  uint64_t shape_version_ = 0;
   std::unique_ptr<Node> root_;
   std::vector<size_t> slot_chars_;
   uint64_t epoch_ = 0;

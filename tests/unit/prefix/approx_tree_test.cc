@@ -163,6 +163,110 @@ TEST(ApproxTree, TruncateRemovesTheSlotBeyondTheCut) {
   EXPECT_EQ(t.chars_of(1), 10u);
 }
 
+// insert() with the hint of a match_best() of the same text builds the same tree as without it,
+// whatever changed the tree in between (the other ops change its shape; the hint must then be
+// ignored). Two trees take the same operations, one with hints, one without.
+TEST(ApproxTree, InsertWithAHintBuildsTheSameTreeAsWithout) {
+  std::mt19937 rng(7);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 40; ++i) {
+    std::string base = i % 2 ? "system prompt é日 " : "other start ";
+    texts.push_back(base + random_utf8(rng() % 40, rng) + random_utf8(rng() % 200, rng));
+  }
+  ApproxTree hinted, plain;
+  auto accept_all = ApproxTree::SlotFilter{[](const void*, Slot) { return true; }, nullptr};
+  size_t used = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const std::string& text = texts[rng() % texts.size()];
+    auto slot = static_cast<Slot>(1 + rng() % 4);
+    PathHint hint;
+    std::vector<Slot> longest;
+    size_t total = 0;
+    hinted.match_best(text, accept_all, longest, total, &hint);
+    ASSERT_EQ(total, count_chars_slowly(text)) << step;
+    ASSERT_EQ(hint.total_chars, total);
+    // Something else happens to both trees between the match and the record.
+    switch (rng() % 6) {
+      case 0: {
+        const std::string& other = texts[rng() % texts.size()];
+        auto s = static_cast<Slot>(1 + rng() % 4);
+        hinted.insert(other, s);
+        plain.insert(other, s);
+        break;
+      }
+      case 1: {
+        const std::string& other = texts[rng() % texts.size()];
+        auto s = static_cast<Slot>(1 + rng() % 4);
+        size_t keep = rng() % 100;
+        hinted.truncate(other, s, keep);
+        plain.truncate(other, s, keep);
+        break;
+      }
+      case 2:
+        if (step % 50 == 0) {
+          hinted.evict(400);
+          plain.evict(400);
+        }
+        break;
+      default:
+        break;
+    }
+    used += hint.node_count > 0 ? 1 : 0;
+    hinted.insert(text, slot, &hint);
+    plain.insert(text, slot);
+    ASSERT_EQ(match(hinted, text, {slot}), match(plain, text, {slot})) << step;
+    if (step % 100 != 99) continue;
+    ASSERT_EQ(hinted.node_count(), plain.node_count()) << step;
+    ASSERT_EQ(hinted.stored_chars(), plain.stored_chars()) << step;
+    for (Slot s = 1; s <= 4; ++s) ASSERT_EQ(hinted.chars_of(s), plain.chars_of(s)) << step;
+    for (const std::string& t : texts) {
+      ASSERT_EQ(match(hinted, t, {1, 2, 3, 4}), match(plain, t, {1, 2, 3, 4})) << step;
+    }
+  }
+  EXPECT_GT(used, 1000u);  // the hinted path was taken, not only the walk from the root
+}
+
+// The hint is trusted while the tree keeps its shape: the part of the text it covers is not
+// compared again (what saves the second walk). Shown by changing the text's bytes in place after
+// the match: the record follows the matched path. Also: a hint of another tree is ignored.
+TEST(ApproxTree, InsertFollowsAValidHintAndIgnoresAnotherTreesHint) {
+  ApproxTree t;
+  t.insert("shared prefix, then one", 1);
+  std::string text = "shared prefix, then one more";
+  PathHint hint;
+  std::vector<Slot> longest;
+  size_t total = 0;
+  auto accept_all = ApproxTree::SlotFilter{[](const void*, Slot) { return true; }, nullptr};
+  EXPECT_EQ(t.match_best(text, accept_all, longest, total, &hint), 23u);
+  ASSERT_EQ(hint.node_count, 1u);
+  text[0] = 'S';  // same buffer, same size: the hint still names it
+  t.insert(text, 2, &hint);
+  EXPECT_EQ(match(t, "shared prefix, then one more", {2}), (std::vector<size_t>{28}));
+  EXPECT_EQ(match(t, "Shared", {2}), (std::vector<size_t>{0}));
+
+  ApproxTree other;
+  other.insert("xyz", 1);
+  other.insert(text, 3, &hint);  // hint of t: ignored, the text is walked
+  EXPECT_EQ(match(other, "Shared", {3}), (std::vector<size_t>{6}));
+}
+
+// A text that leaves the tree inside a node the slot holds (its own leaf was evicted and another
+// of its texts took the branch): a cut beyond where the text leaves touches nothing, a cut before
+// it splits the node there. (It used to cut at 5 anyway, taking from the slot text this one never
+// covered, and a cut at or past the node's end left an empty node with a wrapped count.)
+TEST(ApproxTree, TruncateOfATextLeavingTheTreeInsideANode) {
+  ApproxTree t;
+  t.insert("abcdef", 1);
+  t.truncate("abcXYZ", 1, 5);  // leaves inside "abcdef" after 3 characters: cut at 5 is beyond
+  EXPECT_EQ(match(t, "abcdef", {1}), (std::vector<size_t>{6}));
+  EXPECT_EQ(t.chars_of(1), 6u);
+  t.truncate("abcXYZ", 1, 2);  // before it: the slot keeps "ab"
+  EXPECT_EQ(match(t, "abcdef", {1}), (std::vector<size_t>{2}));
+  EXPECT_EQ(t.chars_of(1), 2u);
+  std::vector<size_t> out(1);
+  EXPECT_EQ(t.match("abcdef", std::vector<Slot>{1}, out), 6u);
+}
+
 TEST(ApproxTree, MemoryPerStoredCharacter) {
   ApproxTree t;
   std::string base(3500, 'a');
@@ -182,7 +286,12 @@ TEST(ApproxTree, ConcurrentInsertAndMatch) {
     threads.emplace_back([&t, th] {
       for (int i = 0; i < 500; ++i) {
         std::string text = "conversation " + std::to_string(i % 50) + " turn " + std::to_string(i);
-        t.insert(text, static_cast<Slot>(th + 1));
+        PathHint hint;
+        std::vector<Slot> longest;
+        size_t total = 0;
+        t.match_best(text, {[](const void*, Slot) { return true; }, nullptr}, longest, total,
+                     &hint);
+        t.insert(text, static_cast<Slot>(th + 1), &hint);
         std::vector<Slot> slots{1, 2, 3, 4};
         std::vector<size_t> out(4);
         t.match(text, slots, out);

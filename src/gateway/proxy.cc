@@ -623,9 +623,11 @@ awaitable<bool> Gateway::Request::parse() {
 // upstream call sets; X-Forwarded-For and Forwarded extended with this client.
 void Gateway::Request::forward_headers() {
   ConnectionTokens conn_tokens;
-  ex_.for_each_header([&](std::string_view name, std::string_view value) {
-    if (http::iequals(name, "connection")) conn_tokens.add(value);
-  });
+  if (ex_.has_connection_header()) {
+    ex_.for_each_header([&](std::string_view name, std::string_view value) {
+      if (http::iequals(name, "connection")) conn_tokens.add(value);
+    });
+  }
   bool allow_target = g_.config_.allow_target_worker_header;
   ex_.for_each_header([&](std::string_view name, std::string_view value) {
     auto kind = http::classify_header(name);
@@ -1193,9 +1195,11 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   }
   charge_if_served_.clear();
   ConnectionTokens resp_tokens;
-  call.for_each_header([&](std::string_view name, std::string_view value) {
-    if (http::iequals(name, "connection")) resp_tokens.add(value);
-  });
+  if (call.has_connection_header()) {
+    call.for_each_header([&](std::string_view name, std::string_view value) {
+      if (http::iequals(name, "connection")) resp_tokens.add(value);
+    });
+  }
   http::HeaderBuffer<24> out;
   call.for_each_header([&](std::string_view name, std::string_view value) {
     switch (http::classify_header(name)) {

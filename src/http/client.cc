@@ -483,6 +483,10 @@ void UpstreamCall::for_each_header(
   if (conn_ && conn_->head_done) conn_->head.for_each(fn);
 }
 
+bool UpstreamCall::has_connection_header() const {
+  return conn_ && conn_->head_done && conn_->head.has_connection();
+}
+
 std::optional<uint64_t> UpstreamCall::content_length() const {
   if (!conn_ || !conn_->head_done || conn_->framing == BodyFraming::kChunked ||
       conn_->framing == BodyFraming::kUntilClose) {

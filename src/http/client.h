@@ -132,6 +132,7 @@ class UpstreamCall {
   int status() const;
   std::string_view header(std::string_view name) const;
   void for_each_header(const std::function<void(std::string_view, std::string_view)>& fn) const;
+  bool has_connection_header() const;  // the response has a Connection field
   std::optional<uint64_t> content_length() const;
   bool done() const { return done_; }
   // The next piece of body, where it lies in the connection's read buffer (no copy): valid until

@@ -230,7 +230,7 @@ void HeadParser::reset() {
   status_ = 0;
   method_ = method_len_ = target_ = target_len_ = 0;
   has_length_ = chunked_ = expect_seen_ = expect_continue_ = false;
-  conn_close_ = conn_keep_alive_ = false;
+  conn_close_ = conn_keep_alive_ = has_connection_ = false;
   te_fields_ = 0;
   length_ = 0;
   count_ = 0;
@@ -344,7 +344,9 @@ bool HeadParser::on_field(std::string_view name, std::string_view value) {
       return true;
     case 10:  // connection
     case 16:  // proxy-connection (as Beast did: its tokens count too)
-      if (iequals_lower(name, "connection") || iequals_lower(name, "proxy-connection")) {
+      if (bool conn = name.size() == 10 && iequals_lower(name, "connection");
+          conn || iequals_lower(name, "proxy-connection")) {
+        has_connection_ = has_connection_ || conn;
         bool ok = for_each_element(value, [&](std::string_view e) {
           if (!is_token(e)) return false;
           if (iequals(e, "close")) conn_close_ = true;

@@ -118,6 +118,9 @@ class HeadParser {
   // "Connection: close", HTTP/1.0 only with "Connection: keep-alive"; never after a response
   // whose body ends with the connection.
   bool keep_alive(bool head_request = false) const;
+  // Whether the head has a Connection field (whose tokens may name fields to drop when
+  // forwarding): without one, a proxy need not collect them.
+  bool has_connection() const { return has_connection_; }
   // Requests. An HTTP/1.0 client's Expect is ignored (RFC 9110 10.1.1: it may not understand 100).
   bool expect_continue() const { return expect_continue_ && version_ >= 11; }
 
@@ -159,6 +162,7 @@ class HeadParser {
   bool expect_continue_ = false;
   bool conn_close_ = false;
   bool conn_keep_alive_ = false;
+  bool has_connection_ = false;  // a Connection field (not Proxy-Connection) was seen
   uint8_t te_fields_ = 0;
   uint64_t length_ = 0;
 

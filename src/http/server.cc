@@ -171,6 +171,7 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       const std::function<void(std::string_view, std::string_view)>& fn) const override {
     req_.head.for_each(fn);
   }
+  bool has_connection_header() const override { return req_.head.has_connection(); }
   std::string& body() override { return req_.body; }
   const std::string& remote_address() const override { return remote_; }
   bool secure() const override { return !std::is_same_v<Stream, Socket>; }
@@ -543,11 +544,26 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       reading_body = true;
       if (head.expect_continue()) ec = co_await send_continue(stream, deadline, cfg);
       if (!ec) deadline.expires_after(cfg.body_timeout);
+      [[maybe_unused]] bool read_now = true;
       while (!ec && have < len) {
         size_t want = std::min(len - have, std::max(have, kBodyStep));
         body.resize(have + want);
-        auto [rec, rn] =
-            co_await stream.async_read_some(asio::buffer(body.data() + have, want), kTuple);
+        auto space = asio::buffer(body.data() + have, want);
+        if constexpr (std::is_same_v<Stream, Socket>) {
+          // The rest of a large body has usually arrived with its start: read what is there now
+          // (non-blocking socket), without a trip through the event loop; wait only for the rest.
+          // One such read between two through the loop, so a client pouring a large body in
+          // does not keep the thread from its other connections.
+          if (read_now) {
+            read_now = false;
+            size_t rn = stream.read_some(space, ec);
+            if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
+            have += rn;
+            if (ec || rn > 0) continue;
+          }
+          read_now = true;
+        }
+        auto [rec, rn] = co_await stream.async_read_some(space, kTuple);
         have += rn;
         ec = rec;
       }

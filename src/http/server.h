@@ -88,6 +88,8 @@ class Exchange {
   virtual std::string_view header(std::string_view name) const = 0;
   virtual void for_each_header(
       const std::function<void(std::string_view, std::string_view)>& fn) const = 0;
+  // Whether the request has a Connection field (tokens naming fields a proxy must not forward).
+  virtual bool has_connection_header() const { return true; }
   // The request body; capacity() >= size() + kBodyPadding, so it can be parsed in place.
   virtual std::string& body() = 0;
   virtual const std::string& remote_address() const = 0;

@@ -141,6 +141,29 @@ TEST(HeadParser, KeepAliveFollowsVersionAndConnection) {
   }
 }
 
+// has_connection() lets a proxy skip collecting Connection tokens when there is no such field
+// (Proxy-Connection does not count; another field of the same length is not read as one).
+TEST(HeadParser, HasConnectionOnlyForAConnectionField) {
+  struct Case {
+    const char* head;
+    bool has;
+    bool keep;
+  } cases[] = {
+      {"GET / HTTP/1.1\r\nHost: a\r\n\r\n", false, true},
+      {"GET / HTTP/1.1\r\nconnection: x-secret\r\n\r\n", true, true},
+      {"GET / HTTP/1.1\r\nProxy-Connection: keep-alive\r\n\r\n", false, true},
+      {"GET / HTTP/1.1\r\nConnection: te\r\nUser-Agent: close\r\n\r\n", true, true},
+  };
+  for (const auto& c : cases) {
+    HeadParser p(Kind::kRequest);
+    ASSERT_EQ(parse_both(p, c.head).status, ParseStatus::kDone) << c.head;
+    EXPECT_EQ(p.has_connection(), c.has) << c.head;
+    EXPECT_EQ(p.keep_alive(), c.keep) << c.head;
+    p.reset();
+    EXPECT_FALSE(p.has_connection());
+  }
+}
+
 TEST(HeadParser, ChunkedRequestsAndExpectContinue) {
   HeadParser p(Kind::kRequest);
   ASSERT_EQ(parse_both(p,

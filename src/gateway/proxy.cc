@@ -351,6 +351,7 @@ enum class Next {
   kRetry,   // this attempt failed safely and another may follow: back off, select again
   kGiveUp,  // no further attempt: the client gets the last refusal a worker sent, or an error
   kDone,    // answered (or the client left): nothing more to do
+  kRefuse,  // refused: the refusal the phase left is to be sent (refuse_pending), then done
 };
 
 }  // namespace
@@ -364,14 +365,18 @@ class Gateway::Request {
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
 
-  awaitable<bool> resolve();
+  // resolve and parse finish at once (no coroutine of their own: a frame and a resumption
+  // less per request); false leaves the refusal for refuse_pending().
+  bool resolve();
   void watch();
+  bool admits_all() const { return !g_.admission_.enabled(); }
   awaitable<bool> admit();
-  awaitable<bool> parse();
+  bool parse();
+  awaitable<void> refuse_pending();
   void forward_headers();
   bool must_back_off() const { return attempts_made_ > 0 && !skip_backoff_; }
   awaitable<bool> back_off();
-  awaitable<Next> select(Attempt& a);
+  Next select(Attempt& a);  // at once, as resolve and parse
   awaitable<Next> send(Attempt& a);
   awaitable<Next> first_event(Attempt& a);
   awaitable<void> relay(Attempt& a);
@@ -393,7 +398,7 @@ class Gateway::Request {
   void record(int status) { g_.record(route_label_, status, model_, streaming_, start_); }
   void list_candidates(Clock::time_point now);
   // Prefill/decode: both sides chosen, both breakers' passes, both dispatches opened.
-  awaitable<Next> select_pd(Attempt& a);
+  Next select_pd(Attempt& a);
   // Prefill/decode: the request bodies of both halves; starts the prefill half.
   bool start_prefill(Attempt& a, std::string& decode_body);
   // Prefill/decode: the prefill half failed before the decode half answered anything.
@@ -426,6 +431,7 @@ class Gateway::Request {
   RequestThread::State& ts_;
 
   // resolve, parse
+  std::optional<GatewayError> refusal_;  // what a phase that said no leaves to send
   RequestInfo info_;
   bool parsed_ = false;         // info_ holds the model (resolve read it)
   std::shared_ptr<Pool> pool_;  // pinned: its policy decides and hears every completion
@@ -542,7 +548,7 @@ void Gateway::Request::client_left() {
 // (and with it the policy that decides and hears the completion) until it is done. Only when rules
 // name models is the body read here, for its model alone (cheap next to the parse, which waits for
 // admission).
-awaitable<bool> Gateway::Request::resolve() {
+bool Gateway::Request::resolve() {
   std::string parse_error;
   {
     auto table = g_.pools_.table();
@@ -554,15 +560,19 @@ awaitable<bool> Gateway::Request::resolve() {
     }
     pool_ = table->resolve(port, ex_.path(), info_.model);
   }
-  if (pool_) co_return true;
+  if (pool_) return true;
   if (!parse_error.empty()) {
-    co_await refuse(errors::bad_json(std::move(parse_error)));
+    refusal_ = errors::bad_json(std::move(parse_error));
   } else {
-    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
-    GatewayError ge = parsed_ ? errors::model_not_found(info_.model) : errors::no_rule(ex_.path());
-    co_await refuse(ge);
+    refusal_ = parsed_ ? errors::model_not_found(info_.model) : errors::no_rule(ex_.path());
   }
-  co_return false;
+  return false;
+}
+
+awaitable<void> Gateway::Request::refuse_pending() {
+  GatewayError e = std::move(*refusal_);
+  refusal_.reset();
+  co_await refuse(std::move(e));
 }
 
 void Gateway::Request::watch() {
@@ -573,7 +583,6 @@ void Gateway::Request::watch() {
 // body, and only admitted requests may spend it. One admission for the process, whichever rule.
 awaitable<bool> Gateway::Request::admit() {
   Admission& admission = g_.admission_;
-  if (!admission.enabled()) co_return true;
   g_.metrics_.queue_depth_now.add(1);
   auto r = co_await admission.acquire(ex_.executor(), &cancel_.waiter);
   g_.metrics_.queue_depth_now.add(-1);
@@ -597,26 +606,26 @@ awaitable<bool> Gateway::Request::admit() {
 }
 
 // Phase: parse: what routing needs from the body (a pool in mode 0 proxies without reading it).
-awaitable<bool> Gateway::Request::parse() {
+bool Gateway::Request::parse() {
   const ParseOptions& options = pool_->parse_options();
   bool wants_content = options.want_text || options.want_tokens;
   if (pool_->reads_body() && (!parsed_ || wants_content)) {
     info_ = RequestInfo{};
     if (std::string err = parse_request(route_, ex_.body(), info_, options); !err.empty()) {
-      co_await refuse(errors::bad_json(std::move(err)));
-      co_return false;
+      refusal_ = errors::bad_json(std::move(err));
+      return false;
     }
   }
   if (info_.model.size() > kMaxModelNameBytes) {
     // A model name becomes a metric label and a prefix-tree key: bounded like any client input.
-    co_await refuse(errors::invalid_request("'model' is " + std::to_string(info_.model.size()) +
-                                            " bytes long; model names are at most " +
-                                            std::to_string(kMaxModelNameBytes) + " bytes"));
-    co_return false;
+    refusal_ = errors::invalid_request("'model' is " + std::to_string(info_.model.size()) +
+                                       " bytes long; model names are at most " +
+                                       std::to_string(kMaxModelNameBytes) + " bytes");
+    return false;
   }
   model_ = g_.metrics_.models.admit(info_.model);
   streaming_ = info_.stream;
-  co_return true;
+  return true;
 }
 
 // Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
@@ -708,18 +717,15 @@ awaitable<bool> Gateway::Request::back_off() {
 
 // Phase: select. The policy chooses among the available workers; the worker's breaker gives a
 // pass; the dispatch opens (the policy hears on_dispatched; on_completed follows exactly once).
-awaitable<Next> Gateway::Request::select(Attempt& a) {
+Next Gateway::Request::select(Attempt& a) {
   skip_backoff_ = false;
   a.now = Clock::now();
   list_candidates(a.now);
-  if (pool_->pd()) {
-    Next next = co_await select_pd(a);
-    co_return next;
-  }
+  if (pool_->pd()) return select_pd(a);
   if (candidates_.empty()) {
-    if (attempts_made_ > 0) co_return Next::kGiveUp;
-    co_await refuse(errors::no_worker(set_->workers.size()));
-    co_return Next::kDone;
+    if (attempts_made_ > 0) return Next::kGiveUp;
+    refusal_ = errors::no_worker(set_->workers.size());
+    return Next::kRefuse;
   }
   Policy& policy = pool_->policy();
   ctx_.candidates = candidates_.view();
@@ -728,17 +734,17 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
   a.w = a.d.worker;
   if (a.w == nullptr) {
     g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
-    if (attempts_made_ > 0) co_return Next::kGiveUp;
-    co_await refuse(errors::policy_refused(policy.name(), a.d.branch));
-    co_return Next::kDone;
+    if (attempts_made_ > 0) return Next::kGiveUp;
+    refusal_ = errors::policy_refused(policy.name(), a.d.branch);
+    return Next::kRefuse;
   }
   CircuitBreaker::Pass pass = a.w->admit(a.now);
   if (pass == CircuitBreaker::Pass::kDenied) {
     // Its breaker turned (another request took the half-open trial): choose again, bounded.
     failed_.push_back(a.w->id());
-    if (++denied_ > static_cast<int>(set_->workers.size()) + 1) co_return Next::kGiveUp;
+    if (++denied_ > static_cast<int>(set_->workers.size()) + 1) return Next::kGiveUp;
     skip_backoff_ = true;  // no attempt was made: nothing to back off from
-    co_return Next::kRetry;
+    return Next::kRetry;
   }
   if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
   g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
@@ -747,31 +753,29 @@ awaitable<Next> Gateway::Request::select(Attempt& a) {
   a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
   a.call->set_deadline(deadline_);
   cancel_.call = &*a.call;
-  co_return Next::kOn;
+  return Next::kOn;
 }
 
 // Phase: select, prefill/decode. The prefill policy (kv_exact with kvExactMode 1) chooses a
 // prefill server (and rank), the decode policy a decode server; each breaker gives a pass; both
 // dispatches open. A retry chooses both again.
-awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
+Next Gateway::Request::select_pd(Attempt& a) {
   if (route_ == ApiRoute::kEmbeddings || route_ == ApiRoute::kRerank) {
-    co_await refuse(errors::invalid_request(
+    refusal_ = errors::invalid_request(
         std::string(route_label_) +
         " is not a generation route: a prefill/decode pool serves /generate, "
-        "/v1/chat/completions and /v1/completions; route it to a plain pool"));
-    co_return Next::kDone;
+        "/v1/chat/completions and /v1/completions; route it to a plain pool");
+    return Next::kRefuse;
   }
   if (candidates_.empty()) {
-    if (attempts_made_ > 0) co_return Next::kGiveUp;
+    if (attempts_made_ > 0) return Next::kGiveUp;
     const auto& prefill = pool_->prefill_workers().workers;
     const bool usable_prefill = std::any_of(
         prefill.begin(), prefill.end(), [&](const WorkerPtr& w) { return w->available(a.now); });
-    // (Named: GCC 12 mishandles a conditional's temporary in a co_await expression.)
-    GatewayError ge =
-        usable_prefill ? errors::no_worker_of_role("decode", pool_->decode_workers().workers.size())
-                       : errors::no_worker_of_role("prefill", prefill.size());
-    co_await refuse(ge);
-    co_return Next::kDone;
+    refusal_ = usable_prefill
+                   ? errors::no_worker_of_role("decode", pool_->decode_workers().workers.size())
+                   : errors::no_worker_of_role("prefill", prefill.size());
+    return Next::kRefuse;
   }
   Policy& prefill_policy = pool_->policy();
   Policy& decode_policy = pool_->decode_policy();
@@ -789,9 +793,9 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
     Policy& refused = p.w == nullptr ? prefill_policy : decode_policy;
     std::string_view branch = p.w == nullptr ? p.d.branch : a.d.branch;
     g_.metrics_.branch_counter(refused.name(), branch).inc();
-    if (attempts_made_ > 0) co_return Next::kGiveUp;
-    co_await refuse(errors::policy_refused(refused.name(), branch));
-    co_return Next::kDone;
+    if (attempts_made_ > 0) return Next::kGiveUp;
+    refusal_ = errors::policy_refused(refused.name(), branch);
+    return Next::kRefuse;
   }
   // Each pass is taken right before its dispatch opens (which records it on every path).
   auto denied = [&](Worker* w) {
@@ -803,7 +807,7 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   CircuitBreaker::Pass prefill_pass = p.w->admit(a.now);
   if (prefill_pass == CircuitBreaker::Pass::kDenied) {
     a.prefill.reset();
-    co_return denied(p.w);
+    return denied(p.w);
   }
   ++attempts_made_;
   p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass);
@@ -811,7 +815,7 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   if (decode_pass == CircuitBreaker::Pass::kDenied) {
     p.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = false}, Verdict::kNeutral);
     --attempts_made_;  // nothing was sent
-    co_return denied(a.w);
+    return denied(a.w);
   }
   a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass);
   if (metrics::Counter* c = pool_->selected(*p.w)) c->inc();
@@ -821,7 +825,7 @@ awaitable<Next> Gateway::Request::select_pd(Attempt& a) {
   a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
   a.call->set_deadline(deadline_);
   cancel_.call = &*a.call;
-  co_return Next::kOn;
+  return Next::kOn;
 }
 
 // Prefill/decode: SGLang's rendezvous fields (and a rid to abort the decode half by) added to the
@@ -1532,13 +1536,21 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   // per-thread cache, a larger one is a malloc and free per request.
   auto owned = std::make_unique<Request>(*this, ex, route, rid);
   Request& r = *owned;
-  bool go = co_await r.resolve();
-  if (!go) co_return;
+  bool go = r.resolve();
+  if (!go) {
+    co_await r.refuse_pending();
+    co_return;
+  }
   r.watch();
-  go = co_await r.admit();
-  if (!go) co_return;
-  go = co_await r.parse();
-  if (!go) co_return;
+  if (!r.admits_all()) {
+    go = co_await r.admit();
+    if (!go) co_return;
+  }
+  go = r.parse();
+  if (!go) {
+    co_await r.refuse_pending();
+    co_return;
+  }
   r.forward_headers();
   for (;;) {
     if (r.must_back_off()) {
@@ -1546,7 +1558,11 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
       if (!go) co_return;
     }
     Attempt a(r);
-    Next next = co_await r.select(a);
+    Next next = r.select(a);
+    if (next == Next::kRefuse) {
+      co_await r.refuse_pending();
+      next = Next::kDone;
+    }
     if (next == Next::kOn) next = co_await r.send(a);
     if (next == Next::kOn) next = co_await r.first_event(a);
     bool served = false;

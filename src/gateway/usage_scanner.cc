@@ -32,7 +32,12 @@ void UsageScanner::scan(std::string_view s) {
   constexpr size_t kHead = kCached.size() - kTail.size();  // `"cached`, `"prompt`
   static_assert(kPrompt.size() - kTail.size() == kHead);
   for (size_t p = s.find('_'); p != std::string_view::npos; p = s.find('_', p + 1)) {
-    if (p < kHead || s.compare(p, kTail.size(), kTail) != 0) continue;
+    // Most underscores are not this key's (finish_reason, total_tokens...): two bytes decide
+    // before the whole tail is compared.
+    if (p < kHead || p + kTail.size() > s.size() || s[p + 1] != 't' || s[p + 7] != '"' ||
+        s.compare(p, kTail.size(), kTail) != 0) {
+      continue;
+    }
     std::string_view head = s.substr(p - kHead, kHead);
     std::optional<int64_t>* out = head == kCached.substr(0, kHead)   ? &cached_
                                   : head == kPrompt.substr(0, kHead) ? &prompt_

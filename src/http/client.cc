@@ -97,7 +97,8 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
 
 struct Connection {
   explicit Connection(const Executor& ex) : socket(ex), deadline(ex, socket) {
-    buffer.reserve(16384);  // reads take what fits: a small buffer means more receives
+    buffer.reserve(
+        ReadBuffer::kBlockSize);  // reads take what fits: a small buffer means more receives
   }
   Socket socket;
   Deadline deadline;

@@ -34,7 +34,7 @@ namespace {
 
 // Bytes a connection keeps for reading while a request is in progress. Given back with the rest
 // of the connection's memory when it is parked (http/parking).
-constexpr size_t kReadBufferSize = 16384;
+constexpr size_t kReadBufferSize = ReadBuffer::kBlockSize;
 // The least room a read into the buffer is given (fewer free bytes: moved or grown first).
 constexpr size_t kMinRead = 1024;
 // A body of known length is read straight into its string, in reads as large as what remains,
@@ -500,7 +500,7 @@ awaitable<boost::system::error_code> send_continue(Stream& stream, Deadline& dea
 template <class Stream>
 awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadline,
                           SessionNode& node, const std::string& remote, ReadBuffer& buffer,
-                          std::string& scratch) {
+                          std::string& scratch, std::string& head_store) {
   const ServerConfig& cfg = srv.config;
   Request req;
   HeadParser& head = req.head;
@@ -641,6 +641,16 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
   // Simdjson parses bodies in place: kBodyPadding spare bytes past the end, even when empty.
   if (body.capacity() < body.size() + kBodyPadding) body.reserve(body.size() + kBodyPadding);
   head.rebase(buffer.base());  // the buffer may have grown while a chunked body was read
+  if (buffer.size() == 0) {
+    // Nothing read past this request: its head moves out of the read buffer (a few hundred
+    // bytes) and the buffer, with the page the request touched, is given back while the request
+    // runs (a stream may run for minutes). The next read takes one again (the allocator's
+    // thread cache: no page is touched anew).
+    head_store.assign(buffer.base(), head.head_size());  // the connection's: capacity kept
+    head.rebase(head_store.data());
+    buffer.restart();
+    buffer.release();
+  }
   bool close = false;
   {
     ExchangeImpl<Stream> ex(stream, deadline, buffer, req, remote, srv, scratch);
@@ -698,6 +708,7 @@ awaitable<std::optional<Clock::time_point>> serve(Server::Shared& srv, Stream& s
   Socket& socket = lowest(stream);
   ReadBuffer buffer;
   std::string scratch;
+  std::string head_store;  // a request's head while it runs, once out of the read buffer
 
   for (;;) {
     if (buffer.size() == 0) {
@@ -752,7 +763,8 @@ awaitable<std::optional<Clock::time_point>> serve(Server::Shared& srv, Stream& s
       }
       if (scratch.capacity() < 512) scratch.reserve(512);
     }
-    bool again = co_await serve_one(srv, stream, deadline, node, remote, buffer, scratch);
+    bool again =
+        co_await serve_one(srv, stream, deadline, node, remote, buffer, scratch, head_store);
     if (!again || srv.stopping.load(std::memory_order_relaxed)) break;
   }
   co_return std::nullopt;

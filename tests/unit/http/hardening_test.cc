@@ -12,11 +12,13 @@
 
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
 
 #include "http/client.h"
+#include "http/read_buffer.h"
 #include "http/server.h"
 #include "support/http_client.h"
 #include "support/process.h"
@@ -958,6 +960,61 @@ TEST(ServerParsing, EveryFramingWholeAndByteByByte) {
     EXPECT_NE(out.find("HTTP/1.0 200 OK\r\nconnection: keep-alive"), std::string::npos) << out;
     EXPECT_NE(out.find("connection: close"), std::string::npos) << out;
   }
+}
+
+// A request's head leaves the read buffer before its handler runs, and the buffer goes back to
+// the thread's spares: the next connection's request is read into that very block. The first
+// request's method, target and headers must still be its own, however long its handler runs.
+TEST(ServerParsing, AHeadStaysItsOwnWhenItsReadBufferIsReused) {
+  std::atomic<bool> second_read{false};
+  TestServer s([&](Exchange& ex) -> awaitable<void> {
+    if (ex.path() == "/second") {
+      second_read = true;
+      co_await ex.respond(200, {}, std::string(ex.header("x-t")));
+      co_return;
+    }
+    for (int i = 0; i < 2000 && !second_read; ++i) co_await sleep_for(ex, 5ms);
+    std::string out = std::string(ex.method()) + " " + std::string(ex.target()) + " " +
+                      std::string(ex.header("x-t")) + " " + ex.body();
+    co_await ex.respond(200, {}, out);
+  });
+  auto first = std::async(std::launch::async, [&] {
+    testing::HttpClient c(s.port());
+    return c.post("/first?q=1", "body-one", {{"X-T", "one-one-one"}});
+  });
+  ASSERT_TRUE(testing::wait_until([&] { return s.stats().connections.load() == 1; }));
+  testing::HttpClient c2(s.port());
+  auto r2 = c2.post("/second", "body-two", {{"X-T", "TWO-TWO-TWO"}});
+  EXPECT_EQ(r2.body, "TWO-TWO-TWO");
+  auto r1 = first.get();
+  EXPECT_EQ(r1.status, 200);
+  EXPECT_EQ(r1.body, "POST /first?q=1 one-one-one body-one");
+}
+
+TEST(ReadBuffer, ABlockGivenBackIsTakenAgainAndTheSparesAreBounded) {
+  const char* first = nullptr;
+  {
+    ReadBuffer b;
+    b.reserve(ReadBuffer::kBlockSize);
+    first = b.base();
+    b.release();
+    EXPECT_EQ(b.capacity(), 0u);
+  }
+  ReadBuffer again;
+  again.reserve(ReadBuffer::kBlockSize);
+  EXPECT_EQ(again.base(), first);  // the spare, not a new block
+  std::vector<ReadBuffer> many(ReadBuffer::kSpareBlocks + 8);
+  for (auto& b : many) b.reserve(ReadBuffer::kBlockSize);
+  for (auto& b : many) b.release();
+  EXPECT_EQ(ReadBuffer::spare_blocks(), ReadBuffer::kSpareBlocks);
+  ReadBuffer pinned;  // a buffer holding a head is never given back
+  pinned.reserve(ReadBuffer::kBlockSize);
+  std::memcpy(pinned.prepare(4).data(), "GET ", 4);
+  pinned.commit(4);
+  pinned.pin(4);
+  pinned.consume(4);
+  pinned.release();
+  EXPECT_EQ(pinned.capacity(), ReadBuffer::kBlockSize);
 }
 
 TEST(ServerParsing, ALargeBodyIsReadWhole) {

@@ -32,8 +32,8 @@ void UsageScanner::scan(std::string_view s) {
   constexpr size_t kHead = kCached.size() - kTail.size();  // `"cached`, `"prompt`
   static_assert(kPrompt.size() - kTail.size() == kHead);
   for (size_t p = s.find('_'); p != std::string_view::npos; p = s.find('_', p + 1)) {
-    // Most underscores are not this key's (finish_reason, total_tokens...): two bytes decide
-    // before the whole tail is compared.
+    // Most underscores start no `_tokens":` (finish_reason, tool_calls, prompt_tokens_details):
+    // two bytes rule them out before the whole tail is compared.
     if (p < kHead || p + kTail.size() > s.size() || s[p + 1] != 't' || s[p + 7] != '"' ||
         s.compare(p, kTail.size(), kTail) != 0) {
       continue;

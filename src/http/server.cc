@@ -4,6 +4,7 @@
 
 #include <openssl/ssl.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -14,6 +15,7 @@
 #include <boost/asio/ssl/error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <charconv>
 #include <stdexcept>
 
@@ -32,8 +34,9 @@ constexpr auto kTuple = asio::as_tuple(use_awaitable);
 
 namespace {
 
-// Bytes a connection keeps for reading while a request is in progress. Given back with the rest
-// of the connection's memory when it is parked (http/parking).
+// Bytes a connection reads into. Given back while a request's answer streams (the head moved out
+// of it first: serve_one), and with the rest of the connection's memory when it is parked
+// (http/parking).
 constexpr size_t kReadBufferSize = ReadBuffer::kBlockSize;
 // The least room a read into the buffer is given (fewer free bytes: moved or grown first).
 constexpr size_t kMinRead = 1024;
@@ -204,6 +207,10 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
       close_ = true;  // HTTP/1.0: the end of the body is the end of the connection
       chunked_ = false;
     }
+    // A body of unknown length (a stream) may run for minutes: the connection's read buffer is
+    // given back meanwhile when it holds nothing (serve_one moved the head out of it; a buffer
+    // still holding the head or a pipelined request keeps it). The next read takes one again.
+    if (!content_length) buffer_.release();
     if (close_ && !closing_header_written_) head_.append("connection: close\r\n");
     head_.append("\r\n");
     head_pending_ = true;
@@ -284,8 +291,8 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
     }
     watch_->fd = socket_.native_handle();
     watch_->recheck = std::make_unique<Timer>(socket_.get_executor());
-    // (The read buffer is kept while the request runs: its method, target and headers are views
-    // into it, and the gateway holds them across retries.)
+    // (The read buffer holds the request's head only when pipelined bytes followed it; otherwise
+    // the head was moved out and the buffer is empty, or given back once the answer streams.)
     if (buffer_.size() > 0) {
       recheck_loop(watch_);  // pipelined bytes already here: only a hang-up can be seen
       return;
@@ -399,9 +406,10 @@ class ExchangeImpl final : public Exchange, public ForceClosable {
   Stream& stream_;
   Socket& socket_;
   Deadline& deadline_;
-  // Holds the request's head, pinned: method(), target() and every header view the handler got
-  // point into it, so it is neither released nor moved while the exchange runs (release() refuses
-  // a pinned buffer); only pipelined bytes after the request are read from it (peek: watch).
+  // The connection's read buffer. With pipelined bytes after the request it holds the head,
+  // pinned (method(), target() and header views point into it; release() refuses a pinned
+  // buffer); otherwise serve_one moved the head out and it is empty: given back when a streamed
+  // body begins.
   ReadBuffer& buffer_;
   Request& req_;
   const std::string& remote_;
@@ -556,10 +564,20 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
           // does not keep the thread from its other connections.
           if (read_now) {
             read_now = false;
-            size_t rn = stream.read_some(space, ec);
-            if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
-            have += rn;
-            if (ec || rn > 0) continue;
+            // MSG_DONTWAIT: never a wait here, whatever mode the socket is in.
+            ssize_t rn = ::recv(stream.native_handle(), space.data(), space.size(), MSG_DONTWAIT);
+            if (rn > 0) {
+              have += static_cast<size_t>(rn);
+              continue;
+            }
+            if (rn == 0) {
+              ec = asio::error::eof;
+              continue;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+              ec = boost::system::error_code(errno, boost::system::system_category());
+              continue;
+            }
           }
           read_now = true;
         }
@@ -643,13 +661,15 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
   head.rebase(buffer.base());  // the buffer may have grown while a chunked body was read
   if (buffer.size() == 0) {
     // Nothing read past this request: its head moves out of the read buffer (a few hundred
-    // bytes) and the buffer, with the page the request touched, is given back while the request
-    // runs (a stream may run for minutes). The next read takes one again (the allocator's
-    // thread cache: no page is touched anew).
-    head_store.assign(buffer.base(), head.head_size());  // the connection's: capacity kept
+    // bytes, into a string the connection keeps), so the buffer, with the page the request
+    // touched, can be given back while a long answer streams (ExchangeImpl::begin_body). A
+    // short answer keeps it for the next request (no allocation per request).
+    if (head_store.capacity() > 4096 && head.head_size() < head_store.capacity() / 4) {
+      head_store = std::string();  // one large head does not set every later one's size
+    }
+    head_store.assign(buffer.base(), head.head_size());
     head.rebase(head_store.data());
     buffer.restart();
-    buffer.release();
   }
   bool close = false;
   {

@@ -254,7 +254,10 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
   // match is the longest).
   thread_local std::vector<std::pair<const Node*, size_t>> path;
   path.clear();
-  size_t best = 0, pos = 0, whole_depth = 0, whole_nodes = 0;
+  size_t best = 0, pos = 0, whole_depth = 0;
+  if (hint) {
+    hint->node_count = hint->pos = hint->depth = 0;
+  }
   {
     std::shared_lock lock(mu_);
     walk(text, [&](const Node* c, size_t depth, bool whole) {
@@ -262,7 +265,12 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
       if (whole) {
         pos += c->label.size();
         whole_depth = depth;
-        ++whole_nodes;
+        if (hint && hint->node_count < PathHint::kMaxNodes) {
+          // Read while the lock is held: once it is released a writer may split or free them.
+          hint->nodes[hint->node_count++] = c;
+          hint->pos = pos;
+          hint->depth = depth;
+        }
       }
       return true;
     });
@@ -285,14 +293,6 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
     hint->text = text.data();
     hint->text_size = text.size();
     hint->total_chars = total;
-    hint->node_count = std::min(whole_nodes, PathHint::kMaxNodes);
-    hint->pos = 0;
-    hint->depth = 0;
-    for (size_t i = 0; i < hint->node_count; ++i) {
-      hint->nodes[i] = path[i].first;
-      hint->pos += path[i].first->label.size();
-      hint->depth = path[i].second;
-    }
   }
   return best;
 }
@@ -301,7 +301,7 @@ bool PathHint::matches(const ApproxTree& t, std::string_view s) const {
   return tree == t.id() && text == s.data() && text_size == s.size();
 }
 
-void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) {
+bool ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) {
   std::unique_lock lock(mu_);
   uint64_t now = ++epoch_;
   size_t& held = count_of(slot);
@@ -311,7 +311,8 @@ void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) 
   // leaf's count is then the difference, not a count of the rest.
   size_t depth = 0;
   const bool known = hint && hint->matches(*this, text);
-  if (known && hint->version == shape_version_) {
+  const bool from_hint = known && hint->version == shape_version_;
+  if (from_hint) {
     // The tree has the shape the match saw: the nodes it covered whole are still the path.
     for (size_t k = 0; k < hint->node_count; ++k) {
       // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): the tree's own node, lock held
@@ -331,7 +332,12 @@ void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) 
     std::string_view rest = text.substr(pos);
     uint32_t cp = first_code_point(rest);
     int i = n->child_index(cp);
-    if (i < 0) {
+    // A child under the same key the text shares no character with: only invalid UTF-8 does that
+    // (a lead byte without its continuation bytes is one character to the key, the start of one
+    // to the compare). The text gets a leaf of its own there (no later walk reaches it; eviction
+    // does) rather than an empty split, which would never make progress.
+    size_t common = i < 0 ? 0 : common_prefix(rest, n->children[static_cast<size_t>(i)]->label);
+    if (common == 0) {
       auto leaf = std::make_unique<Node>();
       leaf->label.assign(rest);
       leaf->chars = static_cast<uint32_t>(known ? hint->total_chars - depth : count_chars(rest));
@@ -342,11 +348,10 @@ void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) 
       ++nodes_;
       n->keys.push_back(cp);
       n->children.push_back(std::move(leaf));
-      return;
+      return from_hint;
     }
     auto& owned = n->children[static_cast<size_t>(i)];
     Node* c = owned.get();
-    size_t common = common_prefix(rest, c->label);
     if (common < c->label.size()) {
       // Split c: the shared part becomes a new node holding c's tenants, c keeps the rest.
       auto mid = std::make_unique<Node>();
@@ -374,6 +379,7 @@ void ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) 
     depth += c->chars;
     n = c;
   }
+  return from_hint;
 }
 
 void ApproxTree::remove_from_subtree(Node* top, Slot slot) {

@@ -28,7 +28,7 @@ class ApproxTree;
 // match (checked by insert: the tree's id and its version of the shape); otherwise insert walks
 // from the root as without one. Also carries the text's length in characters.
 struct PathHint {
-  static constexpr size_t kMaxNodes = 16;
+  static constexpr size_t kMaxNodes = 8;
   uint64_t tree = 0;     // ApproxTree::id() of the tree matched; 0: no hint
   uint64_t version = 0;  // the tree's shape version at the match
   const char* text = nullptr;
@@ -69,7 +69,8 @@ class ApproxTree {
   // Records `text` as sent to `slot` (now the most recently used). With the hint a match of the
   // same text on this tree left, the walk starts where the match ended if the tree's shape has
   // not changed since (same result either way).
-  void insert(std::string_view text, Slot slot, const PathHint* hint = nullptr);
+  // Returns whether the walk started from the hint.
+  bool insert(std::string_view text, Slot slot, const PathHint* hint = nullptr);
   // `slot` does not hold `text` beyond its first `keep_chars` characters: it is removed from that
   // point of the path on, with everything below it (a cache cannot hold an extension of a prefix
   // it lost).
@@ -93,8 +94,9 @@ class ApproxTree {
   void remove_from_subtree(Node* top, Slot slot);
   void prune(Node* n);  // deletes n (and empty ancestors) when it holds no slot and no children
   size_t& count_of(Slot slot);
-  // Calls visit(node, depth) for each node on `text`'s path from the root (depth: the characters
-  // matched down to and into it) until visit returns false or the text leaves the tree. mu_ held.
+  // Calls visit(node, depth, whole) for each node on `text`'s path from the root (depth: the
+  // characters matched down to and into it; whole: the text covers the node's whole label) until
+  // visit returns false or the text leaves the tree. mu_ held.
   template <class Visit>
   void walk(std::string_view text, Visit&& visit) const;
 

@@ -211,8 +211,7 @@ TEST(ApproxTree, InsertWithAHintBuildsTheSameTreeAsWithout) {
       default:
         break;
     }
-    used += hint.node_count > 0 ? 1 : 0;
-    hinted.insert(text, slot, &hint);
+    used += hinted.insert(text, slot, &hint) ? 1 : 0;
     plain.insert(text, slot);
     ASSERT_EQ(match(hinted, text, {slot}), match(plain, text, {slot})) << step;
     if (step % 100 != 99) continue;
@@ -223,7 +222,7 @@ TEST(ApproxTree, InsertWithAHintBuildsTheSameTreeAsWithout) {
       ASSERT_EQ(match(hinted, t, {1, 2, 3, 4}), match(plain, t, {1, 2, 3, 4})) << step;
     }
   }
-  EXPECT_GT(used, 1000u);  // the hinted path was taken, not only the walk from the root
+  EXPECT_GT(used, 1000u);  // inserts that started from the hint, not from the root
 }
 
 // The hint is trusted while the tree keeps its shape: the part of the text it covers is not
@@ -254,6 +253,60 @@ TEST(ApproxTree, InsertFollowsAValidHintAndIgnoresAnotherTreesHint) {
 // of its texts took the branch): a cut beyond where the text leaves touches nothing, a cut before
 // it splits the node there. (It used to cut at 5 anyway, taking from the slot text this one never
 // covered, and a cut at or past the node's end left an empty node with a wrapped count.)
+// A path longer than a hint holds (PathHint::kMaxNodes whole nodes): the record starts at the
+// last node the hint names and walks the rest.
+TEST(ApproxTree, AHintOfALongPathCoversItsFirstNodes) {
+  const std::string full = "abcdefghijklmnopqrstuvwxyz";
+  ApproxTree hinted, plain;
+  for (ApproxTree* t : {&hinted, &plain}) {
+    t->insert(full, 1);
+    for (size_t n = full.size() - 1; n > 0; --n) t->insert(full.substr(0, n), 1);  // a chain
+  }
+  ASSERT_GT(hinted.node_count(), PathHint::kMaxNodes + 2);
+  PathHint hint;
+  std::vector<Slot> longest;
+  size_t total = 0;
+  auto accept_all = ApproxTree::SlotFilter{[](const void*, Slot) { return true; }, nullptr};
+  std::string text = full + " and more";
+  EXPECT_EQ(hinted.match_best(text, accept_all, longest, total, &hint), full.size());
+  EXPECT_EQ(hint.node_count, PathHint::kMaxNodes);
+  EXPECT_EQ(hint.pos, PathHint::kMaxNodes);  // one character per node
+  EXPECT_TRUE(hinted.insert(text, 2, &hint));
+  plain.insert(text, 2);
+  EXPECT_EQ(match(hinted, text, {1, 2}), match(plain, text, {1, 2}));
+  EXPECT_EQ(match(hinted, text, {2}), (std::vector<size_t>{text.size()}));
+  EXPECT_EQ(hinted.chars_of(2), plain.chars_of(2));
+  EXPECT_EQ(hinted.node_count(), plain.node_count());
+}
+
+// Invalid UTF-8: a lead byte without its continuation is one character to a child's key but the
+// start of one to the compare, so two texts can share a key and no character. Each is recorded
+// (the second as a leaf of its own) and the insert ends; it used to split forever.
+TEST(ApproxTree, InvalidUtf8SharingAKeyButNoCharacterIsRecorded) {
+  ApproxTree t;
+  t.insert(
+      "\xE2\x82"
+      "A",
+      1);
+  t.insert(
+      "\xE2\x83"
+      "A",
+      2);
+  EXPECT_EQ(match(t,
+                  "\xE2\x82"
+                  "A",
+                  {1}),
+            (std::vector<size_t>{2}));
+  EXPECT_EQ(t.chars_of(2), 2u);
+  t.truncate(
+      "\xE2\x83"
+      "A",
+      2, 0);
+  t.evict(0);
+  t.remove_slot(1);
+  EXPECT_TRUE(t.empty());
+}
+
 TEST(ApproxTree, TruncateOfATextLeavingTheTreeInsideANode) {
   ApproxTree t;
   t.insert("abcdef", 1);

@@ -116,7 +116,8 @@ struct Server::Shared {
 
 namespace {
 
-// A request being read or handled: its head (fields in the connection's read buffer) and body.
+// A request being read or handled: its head (fields in the connection's read buffer, or in the
+// connection's head_store once moved out of it: serve_one) and body.
 struct Request {
   HeadParser head{HeadParser::Kind::kRequest};
   std::string body;
@@ -525,6 +526,12 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       bad = head.error();
       break;
     }
+    if (deadline.expired()) {
+      // It fired while no read was waiting (between two, this coroutine runnable): it cancelled
+      // nothing, and the next read would wait unbounded.
+      ec = asio::error::timed_out;
+      break;
+    }
     auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
     buffer.commit(rn);
     if (rec) {
@@ -554,6 +561,10 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       if (!ec) deadline.expires_after(cfg.body_timeout);
       [[maybe_unused]] bool read_now = true;
       while (!ec && have < len) {
+        if (deadline.expired()) {  // fired between two reads (see the head's loop)
+          ec = asio::error::timed_out;
+          break;
+        }
         size_t want = std::min(len - have, std::max(have, kBodyStep));
         body.resize(have + want);
         auto space = asio::buffer(body.data() + have, want);
@@ -603,6 +614,10 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
           if (ec) break;
         }
         deadline.expires_after(cfg.body_timeout);
+      }
+      if (deadline.expired()) {  // fired between two reads (see the head's loop)
+        ec = asio::error::timed_out;
+        break;
       }
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
       buffer.commit(rn);

@@ -337,6 +337,12 @@ bool ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) 
     // to the compare). The text gets a leaf of its own there (no later walk reaches it; eviction
     // does) rather than an empty split, which would never make progress.
     size_t common = i < 0 ? 0 : common_prefix(rest, n->children[static_cast<size_t>(i)]->label);
+    for (size_t j = static_cast<size_t>(i) + 1; i >= 0 && common == 0 && j < n->keys.size(); ++j) {
+      // A leaf made for such a text before (one per distinct text, not one per insert).
+      if (n->keys[j] != cp) continue;
+      common = common_prefix(rest, n->children[j]->label);
+      if (common > 0) i = static_cast<int>(j);
+    }
     if (common == 0) {
       auto leaf = std::make_unique<Node>();
       leaf->label.assign(rest);

@@ -967,13 +967,16 @@ TEST(ServerParsing, EveryFramingWholeAndByteByByte) {
 // very block. The first request's method, target and headers must still be its own.
 TEST(ServerParsing, AHeadStaysItsOwnWhenItsReadBufferIsReused) {
   std::atomic<bool> second_read{false};
+  std::atomic<bool> given_back{false};
   TestServer s([&](Exchange& ex) -> awaitable<void> {
     if (ex.path() == "/second") {
       second_read = true;
       co_await ex.respond(200, {}, std::string(ex.header("x-t")));
       co_return;
     }
+    size_t spares = ReadBuffer::spare_blocks();     // (the server's thread: this one)
     co_await ex.begin_body(200, {}, std::nullopt);  // a stream: the read buffer is given back
+    given_back = ReadBuffer::spare_blocks() == spares + 1;
     for (int i = 0; i < 2000 && !second_read; ++i) co_await sleep_for(ex, 5ms);
     std::string out = std::string(ex.method()) + " " + std::string(ex.target()) + " " +
                       std::string(ex.header("x-t")) + " " + ex.body();
@@ -991,6 +994,7 @@ TEST(ServerParsing, AHeadStaysItsOwnWhenItsReadBufferIsReused) {
   auto r1 = first.get();
   EXPECT_EQ(r1.status, 200);
   EXPECT_EQ(r1.body, "POST /first?q=1 one-one-one body-one");
+  EXPECT_TRUE(given_back);
 }
 
 TEST(ReadBuffer, ABlockGivenBackIsTakenAgainAndTheSparesAreBounded) {

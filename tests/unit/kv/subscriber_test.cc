@@ -367,7 +367,10 @@ TEST(KvSubscriber, AReplayThatNeverAnswersTimesOut) {
   ScriptedPublisher p(true);
   RecordingSink sink;
   SubscriberOptions o = fast_options();
-  o.replay_timeout = 300ms;
+  // Long enough for the request to reach the publisher on a loaded machine (under TSan, 300 ms
+  // was not): a subscriber that gives up first closes its socket, dropping a request not yet
+  // delivered, and the publisher never sees it.
+  o.replay_timeout = 2s;
   Subscriber sub(o, sink);
   sub.set_sources({spec_for(1, p)});
   sub.start();

@@ -206,6 +206,19 @@ class ConnectionTokens {
   }
   bool empty() const { return tokens_.empty(); }
 
+  // The tokens of a message's Connection fields (an Exchange's request or an UpstreamCall's
+  // answer); the fields are walked only when the head has one.
+  template <class Message>
+  static ConnectionTokens of(const Message& m) {
+    ConnectionTokens t;
+    if (m.has_connection_header()) {
+      m.for_each_header([&](std::string_view name, std::string_view value) {
+        if (http::iequals(name, "connection")) t.add(value);
+      });
+    }
+    return t;
+  }
+
  private:
   std::vector<std::string_view> tokens_;
 };
@@ -631,12 +644,7 @@ bool Gateway::Request::parse() {
 // Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
 // upstream call sets; X-Forwarded-For and Forwarded extended with this client.
 void Gateway::Request::forward_headers() {
-  ConnectionTokens conn_tokens;
-  if (ex_.has_connection_header()) {
-    ex_.for_each_header([&](std::string_view name, std::string_view value) {
-      if (http::iequals(name, "connection")) conn_tokens.add(value);
-    });
-  }
+  const ConnectionTokens conn_tokens = ConnectionTokens::of(ex_);
   bool allow_target = g_.config_.allow_target_worker_header;
   ex_.for_each_header([&](std::string_view name, std::string_view value) {
     auto kind = http::classify_header(name);
@@ -1198,12 +1206,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     }
   }
   charge_if_served_.clear();
-  ConnectionTokens resp_tokens;
-  if (call.has_connection_header()) {
-    call.for_each_header([&](std::string_view name, std::string_view value) {
-      if (http::iequals(name, "connection")) resp_tokens.add(value);
-    });
-  }
+  const ConnectionTokens resp_tokens = ConnectionTokens::of(call);
   http::HeaderBuffer<24> out;
   call.for_each_header([&](std::string_view name, std::string_view value) {
     switch (http::classify_header(name)) {

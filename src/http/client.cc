@@ -97,8 +97,8 @@ std::shared_ptr<const TlsClientContext> TlsClientContext::create(const std::stri
 
 struct Connection {
   explicit Connection(const Executor& ex) : socket(ex), deadline(ex, socket) {
-    buffer.reserve(
-        ReadBuffer::kBlockSize);  // reads take what fits: a small buffer means more receives
+    // Reads take what fits: a small buffer means more receives.
+    buffer.reserve(ReadBuffer::kBlockSize);
   }
   Socket socket;
   Deadline deadline;

@@ -4,7 +4,6 @@
 
 #include <openssl/ssl.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -15,7 +14,6 @@
 #include <boost/asio/ssl/error.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
-#include <cerrno>
 #include <charconv>
 #include <stdexcept>
 
@@ -519,6 +517,13 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
   bool reading_body = false;
   boost::system::error_code ec;
   ParseError bad = ParseError::kNone;
+  // A deadline that fired while no read was waiting (this coroutine runnable between two reads)
+  // cancelled nothing: checked before each read, or the next would wait unbounded.
+  auto fired_between_reads = [&] {
+    if (!deadline.expired()) return false;
+    ec = asio::error::timed_out;
+    return true;
+  };
   for (;;) {
     ParseStatus st = head.parse(buffer.data(), buffer.size(), cfg.header_limit);
     if (st == ParseStatus::kDone) break;
@@ -526,12 +531,7 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       bad = head.error();
       break;
     }
-    if (deadline.expired()) {
-      // It fired while no read was waiting (between two, this coroutine runnable): it cancelled
-      // nothing, and the next read would wait unbounded.
-      ec = asio::error::timed_out;
-      break;
-    }
+    if (fired_between_reads()) break;
     auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
     buffer.commit(rn);
     if (rec) {
@@ -559,12 +559,9 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
       reading_body = true;
       if (head.expect_continue()) ec = co_await send_continue(stream, deadline, cfg);
       if (!ec) deadline.expires_after(cfg.body_timeout);
-      [[maybe_unused]] bool read_now = true;
+      [[maybe_unused]] bool try_now = true;
       while (!ec && have < len) {
-        if (deadline.expired()) {  // fired between two reads (see the head's loop)
-          ec = asio::error::timed_out;
-          break;
-        }
+        if (fired_between_reads()) break;
         size_t want = std::min(len - have, std::max(have, kBodyStep));
         body.resize(have + want);
         auto space = asio::buffer(body.data() + have, want);
@@ -573,24 +570,13 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
           // (non-blocking socket), without a trip through the event loop; wait only for the rest.
           // One such read between two through the loop, so a client pouring a large body in
           // does not keep the thread from its other connections.
-          if (read_now) {
-            read_now = false;
-            // MSG_DONTWAIT: never a wait here, whatever mode the socket is in.
-            ssize_t rn = ::recv(stream.native_handle(), space.data(), space.size(), MSG_DONTWAIT);
-            if (rn > 0) {
-              have += static_cast<size_t>(rn);
-              continue;
-            }
-            if (rn == 0) {
-              ec = asio::error::eof;
-              continue;
-            }
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-              ec = boost::system::error_code(errno, boost::system::system_category());
-              continue;
-            }
+          if (try_now) {
+            try_now = false;
+            size_t rn = read_now(stream, space, ec);
+            have += rn;
+            if (ec || rn > 0) continue;
           }
-          read_now = true;
+          try_now = true;
         }
         auto [rec, rn] = co_await stream.async_read_some(space, kTuple);
         have += rn;
@@ -615,10 +601,7 @@ awaitable<bool> serve_one(Server::Shared& srv, Stream& stream, Deadline& deadlin
         }
         deadline.expires_after(cfg.body_timeout);
       }
-      if (deadline.expired()) {  // fired between two reads (see the head's loop)
-        ec = asio::error::timed_out;
-        break;
-      }
+      if (fired_between_reads()) break;
       auto [rec, rn] = co_await stream.async_read_some(buffer.prepare(kMinRead), kTuple);
       buffer.commit(rn);
       if (rec) {

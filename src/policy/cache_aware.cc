@@ -252,10 +252,9 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
     return;
   }
   if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
-  const prefix::PathHint& h = ctx.approx_path;  // select counted the text's characters
-  size_t total = h.tree != 0 && h.text == text.data() && h.text_size == text.size()
-                     ? h.total_chars
-                     : prefix::count_chars(text);
+  // select counted the text's characters
+  size_t total =
+      ctx.approx_path.for_text(text) ? ctx.approx_path.total_chars : prefix::count_chars(text);
   double chars_per_token = static_cast<double>(total) / static_cast<double>(*outcome.prompt_tokens);
   auto predicted_tokens =
       static_cast<uint64_t>(static_cast<double>(d.predicted_chars) / chars_per_token);

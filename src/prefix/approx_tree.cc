@@ -298,7 +298,7 @@ size_t ApproxTree::match_best(std::string_view text, const SlotFilter& accept,
 }
 
 bool PathHint::matches(const ApproxTree& t, std::string_view s) const {
-  return tree == t.id() && text == s.data() && text_size == s.size();
+  return for_text(s) && tree == t.id();
 }
 
 bool ApproxTree::insert(std::string_view text, Slot slot, const PathHint* hint) {

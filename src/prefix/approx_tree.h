@@ -40,7 +40,11 @@ struct PathHint {
   size_t node_count = 0;
   size_t pos = 0;
   size_t depth = 0;
-  bool matches(const ApproxTree& t, std::string_view s) const;
+  // Whether this is a hint (of some tree's match) of this very text (its bytes, where they lie).
+  bool for_text(std::string_view s) const {
+    return tree != 0 && text == s.data() && text_size == s.size();
+  }
+  bool matches(const ApproxTree& t, std::string_view s) const;  // ... of a match on t
 };
 
 class ApproxTree {

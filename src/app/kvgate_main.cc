@@ -18,6 +18,7 @@
 
 #include "gateway/admin.h"
 #include "gateway/config.h"
+#include "gateway/doctor.h"
 #include "gateway/gateway.h"
 #include "gateway/knobs.h"
 #include "gateway/pools.h"
@@ -39,7 +40,8 @@ namespace {
 
 constexpr std::string_view kUsage =
     "kvgate [--worker-urls URL ...] [--policy NAME] [--config FILE] [options]\n"
-    "       kvgate check-config FILE | print-config [--config FILE] [options] | tokenize ...";
+    "       kvgate check-config FILE | print-config [--config FILE] [options] | tokenize ...\n"
+    "       kvgate doctor (--admin-url URL | --config FILE) [options]   (see doctor --help)";
 constexpr std::string_view kIntro =
     "kvgate: a KV-cache-aware gateway for LLM inference servers (SGLang, vLLM).\n"
     "Sends each request to a healthy worker chosen by the routing policy, with retries, circuit\n"
@@ -177,6 +179,11 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (argc > 1 && std::string_view(argv[1]) == "tokenize") {
     return kvgate::tokenizer::run_tokenize_command(argc - 2, argv + 2);
+  }
+  if (argc > 1 && std::string_view(argv[1]) == "doctor") {
+    // The private gateway of `doctor --config` is this binary again.
+    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    return kvgate::doctor::run_doctor_command(argc - 2, argv + 2, self.c_str());
   }
   if (argc > 1 && std::string_view(argv[1]) == "check-config") {
     return kvgate::rules::run_check_config_command(argc - 2, argv + 2);
@@ -431,6 +438,14 @@ int main(int argc, char** argv) {
   admin_hooks.effective_config = [&] {
     return rules::print_config(rules::ConfigFile{.config = in_force, .rules = pools.rules()},
                                /*json=*/true);
+  };
+  // The doctor reaches this process's own listener (which exists by the time anyone asks).
+  admin_hooks.doctor_env = [&]() {
+    doctor::Env env{.config = &in_force, .pools = &pools, .key = &gateway.doctor_key()};
+    if (std::string e = doctor::self_target(cfg, server->port(), env.self); !e.empty()) {
+      log::warn("doctor: cannot reach the gateway's own listener").kv("why", e);
+    }
+    return env;
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
   AdminApi admin(in_force, pools, admin_hooks);

@@ -486,6 +486,10 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
     co_await reply(ex, 200, inventory_json(name, *rule, *kv));
     co_return;
   }
+  if (sub == "/doctor") {
+    co_await doctor_route(ex, name);
+    co_return;
+  }
   if (!sub.empty()) {
     co_await fail(ex, 404, "not_found",
                   "no admin route under /v1/rules/" + name + std::string(sub));
@@ -725,6 +729,68 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
   Json out{{"status", all_ok ? "ok" : "partial"}, {"workers", std::move(results)}};
   int status = all_ok ? 200 : 206;
   co_await reply(ex, status, out);
+}
+
+// POST /v1/rules/{name}/doctor: the doctor's steps on one rule; 200 with its report whatever
+// the steps found (the report's "ok" says).
+awaitable<void> AdminApi::doctor_route(http::Exchange& ex, const std::string& name) {
+  if (ex.method() != "POST") {
+    co_await fail(ex, 405, "method_not_allowed",
+                  "POST /v1/rules/{name}/doctor runs the doctor's steps on the rule");
+    co_return;
+  }
+  if (!hooks_.doctor_env) {
+    co_await fail(ex, 501, "not_available", "this kvgate runs without the doctor");
+    co_return;
+  }
+  if (!pools_.rule(name)) {
+    co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
+    co_return;
+  }
+  doctor::Options options;
+  std::string_view target = ex.target();
+  std::string steps = percent_decode(query_param(target, "steps"));
+  if (!steps.empty() && !doctor::parse_steps(steps, options.first, options.last)) {
+    co_await fail(ex, 400, "invalid_request",
+                  "steps must be a step or a range within 1-7 (e.g. 4-6), not '" + steps + "'");
+    co_return;
+  }
+  auto seconds = [&](std::string_view key, long lo, long hi, long& out) -> std::string {
+    std::string v = percent_decode(query_param(target, key));
+    if (v.empty()) return "";
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < lo || n > hi) {
+      return std::string(key) + " must be a whole number from " + std::to_string(lo) + " to " +
+             std::to_string(hi) + ", not '" + v + "'";
+    }
+    out = n;
+    return "";
+  };
+  long timeout = 30, settle = 10, concurrency = 0;
+  std::string bad = seconds("timeout", 1, 3600, timeout);
+  if (bad.empty()) bad = seconds("settle", 1, 600, settle);
+  if (bad.empty()) bad = seconds("concurrency", 1, 1024, concurrency);
+  if (!bad.empty()) {
+    co_await fail(ex, 400, "invalid_request", bad);
+    co_return;
+  }
+  options.request_timeout = std::chrono::seconds(timeout);
+  options.settle = std::chrono::seconds(settle);
+  options.concurrency = static_cast<int>(concurrency);
+  if (doctor_running_) {
+    co_await fail(ex, 409, "doctor_running",
+                  "a doctor run is in progress on this gateway; try again when it ends");
+    co_return;
+  }
+  doctor_running_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{doctor_running_};
+  doctor::Env env = hooks_.doctor_env();
+  auto report = co_await doctor::run(env, name, options);
+  co_await reply(ex, 200, doctor::to_json(report));
 }
 
 awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const RuleTable> table,

@@ -12,6 +12,8 @@
 //   PUT    /v1/rules/{name}           create or replace, live (200, or 201 when created)
 //   DELETE /v1/rules/{name}           204
 //   GET    /v1/rules/{name}/inventory what kv_exact knows the rule's workers cache
+//   POST   /v1/rules/{name}/doctor    the safe tuning order run on the rule (gateway/doctor.h):
+//                                     ?steps=1-7&timeout=SECS&settle=SECS&concurrency=N
 //   GET    /workers, POST /workers, GET/DELETE /workers/{id}   sgl-model-gateway's worker API
 //   POST   /flush_cache               every worker's cache flushed (200, or 206 with each result)
 //   GET    /get_loads                 every worker's /get_load
@@ -29,6 +31,7 @@
 
 #include "gateway/auth.h"
 #include "gateway/config.h"
+#include "gateway/doctor.h"
 #include "gateway/pools.h"
 #include "http/server.h"
 
@@ -42,6 +45,8 @@ class AdminApi {
     // Re-reads the config file and applies it; "" or what was wrong (nothing applied then).
     // Empty: kvgate runs without --config.
     std::function<std::string()> reload;
+    // What the doctor needs (POST /v1/rules/{name}/doctor, PUT ?verify=true); empty: no doctor.
+    std::function<doctor::Env()> doctor_env;
   };
   // `config` is the configuration in force, read when rules are created (a reload replaces it on
   // the control loop, where the admin API runs too); it outlives this.
@@ -57,6 +62,7 @@ class AdminApi {
   awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
   awaitable<void> workers_route(http::Exchange& ex, std::string_view rest);
   awaitable<void> fan_out(http::Exchange& ex, std::string_view method, std::string_view path);
+  awaitable<void> doctor_route(http::Exchange& ex, const std::string& name);
 
   const GatewayConfig& config_;
   PoolManager& pools_;
@@ -68,6 +74,7 @@ class AdminApi {
     Clock::time_point blocked_until{};
   };
   std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
+  bool doctor_running_ = false;  // one doctor run at a time (control loop)
 };
 
 // Whether `host` is a loopback address: 127.0.0.0/8, ::1, or "localhost".

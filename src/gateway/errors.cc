@@ -124,12 +124,14 @@ GatewayError no_rule(std::string_view path) {
 }
 
 GatewayError policy_refused(std::string_view policy, std::string_view branch) {
-  std::string why = branch == "target_invalid"
-                        ? "X-SMG-Target-Worker is not the index of a configured worker"
-                    : branch == "target_unavailable"
-                        ? "the worker X-SMG-Target-Worker names is not available (unhealthy or "
-                          "circuit open)"
-                        : std::string(branch);
+  std::string why =
+      branch == "target_invalid" ? "X-SMG-Target-Worker is not the index of a configured worker"
+      : branch == "target_unavailable"
+          ? "the worker X-SMG-Target-Worker names is not available (unhealthy or "
+            "circuit open)"
+      : branch == "pinned" ? "the worker the doctor names is not available (unhealthy or circuit "
+                             "open, or not in the rule)"
+                           : std::string(branch);
   return {503, "server_error", "no_available_workers",
           "policy " + std::string(policy) + " found no worker for this request: " + why};
 }

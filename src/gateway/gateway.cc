@@ -3,6 +3,7 @@
 
 #include <simdjson.h>
 
+#include <random>
 #include <set>
 
 #include "gateway/admin.h"
@@ -33,6 +34,39 @@ struct RouteEntry {
 };
 
 }  // namespace
+
+DoctorKey::DoctorKey() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device rd;  // the kernel's generator: the key must not be guessable
+  key_.reserve(32);
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 8; ++j) key_.push_back(kHex[(v >> (j * 4)) & 15]);
+  }
+}
+
+std::optional<DoctorKey::Pass> DoctorKey::check(std::string_view header) const {
+  size_t sp = header.find(' ');
+  std::string_view given = header.substr(0, sp);
+  // Constant time in the key's length: no early exit on the first differing byte.
+  unsigned diff = given.size() == key_.size() ? 0 : 1;
+  for (size_t i = 0; i < key_.size(); ++i) {
+    diff |= static_cast<unsigned char>(key_[i]) ^
+            static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+  }
+  if (diff != 0) return std::nullopt;
+  Pass pass;
+  std::string_view rest = sp == std::string_view::npos ? std::string_view{} : header.substr(sp);
+  while (!rest.empty()) {
+    while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+    size_t end = rest.find(' ');
+    std::string_view item = rest.substr(0, end);
+    rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end);
+    if (item.starts_with("rule=")) pass.rule = item.substr(5);
+    if (item.starts_with("pin=")) pass.pin = item.substr(4);
+  }
+  return pass;
+}
 
 Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics& metrics)
     : config_(config),

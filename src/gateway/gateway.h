@@ -18,6 +18,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,33 @@ class RequestThread {
   std::unique_ptr<State> state_;
 };
 
+// The doctor's key to the request path (gateway/doctor.h). A request carrying
+//   x-kvgate-doctor: KEY [rule=NAME] [pin=URL]
+// with this process's key gets the debug headers (x-kvgate-worker, -route, -dp-rank) whatever
+// --debug-headers says, is resolved to rule NAME when given, and with `pin` goes to that worker
+// without asking the policy (it must be available: healthy, breaker closed). The key is random,
+// made at start, and never leaves the process: only the doctor, which runs in it, sends it (to
+// its own listener). The header is looked at only while a doctor run holds the key armed, and is
+// never forwarded to a worker (http::HeaderKind::kDoctor).
+class DoctorKey {
+ public:
+  DoctorKey();
+  const std::string& value() const { return key_; }
+  void arm() { armed_.fetch_add(1, std::memory_order_relaxed); }
+  void disarm() { armed_.fetch_sub(1, std::memory_order_relaxed); }
+  bool armed() const { return armed_.load(std::memory_order_relaxed) > 0; }
+  struct Pass {
+    std::string rule;  // "" : resolved as any request
+    std::string pin;   // a worker URL, or ""
+  };
+  // The pass a header value grants: none when the key is wrong (compared in constant time).
+  std::optional<Pass> check(std::string_view header) const;
+
+ private:
+  std::string key_;
+  std::atomic<int> armed_{0};
+};
+
 class Gateway {
  public:
   // Requests resolve their pool in `pools`' rule table (which the control plane may change at
@@ -72,6 +100,7 @@ class Gateway {
   Admission& admission() { return admission_; }
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }
+  DoctorKey& doctor_key() { return doctor_; }
 
  private:
   class Request;   // one proxied request's state, with a member function per phase
@@ -97,6 +126,7 @@ class Gateway {
   std::chrono::seconds timeout_;
   BearerKey api_key_;
   std::atomic<int64_t> in_flight_{0};
+  DoctorKey doctor_;
 };
 
 }  // namespace kvgate

@@ -235,6 +235,20 @@ enum class Verdict { kSuccess, kFailure, kNeutral };
 // A dispatch to one worker: opened with the policy's on_dispatched and the worker's in-flight
 // count; closed exactly once with the outcome (policy on_completed, breaker), on every path,
 // including a coroutine destroyed at shutdown (then as a client abort).
+// Decides nothing and hears nothing: the dispatch of a doctor request pinned to a worker (the
+// rule's policy did not choose it, so its hooks must not hear of it).
+class PinnedPolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "doctor"; }
+  Decision select(std::span<Worker* const> /*available*/, RouteContext& /*ctx*/) override {
+    return {};
+  }
+};
+PinnedPolicy& pinned_policy() {
+  static PinnedPolicy policy;
+  return policy;
+}
+
 class Dispatch {
  public:
   Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass)
@@ -446,9 +460,11 @@ class Gateway::Request {
   // resolve, parse
   std::optional<GatewayError> refusal_;  // what a phase that said no leaves to send
   RequestInfo info_;
-  bool parsed_ = false;         // info_ holds the model (resolve read it)
-  std::shared_ptr<Pool> pool_;  // pinned: its policy decides and hears every completion
-  std::string_view model_;      // the metric label (empty until parsed)
+  bool parsed_ = false;                    // info_ holds the model (resolve read it)
+  std::optional<DoctorKey::Pass> doctor_;  // a request of the doctor's (gateway.h)
+  bool pinned_ = false;                    // the doctor chose the worker, not the policy
+  std::shared_ptr<Pool> pool_;             // pinned: its policy decides and hears every completion
+  std::string_view model_;                 // the metric label (empty until parsed)
   bool streaming_ = false;
 
   // admit; a client going away cancels what the request waits for
@@ -563,6 +579,19 @@ void Gateway::Request::client_left() {
 // admission).
 bool Gateway::Request::resolve() {
   std::string parse_error;
+  if (g_.doctor_.armed()) [[unlikely]] {
+    if (std::string_view v = ex_.header("x-kvgate-doctor"); !v.empty())
+      doctor_ = g_.doctor_.check(v);
+  }
+  if (doctor_ && !doctor_->rule.empty()) [[unlikely]] {
+    auto table = g_.pools_.table();
+    for (const auto& p : table->pools) {
+      if (p->name() == doctor_->rule) pool_ = p;
+    }
+    if (pool_) return true;
+    refusal_ = errors::no_rule(ex_.path());
+    return false;
+  }
   {
     auto table = g_.pools_.table();
     uint16_t port = ex_.local_port();
@@ -735,10 +764,19 @@ Next Gateway::Request::select(Attempt& a) {
     refusal_ = errors::no_worker(set_->workers.size());
     return Next::kRefuse;
   }
-  Policy& policy = pool_->policy();
-  ctx_.candidates = candidates_.view();
-  a.d = policy.select(candidates_.workers(), ctx_);
-  ctx_.candidates = {};  // the list may be replaced before the next select
+  Policy& policy = doctor_ && !doctor_->pin.empty() ? pinned_policy() : pool_->policy();
+  if (&policy == &pinned_policy()) [[unlikely]] {
+    // The doctor's proxy-path check: the worker it names, if the gateway would route to it.
+    a.d = Decision{.branch = "pinned"};
+    for (Worker* w : candidates_.workers()) {
+      if (w->url() == doctor_->pin) a.d.worker = w;
+    }
+    pinned_ = true;
+  } else {
+    ctx_.candidates = candidates_.view();
+    a.d = policy.select(candidates_.workers(), ctx_);
+    ctx_.candidates = {};  // the list may be replaced before the next select
+  }
   a.w = a.d.worker;
   if (a.w == nullptr) {
     g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
@@ -1222,8 +1260,10 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   });
   out.push_back({"x-request-id", rid_});
   std::string route_header, attempts_header, rank_header, prefill_route, prefill_rank;
-  if (g_.config_.debug_headers) {
-    Policy& decider = a.prefill ? pool_->decode_policy() : pool_->policy();
+  if (g_.config_.debug_headers || doctor_) {
+    Policy& decider = pinned_     ? pinned_policy()
+                      : a.prefill ? pool_->decode_policy()
+                                  : pool_->policy();
     route_header = std::string(decider.name()) + "/" + std::string(a.d.branch);
     if (a.prefill) {
       // Prefill/decode: x-kvgate-worker and x-kvgate-route are the decode half's.

@@ -612,7 +612,7 @@ void UpstreamCall::abort() {
 
 awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
                              std::string_view path, std::chrono::milliseconds timeout,
-                             std::string_view body, HeaderList headers) {
+                             std::string_view body, HeaderList headers, bool keep_headers) {
   ConnectionPool pool;  // private: a probe always opens a new connection
   FetchResult r;
   UpstreamCall call(ex, pool, target, 0);
@@ -620,10 +620,22 @@ awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view
   r.error = co_await call.start(method, path, headers, body);
   if (r.error == CallError::kNone) {
     r.status = call.status();
+    if (keep_headers) {
+      call.for_each_header([&r](std::string_view name, std::string_view value) {
+        r.headers.emplace_back(name, value);
+      });
+    }
     r.error = co_await call.read_all(r.body, 16 << 20);
   }
   if (r.error != CallError::kNone) r.detail = call.error_detail();
   co_return r;
+}
+
+std::string_view FetchResult::header(std::string_view name) const {
+  for (const auto& [n, v] : headers) {
+    if (iequals(n, name)) return v;
+  }
+  return {};
 }
 
 }  // namespace kvgate::http

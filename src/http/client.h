@@ -181,9 +181,15 @@ struct FetchResult {
   int status = 0;
   std::string body;
   std::string detail;
+  // The answer's headers (names as sent), when `keep_headers` was asked.
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The value of header `name` (case-insensitive), or "".
+  std::string_view header(std::string_view name) const;
 };
+// `keep_headers`: fill FetchResult::headers (the doctor reads the gateway's debug headers).
 awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
                              std::string_view path, std::chrono::milliseconds timeout,
-                             std::string_view body = {}, HeaderList headers = {});
+                             std::string_view body = {}, HeaderList headers = {},
+                             bool keep_headers = false);
 
 }  // namespace kvgate::http

@@ -101,6 +101,8 @@ HeaderKind classify_header(std::string_view n) {
       return iequals_lower(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;
     case 14:
       return iequals_lower(n, "content-length") ? HeaderKind::kContentLength : HeaderKind::kOther;
+    case 15:
+      return iequals_lower(n, "x-kvgate-doctor") ? HeaderKind::kDoctor : HeaderKind::kOther;
     case 16:
       return iequals_lower(n, "proxy-connection") ? HeaderKind::kHopByHop : HeaderKind::kOther;
     case 17:

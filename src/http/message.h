@@ -50,6 +50,7 @@ enum class HeaderKind {
   kContentType,
   kExpect,
   kRequestId,  // x-request-id
+  kDoctor,     // x-kvgate-doctor: the gateway's own probes; never forwarded either way
 };
 HeaderKind classify_header(std::string_view name);
 

@@ -613,6 +613,7 @@ Failure read_batch(Reader& r, EventBatch& out) {
     return kOk;
   }
   if (r.peek() != MP_MAP) return {DecodeError::kBadBatch, "batch: neither a list nor a map"};
+  out.map_shaped = true;
   uint32_t n = 0;
   KV_TRY(r.map(n), "batch");
   bool ts = false, events = false;
@@ -734,6 +735,7 @@ DecodeStatus decode_batch(std::string_view payload, EventBatch& out) {
   out.events.clear();
   out.dp_rank.reset();
   out.skipped_events = 0;
+  out.map_shaped = false;
   Reader r(payload.data(), payload.data() + payload.size());
   Failure f = read_batch(r, out);
   if (f.error == DecodeError::kNone && !r.at_end()) {

@@ -62,6 +62,7 @@ struct EventBatch {
   std::vector<Event> events;
   std::optional<int64_t> dp_rank;  // SGLang attn_dp_rank / vLLM data_parallel_rank
   uint32_t skipped_events = 0;     // decode only: events of a type this code does not know
+  bool map_shaped = false;         // decode only: the batch was a map (vLLM's JSON-like shape)
 };
 
 enum class WireFormat : uint8_t {

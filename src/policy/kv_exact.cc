@@ -53,6 +53,11 @@ struct KvExactPolicy::Source {
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
   // with a warning and a metric, instead of silently missing.
   std::atomic<bool> page_size_mismatch{false};
+  std::atomic<int64_t> engine_block_size{0};  // what its events carried, when mismatched
+  // What the doctor reads: its batches' shape, and the hash parity of its root events.
+  std::atomic<bool> map_shaped{false};
+  std::atomic<uint64_t> hash_checked{0};
+  std::atomic<uint64_t> hash_mismatched{0};
   // Ground truth cells (null without metrics), and the same counts for the inventory view.
   metrics::Counter* predicted_tokens = nullptr;
   metrics::Counter* cached_tokens = nullptr;
@@ -687,7 +692,8 @@ void KvExactPolicy::rebuild_sources() {
 
 void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
-  if (hasher_) check_hashes(source, batch);
+  std::pair<uint64_t, uint64_t> hashes{0, 0};
+  if (hasher_) hashes = check_hashes(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
   if (page_size_mismatches_ && st.page_size_mismatches) {
     page_size_mismatches_->inc(st.page_size_mismatches);
@@ -696,6 +702,11 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
   auto sources = sources_.load();
   Source* s = sources->by_source(source);
   if (!s) return;
+  if (batch.map_shaped && !s->map_shaped.load(std::memory_order_relaxed)) {
+    s->map_shaped.store(true, std::memory_order_relaxed);
+  }
+  if (hashes.first) s->hash_checked.fetch_add(hashes.first, std::memory_order_relaxed);
+  if (hashes.second) s->hash_mismatched.fetch_add(hashes.second, std::memory_order_relaxed);
   if (!s->lora_names.load(std::memory_order_relaxed)) {
     for (const auto& e : batch.events) {
       const auto* stored = std::get_if<kv::BlockStored>(&e);
@@ -715,6 +726,7 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
         break;
       }
     }
+    s->engine_block_size.store(theirs, std::memory_order_relaxed);
     s->ready.store(false, std::memory_order_relaxed);
     log::warn(
         "kv_exact: an engine publishes pages of another size than the rule's kvBlockSize; "
@@ -763,7 +775,8 @@ void KvExactPolicy::capture_probe_stores(Source& s, const kv::EventBatch& batch)
 // Hash parity: for a stored chain that starts in the event (no parent, no LoRA), the engine's ids
 // follow from its tokens; any difference means kvgate and the engine do not agree on the hash,
 // the page size or the engine build, and says so at once.
-void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batch) {
+std::pair<uint64_t, uint64_t> KvExactPolicy::check_hashes(kv::SourceId source,
+                                                          const kv::EventBatch& batch) {
   uint64_t checked = 0, mismatched = 0;
   std::vector<uint64_t> ids;
   for (const auto& e : batch.events) {
@@ -792,7 +805,7 @@ void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batc
     }
   }
   if (hash_checked_ && checked) hash_checked_->inc(checked);
-  if (!mismatched) return;
+  if (!mismatched) return {checked, 0};
   if (hash_mismatches_) hash_mismatches_->inc(mismatched);
   if (!hash_warned_.exchange(true)) {
     std::string url;
@@ -809,6 +822,7 @@ void KvExactPolicy::check_hashes(kv::SourceId source, const kv::EventBatch& batc
         .kv("kvHashAlgo",
             hasher_->scheme() == kv::HashScheme::kSglang ? "sha256_sglang" : "sha256_cbor");
   }
+  return {checked, mismatched};
 }
 
 void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
@@ -1002,10 +1016,26 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.predicted_tokens = s->predicted_sum.load(std::memory_order_relaxed);
     c.cached_tokens = s->cached_sum.load(std::memory_order_relaxed);
     c.page_size_mismatch = s->page_size_mismatch.load(std::memory_order_relaxed);
+    c.engine_block_size = s->engine_block_size.load(std::memory_order_relaxed);
+    c.map_shaped = s->map_shaped.load(std::memory_order_relaxed);
+    c.hash_checked = s->hash_checked.load(std::memory_order_relaxed);
+    c.hash_mismatched = s->hash_mismatched.load(std::memory_order_relaxed);
     c.active = s->active.load(std::memory_order_relaxed);
     c.pending_prefill = s->pending_prefill.load(std::memory_order_relaxed);
   }
   return c;
+}
+
+std::vector<std::pair<kv::SourceId, size_t>> KvExactPolicy::held_pages(
+    std::span<const int32_t> ids) const {
+  std::vector<kv::BlockKey> keys;
+  kv::chain_keys(ids, static_cast<size_t>(page_size_), 0, keys);
+  std::vector<kv::SourceMatch> matches;
+  inventory_.match(keys, matches);
+  std::vector<std::pair<kv::SourceId, size_t>> out;
+  out.reserve(matches.size());
+  for (const auto& m : matches) out.emplace_back(m.source, m.gpu_pages);
+  return out;
 }
 
 size_t KvExactPolicy::probe_matched_pages(const Source& s, const kv_parity::Probe& probe) const {

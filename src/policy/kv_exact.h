@@ -75,11 +75,18 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     uint64_t predicted_tokens = 0;  // what it expected cached there (with a reported count)
     uint64_t cached_tokens = 0;     // what the engine reported cached
     bool page_size_mismatch = false;
-    int64_t active = 0;           // requests dispatched there, not completed
-    int64_t pending_prefill = 0;  // their uncached prompt tokens, until their first event
+    int64_t engine_block_size = 0;  // the size its events carried, when it was not the rule's
+    bool map_shaped = false;        // its event batches came as maps (vLLM's shape)
+    uint64_t hash_checked = 0;      // engine block ids recomputed from their tokens (hasher)
+    uint64_t hash_mismatched = 0;   // of those, ids that were not what kvHashAlgo gives
+    int64_t active = 0;             // requests dispatched there, not completed
+    int64_t pending_prefill = 0;    // their uncached prompt tokens, until their first event
   };
   SourceCounts counts(kv::SourceId id) const;
 
+  // The leading full pages of `ids` (kvgate's keys) each (endpoint, rank) holds on its GPU.
+  std::vector<std::pair<kv::SourceId, size_t>> held_pages(std::span<const int32_t> ids) const;
+  int64_t page_size() const { return page_size_; }
   // For tests and the inventory view.
   const kv::Inventory& inventory() const { return inventory_; }
   std::vector<std::pair<kv::SourceSpec, kv::SourceStatus>> sources() const {
@@ -93,7 +100,8 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   struct ProbePoll;  // a parity probe waiting for its events (control thread)
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
-  void check_hashes(kv::SourceId source, const kv::EventBatch& batch);
+  // Returns {checked, mismatched} block ids.
+  std::pair<uint64_t, uint64_t> check_hashes(kv::SourceId source, const kv::EventBatch& batch);
   // The keys of the request's full pages (cached in the context: select, dispatch, completion
   // and retries key them once).
   const std::vector<kv::BlockKey>& request_keys(RouteContext& ctx) const;

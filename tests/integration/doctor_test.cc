@@ -1,0 +1,251 @@
+// kvgate doctor end to end: kvgate-sim servers (real tokenizer, two DP ranks, KV events) behind
+// kvgate with a kv_exact rule. A healthy pool passes every step; each planted fault fails at the
+// step that owns it, with the fix that names it.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/cluster.h"
+#include "support/http_client.h"
+#include "support/models.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace kvgate::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::ordered_json;
+
+struct Fault {
+  std::vector<std::string> sim_args;  // added to this sim's command line
+  bool no_events = false;             // the sim publishes no KV events
+  std::string rule_port;              // this endpoint's kvZmqPort in the rule, when not its own
+};
+
+// Two sims (qwen3's tokenizer, page size 16, 2 DP ranks, events bound on every address) and kvgate
+// with a kv_exact rule naming them; `faults[i]` changes sim i, `rule_extra` the rule.
+struct DoctorCluster {
+  static constexpr int kRanks = 2;
+  explicit DoctorCluster(std::vector<Fault> faults = {{}, {}},
+                         std::map<std::string, std::string> rule = {}) {
+    std::string tokenizer = models_dir() + "/qwen3";
+    std::map<std::string, std::string> fields = {
+        {"mode", "4"},        {"sel", "round_robin"},       {"kvEngineType", "sglang"},
+        {"kvExactMode", "3"}, {"kvBlockSize", "16"},        {"kvDpRankCount", "2"},
+        {"kvWarmupSec", "0"}, {"tokenizerPath", tokenizer},
+    };
+    for (auto& [k, v] : rule) fields[k] = v;
+    std::string yaml = "rules:\n  - name: default\n";
+    for (auto& [k, v] : fields) yaml += "    " + k + ": " + v + "\n";
+    yaml += "    endpoints:\n";
+    for (auto& f : faults) {
+      Sim s;
+      s.port = free_port();
+      int events = free_ports(kRanks);
+      s.args = {"--page-size",
+                "16",
+                "--dp-size",
+                std::to_string(kRanks),
+                "--tokenizer-path",
+                tokenizer,
+                "--enable-cache-report",
+                "--time-scale",
+                "0"};
+      if (!f.no_events) {
+        s.args.push_back("--kv-events-config");
+        s.args.push_back(R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(events) +
+                         R"(","topic":""})");
+      }
+      s.args.insert(s.args.end(), f.sim_args.begin(), f.sim_args.end());
+      s.start();
+      yaml += "      - url: " + s.url() + "\n        kvZmqPort: " +
+              (f.rule_port.empty() ? std::to_string(events) : f.rule_port) + "\n";
+      sims.push_back(std::move(s));
+    }
+    config = dir.write("kvgate.yaml", yaml);
+    port = free_port();
+    admin_port = free_port();
+    gateway = std::make_unique<Process>(
+        "kvgate", std::vector<std::string>{"--config", config, "--host", "127.0.0.1", "--port",
+                                           std::to_string(port), "--prometheus-port",
+                                           std::to_string(free_port()), "--admin-port",
+                                           std::to_string(admin_port)});
+    // Every worker healthy in kvgate (the doctor's step 3 must not race the first probes).
+    EXPECT_TRUE(wait_until([&] {
+      return json_number_field(HttpClient(port).get("/readiness").body, "healthy_workers") ==
+             static_cast<double>(sims.size());
+    })) << gateway->log();
+  }
+
+  // The doctor's report of the rule (the admin API's).
+  Json doctor(const std::string& query = "") {
+    HttpClient c(admin_port);
+    c.set_timeout(120s);
+    auto r = c.post("/v1/rules/default/doctor" + query, "");
+    EXPECT_EQ(r.status, 200) << r.body;
+    Json j = Json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.is_object()) << r.body;
+    return j;
+  }
+
+  TempDir dir;
+  std::vector<Sim> sims;
+  std::string config;
+  int port = 0;
+  int admin_port = 0;
+  std::unique_ptr<Process> gateway;
+};
+
+std::string text_of(const Json& report) {
+  return report.dump(2);
+}
+
+// The report stopped at `step`, whose fix contains `fix` and whose details contain `detail`.
+void expect_fails_at(const Json& report, int step, const std::string& fix,
+                     const std::string& detail = "") {
+  ASSERT_TRUE(report.is_object());
+  EXPECT_FALSE(report.value("ok", true)) << text_of(report);
+  EXPECT_EQ(report.value("failed_step", 0), step) << text_of(report);
+  for (const auto& s : report["steps"]) {
+    int n = s.value("step", 0);
+    std::string status = s.value("status", "");
+    if (n < step) {
+      EXPECT_NE(status, "FAIL") << text_of(report);
+    } else if (n == step) {
+      EXPECT_EQ(status, "FAIL") << text_of(report);
+      ASSERT_TRUE(s["fix"].is_string()) << text_of(report);
+      EXPECT_NE(s["fix"].get<std::string>().find(fix), std::string::npos)
+          << "fix: " << s["fix"] << "\n"
+          << text_of(report);
+      if (!detail.empty()) {
+        EXPECT_NE(s["details"].dump().find(detail), std::string::npos) << text_of(report);
+      }
+    } else {
+      EXPECT_EQ(status, "SKIP") << text_of(report);  // it stops at the first failure
+    }
+  }
+}
+
+TEST(Doctor, AHealthyPoolPassesEveryStep) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  auto out = run("kvgate", {"doctor", "--admin-url",
+                            "http://127.0.0.1:" + std::to_string(c.admin_port), "--settle", "20"});
+  EXPECT_EQ(out.status, 0) << out.output << c.gateway->log();
+  for (int step = 1; step <= 7; ++step) {
+    // Step 4 warns: the sims bind their publishers on every address (as SGLang does for
+    // tcp://*), which only the operator can judge.
+    std::string status = step == 4 ? "WARN  " : "PASS  ";
+    EXPECT_NE(out.output.find(status + std::to_string(step) + " "), std::string::npos)
+        << out.output;
+  }
+  EXPECT_NE(out.output.find("listen on every address"), std::string::npos) << out.output;
+  EXPECT_NE(out.output.find("no step failed; 1 warning(s)"), std::string::npos) << out.output;
+  // Step 5 proved a hit with the engine's own count, step 4 saw every rank's sequence move.
+  EXPECT_NE(out.output.find("kv_exact hit on"), std::string::npos) << out.output;
+  EXPECT_NE(out.output.find("4 (endpoint, rank) publishers"), std::string::npos) << out.output;
+  // JSON for machines: the same steps.
+  auto js =
+      run("kvgate", {"doctor", "--admin-url", "http://127.0.0.1:" + std::to_string(c.admin_port),
+                     "--json", "--steps", "5-6"});
+  EXPECT_EQ(js.status, 0) << js.output;
+  Json j = Json::parse(js.output, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << js.output;
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["rules"][0]["steps"].size(), 2u) << js.output;
+}
+
+TEST(Doctor, RunsAgainstAConfigFileWithAPrivateGateway) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  auto out = run("kvgate", {"doctor", "--config", c.config, "--steps", "1-4"});
+  EXPECT_EQ(out.status, 0) << out.output;
+  EXPECT_NE(out.output.find("PASS  3 proxy path"), std::string::npos) << out.output;
+  EXPECT_NE(out.output.find("WARN  4 event plane"), std::string::npos) << out.output;
+}
+
+TEST(Doctor, AnEndpointWithAnotherPageSizeFailsPoolHomogeneity) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c({{}, {.sim_args = {"--page-size", "32"}}});
+  expect_fails_at(c.doctor(), 2, "same --page-size", "different page sizes");
+}
+
+TEST(Doctor, AnEndpointWithAnotherTokenizerFailsPoolHomogeneity) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KVGATE_REQUIRE_MODEL("llama3");
+  DoctorCluster c({{}, {.sim_args = {"--tokenizer-path", models_dir() + "/llama3"}}});
+  expect_fails_at(c.doctor(), 2, "same tokenizer", "the tokenizers differ");
+}
+
+TEST(Doctor, ARuleTokenizerOtherThanTheEnginesFailsPoolHomogeneity) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  KVGATE_REQUIRE_MODEL("llama3");
+  DoctorCluster c({{}, {}}, {{"tokenizerPath", models_dir() + "/llama3"}});
+  expect_fails_at(c.doctor(), 2, "tokenizerPath", "kvgate's tokenizer");
+}
+
+TEST(Doctor, AWrongKvDpRankCountFailsPoolHomogeneity) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c({{}, {}}, {{"kvDpRankCount", "1"}});
+  expect_fails_at(c.doctor(), 2, "set kvDpRankCount to 2");
+}
+
+TEST(Doctor, AClosedEventPortFailsTheEventPlane) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c({{}, {.no_events = true}});
+  expect_fails_at(c.doctor(), 4, "--kv-events-config", "KV events are off");
+}
+
+TEST(Doctor, AWrongKvZmqPortFailsTheEventPlane) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  int wrong = free_ports(2);
+  DoctorCluster c({{}, {.rule_port = std::to_string(wrong)}});
+  expect_fails_at(c.doctor(), 4, "set kvZmqPort to", "kvZmqPort " + std::to_string(wrong));
+}
+
+TEST(Doctor, EventsInTheOtherEnginesShapeFailTheEventPlane) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c(
+      {{.sim_args = {"--kv-events-format", "vllm"}}, {.sim_args = {"--kv-events-format", "vllm"}}});
+  expect_fails_at(c.doctor(), 4, "set kvEngineType to vllm", "vLLM's shape");
+}
+
+TEST(Doctor, BadStepsAndUnknownRulesAreRefusedClearly) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  HttpClient admin(c.admin_port);
+  EXPECT_EQ(admin.post("/v1/rules/default/doctor?steps=0-9", "").status, 400);
+  EXPECT_EQ(admin.post("/v1/rules/default/doctor?settle=abc", "").status, 400);
+  EXPECT_EQ(admin.post("/v1/rules/nope/doctor", "").status, 404);
+  EXPECT_EQ(admin.get("/v1/rules/default/doctor").status, 405);
+  auto usage = run("kvgate", {"doctor"});
+  EXPECT_EQ(usage.status, 2) << usage.output;
+  EXPECT_NE(usage.output.find("either --admin-url"), std::string::npos) << usage.output;
+  auto steps = run("kvgate", {"doctor", "--admin-url", "http://127.0.0.1:1", "--steps", "8"});
+  EXPECT_EQ(steps.status, 2) << steps.output;
+  EXPECT_NE(steps.output.find("--steps"), std::string::npos) << steps.output;
+}
+
+// The doctor's header pins a worker only with this process's key: a client's guess is ignored
+// (routed as any request) and never reaches the worker.
+TEST(Doctor, AGuessedDoctorKeyIsIgnored) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  HttpClient client(c.port);
+  for (int i = 0; i < 4; ++i) {
+    auto r = client.post(
+        "/v1/chat/completions",
+        R"({"messages":[{"role":"user","content":"hello"}],"max_tokens":1})",
+        {{"x-kvgate-doctor", "00000000000000000000000000000000 pin=" + c.sims[0].url()}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("x-kvgate-worker"), "") << "debug headers only for the doctor";
+  }
+}
+
+}  // namespace
+}  // namespace kvgate::testing

@@ -22,16 +22,13 @@ constexpr std::string_view kFaults =
 constexpr std::string_view kUsage = "kvgate-sim [--port PORT] [--served-model-name NAME] [options]";
 constexpr std::string_view kIntro =
     "kvgate-sim: a simulated SGLang inference server. It answers SGLang's HTTP API (/generate,\n"
-    "/v1/completions, /v1/chat/completions, /health, /get_server_info, /get_load, /v1/loads,\n"
-    "/v1/models, /metrics, /flush_cache) with deterministic pseudo-text and a configurable "
-    "timing,\n"
-    "so a gateway cannot tell it from a real engine at the HTTP level. Behind the API: a paged "
-    "radix\n"
-    "prefix cache per DP rank (truthful cached_tokens), continuous batching with a timing model "
-    "of\n"
-    "an 8B model on one H100 (shrunk by --time-scale), KV events over ZeroMQ in SGLang's wire\n"
-    "format, and prefill/decode roles. Flag names follow SGLang's server arguments where they\n"
-    "exist.";
+    "/v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /get_server_info,\n"
+    "/get_load, /v1/loads, /v1/models, /metrics, /flush_cache) with deterministic pseudo-text and\n"
+    "a configurable timing, so a gateway cannot tell it from a real engine at the HTTP level.\n"
+    "Behind the API: a paged radix prefix cache per DP rank (truthful cached_tokens), continuous\n"
+    "batching with a timing model of an 8B model on one H100 (shrunk by --time-scale), KV events\n"
+    "over ZeroMQ in SGLang's wire format, and prefill/decode roles. Flag names follow SGLang's\n"
+    "server arguments where they exist.";
 constexpr std::string_view kOutro =
     "A dropped response closes its connection after --drop-after-chunks SSE events (streams) or\n"
     "half-way through the body (whole answers).\n\n"

@@ -8,6 +8,7 @@
 
 #include "sim/info.h"
 #include "sim/pooling.h"
+#include "sim/tokenizer_routes.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -79,6 +80,9 @@ awaitable<void> SimServer::handle(http::Exchange& ex) {
     }
   } else if (path == "/v1/embeddings" || path == "/v1/rerank") {
     co_await pooling(ex, path);
+  } else if (path == "/tokenize" || path == "/v1/tokenize" || path == "/detokenize" ||
+             path == "/v1/detokenize") {
+    co_await tokenizer_route(ex, path);
   } else if (path == "/health" || path == "/health_generate") {
     co_await health(ex);
   } else if (path == "/metrics" && config_.enable_metrics) {
@@ -140,6 +144,20 @@ awaitable<void> SimServer::pooling(http::Exchange& ex, std::string_view path) {
   const Tokenizer& tok = engine_.tokenizer();
   int status = path == "/v1/embeddings" ? embeddings_response(ex.body(), tok, body)
                                         : rerank_response(ex.body(), tok, body);
+  co_await ex.respond(status, kJson, body);
+}
+
+awaitable<void> SimServer::tokenizer_route(http::Exchange& ex, std::string_view path) {
+  // SGLang registers these with @app.post alone: PUT is a 405 here, unlike the generation routes.
+  if (ex.method() != "POST") {
+    co_await method_not_allowed(ex);
+    co_return;
+  }
+  std::string body;
+  const Tokenizer& tok = engine_.tokenizer();
+  int status = path.ends_with("/tokenize")
+                   ? tokenize_response(ex.body(), tok, config_.context_length, body)
+                   : detokenize_response(ex.body(), tok, body);
   co_await ex.respond(status, kJson, body);
 }
 

@@ -1,7 +1,8 @@
 // sim/server: kvgate-sim's HTTP surface. Routes each exchange: the generation routes go to the
-// GenerationHandler; embeddings and rerank to sim/pooling; health, server info, loads, models,
-// metrics, cache flush, /abort_request and the test-control endpoint /sim/faults are answered
-// here. Unknown paths get FastAPI's 404 {"detail":"Not Found"}.
+// GenerationHandler; embeddings and rerank to sim/pooling; /tokenize and /detokenize (and their
+// /v1/ aliases) to sim/tokenizer_routes; health, server info, loads, models, metrics, cache flush,
+// /abort_request and the test-control endpoint /sim/faults are answered here. Unknown paths get
+// FastAPI's 404 {"detail":"Not Found"}.
 #pragma once
 
 #include "http/server.h"
@@ -27,6 +28,8 @@ class SimServer {
   // The body of a GET info endpoint; false for an unknown path.
   bool info_body(std::string_view path, std::string& body);
   awaitable<void> pooling(http::Exchange& ex, std::string_view path);
+  // /tokenize, /detokenize and their /v1/ aliases (sim/tokenizer_routes).
+  awaitable<void> tokenizer_route(http::Exchange& ex, std::string_view path);
   awaitable<void> health(http::Exchange& ex);
   awaitable<void> metrics(http::Exchange& ex);
   awaitable<void> flush_cache(http::Exchange& ex);

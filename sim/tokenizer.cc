@@ -5,6 +5,7 @@
 
 #include "sim/words.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace kvgate::sim {
 namespace {
@@ -103,6 +104,22 @@ void StandInTokenizer::encode(std::string_view text, std::vector<int32_t>& out) 
   }
 }
 
+void StandInTokenizer::tokenize(std::string_view text, bool /*add_special_tokens*/,
+                                std::vector<int32_t>& out) const {
+  encode(text, out);
+}
+
+std::string StandInTokenizer::detokenize(std::span<const int32_t> ids,
+                                         bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (!skip_special_tokens || !is_special(id)) decode_token(id, bytes);
+  }
+  std::string out;
+  tokenizer::unicode::append_sanitized_utf8(bytes, out);
+  return out;
+}
+
 void StandInTokenizer::decode_token(int32_t id, std::string& out) const {
   if (id < 0) return;
   if (id < 256) {
@@ -128,6 +145,13 @@ class HfTokenizer final : public Tokenizer {
   std::string_view name() const override { return name_; }
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     t_->encode(text, false, out);
+  }
+  void tokenize(std::string_view text, bool add_special_tokens,
+                std::vector<int32_t>& out) const override {
+    t_->encode(text, add_special_tokens, out);
+  }
+  std::string detokenize(std::span<const int32_t> ids, bool skip_special_tokens) const override {
+    return t_->decode(ids, skip_special_tokens);
   }
   void decode_token(int32_t id, std::string& out) const override {
     if (id < 0 || id >= t_->vocab_size()) return;

@@ -19,6 +19,11 @@ class Tokenizer {
   // Appends the ids of `text` to `out`. Special tokens written in the text (e.g. "<|im_start|>")
   // become their single ids, as when SGLang encodes a rendered chat template.
   virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
+  // HF's encode(text, add_special_tokens), what SGLang's /tokenize answers: with
+  // add_special_tokens, encode()'s ids inside the post-processor's tokens (e.g. Llama's BOS);
+  // without, encode()'s ids. The stand-in has no post-processor: encode()'s ids either way.
+  virtual void tokenize(std::string_view text, bool add_special_tokens,
+                        std::vector<int32_t>& out) const = 0;
   // Appends the text of one token; nothing for an id outside the vocabulary.
   virtual void decode_token(int32_t id, std::string& out) const = 0;
   virtual int32_t vocab_size() const = 0;
@@ -29,6 +34,10 @@ class Tokenizer {
   void decode(std::span<const int32_t> ids, std::string& out) const {
     for (int32_t id : ids) decode_token(id, out);
   }
+  // HF's decode(ids, skip_special_tokens) as SGLang's /detokenize runs it (its tokenizers load
+  // with clean_up_tokenization_spaces=False): ids outside the vocabulary give nothing, the
+  // special ones are left out with skip_special_tokens, ill-formed UTF-8 becomes U+FFFD.
+  virtual std::string detokenize(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
 };
 
 // The stand-in: ids 0-255 are bytes, then the special tokens <|im_start|>, <|im_end|>,
@@ -41,7 +50,10 @@ class StandInTokenizer final : public Tokenizer {
   ~StandInTokenizer() override;
   std::string_view name() const override { return "byte-level stand-in"; }
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
+  void tokenize(std::string_view text, bool add_special_tokens,
+                std::vector<int32_t>& out) const override;
   void decode_token(int32_t id, std::string& out) const override;
+  std::string detokenize(std::span<const int32_t> ids, bool skip_special_tokens) const override;
   int32_t vocab_size() const override;
   int32_t eos_token_id() const override { return kImEnd; }
   bool is_special(int32_t id) const override { return id >= kImStart && id <= kEndOfText; }

@@ -89,6 +89,24 @@ TEST(SimTokenizer, DecodeOfEncodeIsIdentity) {
   EXPECT_EQ(out, "");
 }
 
+// What /tokenize and /detokenize use: the stand-in adds no special tokens; detokenize leaves its
+// special tokens out on request and repairs the UTF-8 a cut byte sequence leaves.
+TEST(SimTokenizer, StandInTokenizeAndDetokenize) {
+  StandInTokenizer t;
+  const std::string text = "<|im_start|>user\nhi ✓<|im_end|>";
+  for (bool add : {true, false}) {
+    std::vector<int32_t> ids;
+    t.tokenize(text, add, ids);
+    EXPECT_EQ(ids, enc(t, text));
+  }
+  auto ids = enc(t, text);
+  EXPECT_EQ(t.detokenize(ids, false), text);
+  EXPECT_EQ(t.detokenize(ids, true), "user\nhi ✓");
+  EXPECT_EQ(t.detokenize(std::vector<int32_t>{'a', 0xe2, 0x9c, 'b', -5, t.vocab_size()}, true),
+            "a\xef\xbf\xbd"
+            "b");  // the cut "✓": one U+FFFD; ids outside the vocabulary: nothing
+}
+
 using testing::models_dir;
 
 TEST(SimTokenizer, FactoryPicksTheStandInOrTheModelTokenizer) {
@@ -116,6 +134,12 @@ TEST(SimTokenizer, ModelTokenizerBehindTheInterface) {
   // Token by token, the bytes concatenate back to the text (multi-byte characters included).
   EXPECT_EQ(dec(*t, ids), "<|im_start|>user\n你好 😀<|im_end|>");
   EXPECT_GE(t->vocab_size(), 151669);
+  // Qwen3's post-processor adds nothing; detokenize is HF's decode.
+  std::vector<int32_t> with;
+  t->tokenize("Hello world", true, with);
+  EXPECT_EQ(with, enc(*t, "Hello world"));
+  EXPECT_EQ(t->detokenize(ids, false), "<|im_start|>user\n你好 😀<|im_end|>");
+  EXPECT_EQ(t->detokenize(ids, true), "user\n你好 😀");
 
   auto tmpl = make_chat_template(dir);
   std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};

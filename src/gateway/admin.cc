@@ -5,6 +5,9 @@
 #include <netinet/in.h>
 
 #include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -54,6 +57,38 @@ awaitable<void> rule_errors(http::Exchange& ex, std::vector<rules::FieldError> e
 
 Json rule_json(const rules::Rule& r) {
   return Json::parse(rules::to_json(r));
+}
+
+Json rule_or_null(const std::shared_ptr<const rules::Rule>& r) {
+  return r ? rule_json(*r) : Json(nullptr);
+}
+
+// RFC 3339, UTC, to the millisecond: 2025-01-31T12:00:00.000Z.
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char text[80];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return text;
+}
+
+// GET /v1/rules/{name}/history: newest first.
+Json history_json(const RuleHistory& h) {
+  Json versions = Json::array();
+  for (size_t i = h.versions.size(); i-- > 0;) {
+    const RuleVersion& version = h.versions[i];
+    Json v{{"version", version.version},
+           {"time", rfc3339(version.time)},
+           {"source", to_string(version.source)},
+           {"rule", rule_or_null(version.rule)}};
+    if (version.restored) v["restored"] = *version.restored;
+    versions.push_back(std::move(v));
+  }
+  return Json{{"rule", h.name}, {"current", h.current()}, {"versions", std::move(versions)}};
 }
 
 std::string percent_decode(std::string_view s) {
@@ -369,7 +404,8 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   co_await fail(ex, 404, "not_found",
                 "no admin route " + std::string(method) + " " + std::string(path) +
                     " (routes: /v1/rules, /v1/rules/{name}, /v1/rules/validate, "
-                    "/v1/rules/{name}/inventory, /v1/rules/{name}/parity, /workers, /workers/{id}, "
+                    "/v1/rules/{name}/inventory, /v1/rules/{name}/parity, "
+                    "/v1/rules/{name}/history, /v1/rules/{name}/rollback, /workers, /workers/{id}, "
                     "/flush_cache, "
                     "/get_loads, /get_server_info, /get_model_info, /v1/config, "
                     "/v1/config/reload)");
@@ -397,7 +433,7 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
         co_return;
       }
       std::string name = rule->name;
-      errors = pools_.upsert(std::move(*rule));
+      errors = pools_.upsert(std::move(*rule), nullptr, RuleSource::kApi);
       if (!errors.empty()) {
         co_await rule_errors(ex, errors);
         co_return;
@@ -442,6 +478,70 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
   size_t slash = rest.find('/');
   std::string name(rest.substr(0, slash));
   std::string_view sub = slash == std::string_view::npos ? "" : rest.substr(slash);
+  if (sub == "/history") {
+    if (method != "GET") {
+      co_await fail(ex, 405, "method_not_allowed", "the history is read-only: use GET");
+      co_return;
+    }
+    auto h = pools_.history(name);
+    if (!h) {
+      co_await fail(ex, 404, "rule_not_found",
+                    "no rule named '" + name +
+                        "' was ever seen (or it was deleted long ago and its history is "
+                        "forgotten)");
+      co_return;
+    }
+    co_await reply(ex, 200, history_json(*h));
+    co_return;
+  }
+  if (sub == "/rollback") {
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed",
+                    "use POST /v1/rules/" + name + "/rollback (optionally ?to=VERSION)");
+      co_return;
+    }
+    std::optional<uint64_t> to;
+    if (std::string_view given = query_param(ex.target(), "to"); !given.empty()) {
+      uint64_t n = 0;
+      auto [end, ec] = std::from_chars(given.data(), given.data() + given.size(), n);
+      if (ec != std::errc() || end != given.data() + given.size() || n == 0) {
+        co_await fail(ex, 400, "invalid_version",
+                      "?to= takes a version number (1, 2, ...; GET /v1/rules/" + name +
+                          "/history lists them), not '" + std::string(given.substr(0, 32)) + "'");
+        co_return;
+      }
+      to = n;
+    }
+    RollbackResult result;
+    auto errors = pools_.rollback(name, to, &result);
+    using Status = RollbackResult::Status;
+    switch (result.status) {
+      case Status::kDone:
+        break;
+      case Status::kUnknownRule:
+        co_await fail(ex, 404, "rule_not_found", errors.at(0).message);
+        co_return;
+      case Status::kUnknownVersion:
+        co_await fail(ex, 404, "version_not_found", errors.at(0).message);
+        co_return;
+      case Status::kNothingToDo:
+        co_await fail(ex, 409, "nothing_to_roll_back", errors.at(0).message);
+        co_return;
+      case Status::kInvalid:
+        co_await rule_errors(ex, std::move(errors));
+        co_return;
+    }
+    log::info("admin API: rule rolled back").kv("rule", name).kv("client", ex.remote_address());
+    // "rule" is the name, as in the history and inventory answers; the rule now in force (every
+    // field; null when the rollback deleted it) is "in_force".
+    Json out{{"rule", name},
+             {"restored", result.restored},
+             {"version", result.version},
+             {"action", to_string(result.action)},
+             {"in_force", rule_or_null(result.rule)}};
+    co_await reply(ex, 200, out);
+    co_return;
+  }
   if (sub == "/inventory" || sub == "/parity") {
     const bool probe = sub == "/parity";
     if (!probe && method != "GET") {
@@ -506,7 +606,7 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
       co_return;
     }
     bool created = false;
-    errors = pools_.upsert(std::move(*rule), &created);
+    errors = pools_.upsert(std::move(*rule), &created, RuleSource::kApi);
     if (!errors.empty()) {
       co_await rule_errors(ex, errors);
       co_return;
@@ -518,7 +618,7 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
     int status = created ? 201 : 200;
     co_await reply(ex, status, std::move(updated_rule));
   } else if (method == "DELETE") {
-    if (!pools_.remove(name)) {
+    if (!pools_.remove(name, RuleSource::kApi)) {
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
       co_return;
     }
@@ -634,7 +734,7 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
       }
     }
     rule->endpoints.push_back(std::move(ep));
-    auto errors = pools_.upsert(*rule);
+    auto errors = pools_.upsert(*rule, nullptr, RuleSource::kWorkers);
     if (!errors.empty()) {
       co_await rule_errors(ex, errors);
       co_return;
@@ -687,7 +787,7 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
       return http::parse_url(ep.url, t).empty() && t.url == url;
     });
   }
-  auto errors = pools_.apply(std::move(all));
+  auto errors = pools_.apply(std::move(all), /*dry_run=*/false, RuleSource::kWorkers);
   if (!errors.empty()) {
     co_await rule_errors(ex, errors);
     co_return;

@@ -12,6 +12,15 @@
 //   PUT    /v1/rules/{name}           create or replace, live (200, or 201 when created)
 //   DELETE /v1/rules/{name}           204
 //   GET    /v1/rules/{name}/inventory what kv_exact knows the rule's workers cache
+//   POST   /v1/rules/{name}/parity    probe a kv_exact rule's ranks for tokenizer parity (202)
+//   GET    /v1/rules/{name}/history   the rule's versions, newest first: {"rule", "current",
+//                                     "versions": [{"version", "time", "source", "rule",
+//                                     "restored"?}]} (404 when the name never had one)
+//   POST   /v1/rules/{name}/rollback  restore the version before the current one (?to=N: version
+//                                     N), as a new version: 200 {"rule", "restored", "version",
+//                                     "action", "in_force"}; 409 nothing to roll back to; 404
+//                                     unknown name or version; 400 with details when the restored
+//                                     rule does not pass against the rules in force
 //   GET    /workers, POST /workers, GET/DELETE /workers/{id}   sgl-model-gateway's worker API
 //   POST   /flush_cache               every worker's cache flushed (200, or 206 with each result)
 //   GET    /get_loads                 every worker's /get_load

@@ -337,7 +337,8 @@ int main(int argc, char** argv) {
     }
   }
   PoolManager pools(env);
-  if (auto errors = pools.apply(loaded.rules); !errors.empty()) {
+  if (auto errors = pools.apply(loaded.rules, /*dry_run=*/false, RuleSource::kStartup);
+      !errors.empty()) {
     std::string text = rules::format_errors(errors, config_path);
     while (!text.empty() && text.back() == '\n') text.pop_back();
     return fail(text);
@@ -383,7 +384,7 @@ int main(int argc, char** argv) {
         return config_path + ": " + restart +
                " changed, which a running kvgate cannot apply: restart it (nothing was applied)";
       }
-      if (auto e = pools.apply(next.rules); !e.empty()) {
+      if (auto e = pools.apply(next.rules, /*dry_run=*/false, RuleSource::kReload); !e.empty()) {
         return rules::format_errors(e, config_path) + "(nothing was applied)";
       }
       if (next.config.log_level != in_force.log_level) {
@@ -508,9 +509,14 @@ int main(int argc, char** argv) {
                                      "Rule set changes (admin API, reload) by result: applied, "
                                      "refused (invalid; nothing changed)",
                                      {"result"});
+    auto& history = registry.gauge("kvgate_rule_history_versions",
+                                   "Rule versions kept for GET /v1/rules/{name}/history and "
+                                   "rollback, over every rule name (at most 16 per name, 1024 "
+                                   "names)");
     // Collectors run on the control loop (the metrics listener's), like every rule change.
     registry.add_collector([&] {
       rules_gauge.with({}).set(static_cast<double>(pools.table()->pools.size()));
+      history.with({}).set(static_cast<double>(pools.history_versions()));
       retiring.with({}).set(static_cast<double>(pools.retiring()));
       changes.with({"applied"}).mirror(pools.applied());
       changes.with({"refused"}).mirror(pools.refused());

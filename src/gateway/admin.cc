@@ -5,6 +5,9 @@
 #include <netinet/in.h>
 
 #include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -54,6 +57,38 @@ awaitable<void> rule_errors(http::Exchange& ex, std::vector<rules::FieldError> e
 
 Json rule_json(const rules::Rule& r) {
   return Json::parse(rules::to_json(r));
+}
+
+Json rule_or_null(const std::shared_ptr<const rules::Rule>& r) {
+  return r ? rule_json(*r) : Json(nullptr);
+}
+
+// RFC 3339, UTC, to the millisecond: 2025-01-31T12:00:00.000Z.
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char text[80];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return text;
+}
+
+// GET /v1/rules/{name}/history: newest first.
+Json history_json(const RuleHistory& h) {
+  Json versions = Json::array();
+  for (size_t i = h.versions.size(); i-- > 0;) {
+    const RuleVersion& version = h.versions[i];
+    Json v{{"version", version.version},
+           {"time", rfc3339(version.time)},
+           {"source", to_string(version.source)},
+           {"rule", rule_or_null(version.rule)}};
+    if (version.restored) v["restored"] = *version.restored;
+    versions.push_back(std::move(v));
+  }
+  return Json{{"rule", h.name}, {"current", h.current()}, {"versions", std::move(versions)}};
 }
 
 std::string percent_decode(std::string_view s) {
@@ -369,7 +404,8 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   co_await fail(ex, 404, "not_found",
                 "no admin route " + std::string(method) + " " + std::string(path) +
                     " (routes: /v1/rules, /v1/rules/{name}, /v1/rules/validate, "
-                    "/v1/rules/{name}/inventory, /v1/rules/{name}/parity, /workers, /workers/{id}, "
+                    "/v1/rules/{name}/inventory, /v1/rules/{name}/parity, "
+                    "/v1/rules/{name}/history, /v1/rules/{name}/rollback, /workers, /workers/{id}, "
                     "/flush_cache, "
                     "/get_loads, /get_server_info, /get_model_info, /v1/config, "
                     "/v1/config/reload)");
@@ -397,7 +433,7 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
         co_return;
       }
       std::string name = rule->name;
-      errors = pools_.upsert(std::move(*rule));
+      errors = pools_.upsert(std::move(*rule), nullptr, RuleSource::kApi);
       if (!errors.empty()) {
         co_await rule_errors(ex, errors);
         co_return;
@@ -442,6 +478,70 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
   size_t slash = rest.find('/');
   std::string name(rest.substr(0, slash));
   std::string_view sub = slash == std::string_view::npos ? "" : rest.substr(slash);
+  if (sub == "/history") {
+    if (method != "GET") {
+      co_await fail(ex, 405, "method_not_allowed", "the history is read-only: use GET");
+      co_return;
+    }
+    auto h = pools_.history(name);
+    if (!h) {
+      co_await fail(ex, 404, "rule_not_found",
+                    "no rule named '" + name +
+                        "' was ever seen (or it was deleted long ago and its history is "
+                        "forgotten)");
+      co_return;
+    }
+    co_await reply(ex, 200, history_json(*h));
+    co_return;
+  }
+  if (sub == "/rollback") {
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed",
+                    "use POST /v1/rules/" + name + "/rollback (optionally ?to=VERSION)");
+      co_return;
+    }
+    std::optional<uint64_t> to;
+    if (std::string_view given = query_param(ex.target(), "to"); !given.empty()) {
+      uint64_t n = 0;
+      auto [end, ec] = std::from_chars(given.data(), given.data() + given.size(), n);
+      if (ec != std::errc() || end != given.data() + given.size() || n == 0) {
+        co_await fail(ex, 400, "invalid_version",
+                      "?to= takes a version number (1, 2, ...; GET /v1/rules/" + name +
+                          "/history lists them), not '" + std::string(given.substr(0, 32)) + "'");
+        co_return;
+      }
+      to = n;
+    }
+    RollbackResult result;
+    auto errors = pools_.rollback(name, to, &result);
+    using Status = RollbackResult::Status;
+    switch (result.status) {
+      case Status::kDone:
+        break;
+      case Status::kUnknownRule:
+        co_await fail(ex, 404, "rule_not_found", errors.at(0).message);
+        co_return;
+      case Status::kUnknownVersion:
+        co_await fail(ex, 404, "version_not_found", errors.at(0).message);
+        co_return;
+      case Status::kNothingToDo:
+        co_await fail(ex, 409, "nothing_to_roll_back", errors.at(0).message);
+        co_return;
+      case Status::kInvalid:
+        co_await rule_errors(ex, std::move(errors));
+        co_return;
+    }
+    log::info("admin API: rule rolled back").kv("rule", name).kv("client", ex.remote_address());
+    // "rule" is the name, as in the history and inventory answers; the rule now in force (every
+    // field; null when the rollback deleted it) is "in_force".
+    Json out{{"rule", name},
+             {"restored", result.restored},
+             {"version", result.version},
+             {"action", to_string(result.action)},
+             {"in_force", rule_or_null(result.rule)}};
+    co_await reply(ex, 200, out);
+    co_return;
+  }
   if (sub == "/inventory" || sub == "/parity") {
     const bool probe = sub == "/parity";
     if (!probe && method != "GET") {
@@ -509,8 +609,18 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
       co_await rule_errors(ex, errors);
       co_return;
     }
+    std::string verify = percent_decode(query_param(ex.target(), "verify"));
+    if (!verify.empty() && verify != "true" && verify != "false") {
+      co_await fail(ex, 400, "invalid_request",
+                    "verify must be true or false, not '" + verify + "'");
+      co_return;
+    }
+    if (verify == "true") {
+      co_await verified_put(ex, name, std::move(*rule));
+      co_return;
+    }
     bool created = false;
-    errors = pools_.upsert(std::move(*rule), &created);
+    errors = pools_.upsert(std::move(*rule), &created, RuleSource::kApi);
     if (!errors.empty()) {
       co_await rule_errors(ex, errors);
       co_return;
@@ -522,7 +632,7 @@ awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest)
     int status = created ? 201 : 200;
     co_await reply(ex, status, std::move(updated_rule));
   } else if (method == "DELETE") {
-    if (!pools_.remove(name)) {
+    if (!pools_.remove(name, RuleSource::kApi)) {
       co_await fail(ex, 404, "rule_not_found", "no rule named '" + name + "'");
       co_return;
     }
@@ -638,7 +748,7 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
       }
     }
     rule->endpoints.push_back(std::move(ep));
-    auto errors = pools_.upsert(*rule);
+    auto errors = pools_.upsert(*rule, nullptr, RuleSource::kWorkers);
     if (!errors.empty()) {
       co_await rule_errors(ex, errors);
       co_return;
@@ -691,7 +801,7 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
       return http::parse_url(ep.url, t).empty() && t.url == url;
     });
   }
-  auto errors = pools_.apply(std::move(all));
+  auto errors = pools_.apply(std::move(all), /*dry_run=*/false, RuleSource::kWorkers);
   if (!errors.empty()) {
     co_await rule_errors(ex, errors);
     co_return;
@@ -729,6 +839,106 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
   Json out{{"status", all_ok ? "ok" : "partial"}, {"workers", std::move(results)}};
   int status = all_ok ? 200 : 206;
   co_await reply(ex, status, out);
+}
+
+// PUT /v1/rules/{name}?verify=true: the change applied, then the doctor's steps 4-6 (event
+// plane, kv_exact, inventory) run on the new rule, waiting up to ?timeout= seconds (30) for its
+// signals; a failing step rolls the rule back to the version this change replaced (unless
+// someone changed it again meanwhile). 200/201 with the report when it held; 409 with the report
+// and what was restored when it did not.
+awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& name,
+                                       rules::Rule rule) {
+  if (!hooks_.doctor_env) {
+    co_await fail(ex, 501, "not_available", "this kvgate runs without the doctor: no verify");
+    co_return;
+  }
+  long timeout = 30;
+  if (std::string v = percent_decode(query_param(ex.target(), "timeout")); !v.empty()) {
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < 1 || n > 600) {
+      co_await fail(ex, 400, "invalid_request",
+                    "timeout must be a whole number of seconds from 1 to 600, not '" + v + "'");
+      co_return;
+    }
+    timeout = n;
+  }
+  if (doctor_running_) {
+    co_await fail(ex, 409, "doctor_running",
+                  "a doctor run is in progress on this gateway; try again when it ends");
+    co_return;
+  }
+  doctor_running_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{doctor_running_};
+  auto before_history = pools_.history(name);
+  const uint64_t before = before_history ? before_history->current() : 0;
+  bool created = false;
+  auto errors = pools_.upsert(std::move(rule), &created, RuleSource::kApi);
+  if (!errors.empty()) {
+    co_await rule_errors(ex, errors);
+    co_return;
+  }
+  auto history = pools_.history(name);
+  const uint64_t made = history ? history->current() : 0;
+  // The version this change replaced: the one in force before it, or for a name without history
+  // the version "absent" its creation recorded first. None when the rule was already this.
+  std::optional<uint64_t> replaced;
+  if (made > before) replaced = before > 0 ? before : made - 1;
+  log::info(created ? "admin API: rule created, verifying" : "admin API: rule updated, verifying")
+      .kv("rule", name)
+      .kv("client", ex.remote_address());
+  doctor::Options options;
+  options.first = 4;
+  options.last = 6;
+  options.settle = std::chrono::seconds(timeout);
+  doctor::Env env = hooks_.doctor_env();
+  auto report = co_await doctor::run(env, name, options);
+  Json out{{"verified", report.ok()}, {"report", doctor::to_json(report)}};
+  if (report.ok()) {
+    auto now = pools_.rule(name);
+    out["rule"] = now ? rule_json(*now) : Json(nullptr);
+    co_await reply(ex, created ? 201 : 200, std::move(out));
+    co_return;
+  }
+  auto after = pools_.history(name);
+  std::string why;
+  if (!replaced) {
+    why = "the rule was already exactly this: nothing to roll back";
+  } else if (!after || after->current() != made) {
+    why = "the rule changed again while it was verified: not rolled back (see its history)";
+  } else {
+    RollbackResult rb;
+    auto rerrors = pools_.rollback(name, *replaced, &rb);
+    if (rerrors.empty()) {
+      log::warn("admin API: verification failed; the rule was rolled back")
+          .kv("rule", name)
+          .kv("failed_step", report.failed_step())
+          .kv("restored", rb.restored);
+      out["rolled_back"] = true;
+      out["restored"] = rb.restored;
+      out["version"] = rb.version;
+      out["action"] = to_string(rb.action);
+      out["in_force"] = rb.rule ? rule_json(*rb.rule) : Json(nullptr);
+      out["error"] = error_json("verification_failed", "rolled_back",
+                                "step " + std::to_string(report.failed_step()) +
+                                    " failed on the new rule: version " +
+                                    std::to_string(rb.restored) + " was restored")["error"];
+      co_await reply(ex, 409, std::move(out));
+      co_return;
+    }
+    why = "the rollback was refused: " + rerrors[0].message;
+  }
+  log::warn("admin API: verification failed; the rule stays").kv("rule", name).kv("why", why);
+  out["rolled_back"] = false;
+  out["error"] = error_json(
+      "verification_failed", "not_rolled_back",
+      "step " + std::to_string(report.failed_step()) + " failed on the new rule; " + why)["error"];
+  auto now = pools_.rule(name);
+  out["in_force"] = now ? rule_json(*now) : Json(nullptr);
+  co_await reply(ex, 409, std::move(out));
 }
 
 // POST /v1/rules/{name}/doctor: the doctor's steps on one rule; 200 with its report whatever

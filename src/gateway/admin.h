@@ -9,11 +9,22 @@
 //   POST   /v1/rules                  create (201; 409 if the name exists; 400 with details)
 //   POST   /v1/rules/validate         dry run of a create or update: 200 or 400 with details
 //   GET    /v1/rules/{name}           one rule
-//   PUT    /v1/rules/{name}           create or replace, live (200, or 201 when created)
+//   PUT    /v1/rules/{name}           create or replace, live (200, or 201 when created);
+//                                     ?verify=true[&timeout=SECS]: then doctor steps 4-6 on the
+//                                     new rule, rolled back by itself when one fails (409)
 //   DELETE /v1/rules/{name}           204
 //   GET    /v1/rules/{name}/inventory what kv_exact knows the rule's workers cache
 //   POST   /v1/rules/{name}/doctor    the safe tuning order run on the rule (gateway/doctor.h):
 //                                     ?steps=1-7&timeout=SECS&settle=SECS&concurrency=N
+//   POST   /v1/rules/{name}/parity    probe a kv_exact rule's ranks for tokenizer parity (202)
+//   GET    /v1/rules/{name}/history   the rule's versions, newest first: {"rule", "current",
+//                                     "versions": [{"version", "time", "source", "rule",
+//                                     "restored"?}]} (404 when the name never had one)
+//   POST   /v1/rules/{name}/rollback  restore the version before the current one (?to=N: version
+//                                     N), as a new version: 200 {"rule", "restored", "version",
+//                                     "action", "in_force"}; 409 nothing to roll back to; 404
+//                                     unknown name or version; 400 with details when the restored
+//                                     rule does not pass against the rules in force
 //   GET    /workers, POST /workers, GET/DELETE /workers/{id}   sgl-model-gateway's worker API
 //   POST   /flush_cache               every worker's cache flushed (200, or 206 with each result)
 //   GET    /get_loads                 every worker's /get_load
@@ -63,6 +74,7 @@ class AdminApi {
   awaitable<void> workers_route(http::Exchange& ex, std::string_view rest);
   awaitable<void> fan_out(http::Exchange& ex, std::string_view method, std::string_view path);
   awaitable<void> doctor_route(http::Exchange& ex, const std::string& name);
+  awaitable<void> verified_put(http::Exchange& ex, const std::string& name, rules::Rule rule);
 
   const GatewayConfig& config_;
   PoolManager& pools_;

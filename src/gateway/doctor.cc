@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "gateway/pool.h"
 #include "policy/kv_exact.h"
@@ -99,6 +100,20 @@ struct Run {
     return b;
   }
 
+  // A 1-token completion of `prompt` (what every engine serves, chat template or not).
+  std::string completion_body(std::string_view prompt) const {
+    std::string b = "{";
+    if (!model.empty()) {
+      b += "\"model\":";
+      json::append_string(b, model);
+      b += ',';
+    }
+    b += "\"prompt\":";
+    json::append_string(b, prompt);
+    b += ",\"max_tokens\":1,\"temperature\":0}";
+    return b;
+  }
+
   // `body` with "model" added (make_probe's bodies carry none).
   std::string with_model(std::string body) const {
     if (model.empty() || body.empty() || body[0] != '{') return body;
@@ -112,18 +127,20 @@ struct Run {
 
 // Sends `body` to the gateway's own listener as the doctor (debug headers back).
 awaitable<http::FetchResult> through(Executor ex, http::Target self, std::string doctor,
-                                     std::string api_key, std::string body, milliseconds timeout) {
+                                     std::string api_key, std::string body, milliseconds timeout,
+                                     std::string path = "/v1/chat/completions") {
   std::string auth = api_key.empty() ? "" : "Bearer " + api_key;
   std::vector<http::Header> headers{{"content-type", "application/json"},
                                     {"x-kvgate-doctor", doctor}};
   if (!auth.empty()) headers.push_back({"authorization", auth});
-  co_return co_await http::fetch(ex, self, "POST", "/v1/chat/completions", timeout, body, headers,
+  co_return co_await http::fetch(ex, self, "POST", path, timeout, body, headers,
                                  /*keep_headers=*/true);
 }
 
-awaitable<http::FetchResult> through(Run& r, std::string body, std::string_view pin = {}) {
+awaitable<http::FetchResult> through(Run& r, std::string body, std::string_view pin = {},
+                                     std::string path = "/v1/chat/completions") {
   co_return co_await through(r.ex, r.env.self, r.doctor_header(pin), r.env.config->api_key,
-                             std::move(body), r.opt.request_timeout);
+                             std::move(body), r.opt.request_timeout, std::move(path));
 }
 
 // Many requests through the gateway at once; results in order.
@@ -301,13 +318,9 @@ awaitable<Step> model_readiness(Run& r) {
         }
       }
     }
-    std::string body = "{";
-    if (!model.empty()) {
-      body += "\"model\":";
-      json::append_string(body, model);
-      body += ',';
-    }
-    body += "\"prompt\":\"kvgate doctor: are you ready?\",\"max_tokens\":1,\"temperature\":0}";
+    std::string saved = std::exchange(r.model, model);
+    std::string body = r.completion_body("kvgate doctor: are you ready?");
+    r.model = saved;
     auto t0 = Clock::now();
     auto c = co_await r.direct(*w, "POST", "/v1/completions", body);
     auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
@@ -507,7 +520,8 @@ awaitable<Step> proxy_path(Run& r) {
     // A pair per request: as many requests as endpoints, and the pairs they took.
     std::map<std::string, int> used;
     for (size_t i = 0; i < r.workers.size(); ++i) {
-      auto a = co_await through(r, r.chat_body("kvgate doctor: proxy path " + r.next_nonce()));
+      auto a = co_await through(r, r.completion_body("kvgate doctor: proxy path " + r.next_nonce()),
+                                {}, "/v1/completions");
       if (!ok_answer(a)) {
         fail(s, "a request through the gateway failed: " + call_error(a),
              "fix what the answer names; kvgate's log has the request's x-request-id");
@@ -526,8 +540,8 @@ awaitable<Step> proxy_path(Run& r) {
   }
   for (const auto& w : r.workers) {
     auto t0 = Clock::now();
-    auto a =
-        co_await through(r, r.chat_body("kvgate doctor: proxy path " + r.next_nonce()), w->url());
+    auto a = co_await through(r, r.completion_body("kvgate doctor: proxy path " + r.next_nonce()),
+                              w->url(), "/v1/completions");
     auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
     if (!ok_answer(a)) {
       std::string state = w->healthy() ? "healthy" : "unhealthy";
@@ -581,6 +595,18 @@ std::string skip_reason() {
 // A request straight to each (endpoint, rank) of `which`, several pages long and unique, so that
 // each rank stores blocks and publishes them.
 awaitable<void> probe_ranks(Run& r, const std::vector<SourceView>& which, Step& s) {
+  if (r.pool->pd()) {
+    // A prefill server alone cannot run a request: pairs through the gateway, twice as many as
+    // ranks to warm (kv_exact, or the P/D ladder, spreads them).
+    for (size_t i = 0; i < 2 * which.size(); ++i) {
+      std::string text = "kvgate doctor: warm rank " + r.next_nonce() + ".";
+      while (text.size() < 40 * static_cast<size_t>(std::max<int64_t>(1, r.rule.kv_block_size)))
+        text += " The quick brown fox jumps over the lazy dog.";
+      auto a = co_await through(r, r.chat_body(text));
+      if (!ok_answer(a)) s.lines.push_back("note a warm request failed: " + call_error(a));
+    }
+    co_return;
+  }
   auto all = sources_of(*r.kv);
   for (const auto& src : which) {
     const Worker* w = nullptr;
@@ -700,12 +726,29 @@ awaitable<Step> event_plane(Run& r) {
            "make the publisher reachable from the gateway (address, port, firewall)");
       continue;
     }
+    if (c.page_size_mismatch) {
+      fail(s,
+           where(src.spec) + ": its events carry " + std::to_string(c.engine_block_size) +
+               "-token pages, the rule's kvBlockSize is " + std::to_string(r.rule.kv_block_size) +
+               " (kv_exact leaves the rank out)",
+           "set kvBlockSize to " + std::to_string(c.engine_block_size) +
+               " (the engines' --page-size)");
+    }
     if (src.status.decode_errors > 0) {
       fail(s,
            where(src.spec) + ": " + std::to_string(src.status.decode_errors) +
                " message(s) could not be decoded as KV events",
            "point kvZmqPort at the engine's KV event publisher (another service answers there), "
            "or upgrade kvgate for this engine build");
+    }
+    if (src.status.messages <= before[src.spec.id] && r.pool->pd()) {
+      warn(s,
+           where(src.spec) +
+               ": connected, but no event arrived after the requests through the "
+               "gateway (with prefill/decode the doctor cannot aim at a rank)",
+           "send traffic and run the doctor again; check the engine's --kv-events-config if it "
+           "stays silent");
+      continue;
     }
     if (src.status.messages <= before[src.spec.id]) {
       fail(s,

@@ -47,6 +47,34 @@ void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
 
 }  // namespace
 
+std::string_view to_string(RuleSource s) {
+  switch (s) {
+    case RuleSource::kStartup:
+      return "startup";
+    case RuleSource::kApi:
+      return "api";
+    case RuleSource::kReload:
+      return "reload";
+    case RuleSource::kWorkers:
+      return "workers";
+    case RuleSource::kRollback:
+      return "rollback";
+  }
+  return "api";
+}
+
+std::string_view to_string(RollbackResult::Action a) {
+  switch (a) {
+    case RollbackResult::Action::kReplaced:
+      return "replaced";
+    case RollbackResult::Action::kCreated:
+      return "created";
+    case RollbackResult::Action::kDeleted:
+      return "deleted";
+  }
+  return "replaced";
+}
+
 bool RuleTable::needs_model(uint16_t port, std::string_view path) const {
   if (!names_models) return false;  // the common case (one rule, any model): no scan
   for (const auto& p : pools) {
@@ -99,14 +127,16 @@ PoolManager::~PoolManager() {
   stop();
 }
 
-std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next, bool dry_run) {
-  auto errors = apply_rules(std::move(next), dry_run);
+std::vector<rules::FieldError> PoolManager::apply(std::vector<rules::Rule> next, bool dry_run,
+                                                  RuleSource source) {
+  auto errors = apply_rules(std::move(next), dry_run, source, nullptr);
   if (!dry_run) ++(errors.empty() ? applied_ : refused_);
   return errors;
 }
 
-std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule> next,
-                                                        bool dry_run) {
+std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule> next, bool dry_run,
+                                                        RuleSource source,
+                                                        const Restored* restored) {
   std::vector<rules::FieldError> errors;
   for (const auto& r : next) {
     std::vector<rules::FieldError> own;
@@ -216,6 +246,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   for (const auto& p : table->pools) table->names_models |= !p->rule().models.empty();
   std::shared_ptr<const RuleTable> published = table;
   table_.store(published);
+  record(*current, *published, source, restored);
   for (Pool* p : kept_policy) p->notify_workers();
   // A server a changed rule gives a new role: kvgate_worker_role says so once the change is in
   // force (a refused change leaves it as it was).
@@ -243,7 +274,8 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   return errors;
 }
 
-std::vector<rules::FieldError> PoolManager::upsert(rules::Rule rule, bool* created) {
+std::vector<rules::FieldError> PoolManager::upsert(rules::Rule rule, bool* created,
+                                                   RuleSource source) {
   auto next = rules();
   auto it = std::find_if(next.begin(), next.end(),
                          [&](const rules::Rule& r) { return r.name == rule.name; });
@@ -253,17 +285,164 @@ std::vector<rules::FieldError> PoolManager::upsert(rules::Rule rule, bool* creat
   } else {
     *it = std::move(rule);
   }
-  return apply(std::move(next));
+  return apply(std::move(next), false, source);
 }
 
-bool PoolManager::remove(std::string_view name) {
+bool PoolManager::remove(std::string_view name, RuleSource source) {
   auto next = rules();
   auto it =
       std::find_if(next.begin(), next.end(), [&](const rules::Rule& r) { return r.name == name; });
   if (it == next.end()) return false;
   next.erase(it);
-  auto errors = apply(std::move(next));
+  auto errors = apply(std::move(next), false, source);
   return errors.empty();
+}
+
+void PoolManager::record(const RuleTable& before, const RuleTable& after, RuleSource source,
+                         const Restored* restored) {
+  auto now = std::chrono::system_clock::now();
+  ++change_seq_;
+  auto add = [&](const std::string& name, const Pool* in_force) {
+    auto [it, fresh] = history_.try_emplace(name);
+    History& h = it->second;
+    uint64_t next = h.versions.empty() ? 1 : h.versions.back().version + 1;
+    if (fresh && in_force && source != RuleSource::kStartup) {
+      // Created: before it, it did not exist (what rolling the creation back restores).
+      h.versions.push_back({.version = next++, .time = now, .source = source, .rule = nullptr});
+      ++history_versions_;
+    }
+    RuleVersion v{
+        .version = next,
+        .time = now,
+        .source = source,
+        .rule = in_force ? std::make_shared<const rules::Rule>(in_force->rule()) : nullptr};
+    if (restored && restored->name == name) v.restored = restored->version;
+    h.versions.push_back(std::move(v));
+    ++history_versions_;
+    h.last_change = change_seq_;
+    while (h.versions.size() > kMaxVersionsPerRule) {
+      h.versions.erase(h.versions.begin());
+      --history_versions_;
+    }
+  };
+  for (const auto& p : after.pools) {
+    const Pool* old = before.find(p->name());
+    if (old == p.get()) continue;  // identical: the same pool was kept
+    add(p->name(), p.get());
+  }
+  for (const auto& p : before.pools) {
+    if (!after.find(p->name())) add(p->name(), nullptr);
+  }
+  // Too many names: the rules deleted longest ago are forgotten (the rules in force are at most
+  // rules::kMaxRules, so some deleted one is always there to go).
+  while (history_.size() > kMaxHistoryNames) {
+    auto oldest = history_.end();
+    for (auto it = history_.begin(); it != history_.end(); ++it) {
+      if (it->second.versions.back().rule) continue;  // in force
+      if (oldest == history_.end() || it->second.last_change < oldest->second.last_change) {
+        oldest = it;
+      }
+    }
+    if (oldest == history_.end()) break;
+    history_versions_ -= oldest->second.versions.size();
+    history_.erase(oldest);
+  }
+}
+
+std::optional<RuleHistory> PoolManager::history(std::string_view name) const {
+  auto it = history_.find(name);
+  if (it == history_.end()) return std::nullopt;
+  return RuleHistory{.name = it->first, .versions = it->second.versions};
+}
+
+std::vector<rules::FieldError> PoolManager::rollback(std::string_view name,
+                                                     std::optional<uint64_t> to,
+                                                     RollbackResult* out) {
+  RollbackResult local;
+  RollbackResult& res = out ? *out : local;
+  res = RollbackResult{};
+  auto refuse = [&](RollbackResult::Status status, std::string field, std::string value,
+                    std::string message) {
+    res.status = status;
+    return std::vector<rules::FieldError>{
+        {.field = std::move(field), .value = std::move(value), .message = std::move(message)}};
+  };
+  const std::string who = "rule '" + std::string(name) + "'";
+  auto it = history_.find(name);
+  if (it == history_.end()) {
+    return refuse(RollbackResult::Status::kUnknownRule, "name", std::string(name),
+                  "no rule named '" + std::string(name) + "' was ever seen (or it was deleted " +
+                      "long ago and its history is forgotten)");
+  }
+  const auto& versions = it->second.versions;
+  const RuleVersion& current = versions.back();
+  const RuleVersion* target = nullptr;
+  if (to) {
+    for (const auto& v : versions) {
+      if (v.version == *to) target = &v;
+    }
+    if (!target) {
+      return refuse(RollbackResult::Status::kUnknownVersion, "to", std::to_string(*to),
+                    who + " has no version " + std::to_string(*to) +
+                        " (versions kept: " + std::to_string(versions.front().version) + " to " +
+                        std::to_string(current.version) + ")");
+    }
+  } else if (versions.size() < 2) {
+    return refuse(RollbackResult::Status::kNothingToDo, "to", "",
+                  who + " has one version only (version " + std::to_string(current.version) +
+                      "): there is nothing to roll back to");
+  } else {
+    target = &versions[versions.size() - 2];
+  }
+  if (target == &current) {
+    return refuse(RollbackResult::Status::kNothingToDo, "to", std::to_string(target->version),
+                  "version " + std::to_string(target->version) + " is the current version of " +
+                      who + ": there is nothing to roll back");
+  }
+  bool same = target->rule ? current.rule && rules::equivalent(*target->rule, *current.rule)
+                           : !current.rule;
+  if (same) {
+    return refuse(RollbackResult::Status::kNothingToDo, "to", std::to_string(target->version),
+                  "version " + std::to_string(target->version) + " of " + who +
+                      " is the same as the current version (" + std::to_string(current.version) +
+                      "): there is nothing to roll back");
+  }
+  // Copied: recording the rollback changes the history.
+  const uint64_t restored = target->version;
+  std::shared_ptr<const rules::Rule> wanted = target->rule;
+  auto next = rules();
+  auto at =
+      std::find_if(next.begin(), next.end(), [&](const rules::Rule& r) { return r.name == name; });
+  if (!wanted) {
+    res.action = RollbackResult::Action::kDeleted;
+    if (at != next.end()) next.erase(at);
+  } else if (at == next.end()) {
+    res.action = RollbackResult::Action::kCreated;
+    next.push_back(*wanted);
+  } else {
+    res.action = RollbackResult::Action::kReplaced;
+    *at = *wanted;
+  }
+  const Restored mark{.name = name, .version = restored};
+  auto errors = apply_rules(std::move(next), false, RuleSource::kRollback, &mark);
+  ++(errors.empty() ? applied_ : refused_);
+  if (!errors.empty()) {
+    res.status = RollbackResult::Status::kInvalid;
+    return errors;
+  }
+  res.restored = restored;
+  res.rule = wanted;
+  // (Always there: a rollback adds no name, so no history was forgotten.)
+  if (auto h = history_.find(name); h != history_.end()) {
+    res.version = h->second.versions.back().version;
+    res.rule = h->second.versions.back().rule;
+  }
+  log::info("rule rolled back")
+      .kv("rule", name)
+      .kv("restored", restored)
+      .kv("version", res.version)
+      .kv("action", to_string(res.action));
+  return errors;
 }
 
 std::vector<rules::Rule> PoolManager::rules() const {

@@ -596,6 +596,7 @@ void KvExactPolicy::rebuild_sources() {
     std::string topic;
     std::optional<int64_t> replay;
     bool wrong_page_size = false;
+    int64_t engine_page_size = 0;
     if (info) {
       base = info->port_base;
       ranks = info->dp_size;
@@ -617,6 +618,7 @@ void KvExactPolicy::rebuild_sources() {
       }
       if (info->block_size > 0 && info->block_size != page_size_) {
         wrong_page_size = true;
+        engine_page_size = info->block_size;
         if (warn_once(w, "page_size")) {
           log::warn(
               "kv_exact: the engine's page size (from its /server_info) is not the rule's "
@@ -655,7 +657,10 @@ void KvExactPolicy::rebuild_sources() {
           s->cached_tokens = &cached_tokens_->with({rule_, s->url, rank});
         }
       }
-      if (wrong_page_size) s->page_size_mismatch.store(true, std::memory_order_relaxed);
+      if (wrong_page_size) {
+        s->page_size_mismatch.store(true, std::memory_order_relaxed);
+        s->engine_block_size.store(engine_page_size, std::memory_order_relaxed);
+      }
       list.push_back(s.get());
       next->by_id[s->id] = s.get();
       next->all.push_back(s);

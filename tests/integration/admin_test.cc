@@ -1,7 +1,7 @@
 // Integration tests of rules changed live: the admin API (auth, rule round trips, workers,
 // fan-out routes, server info), two models in two pools, a live update and a delete-and-recreate
-// under load with no failed request, and a config file reload that fails and leaves the old
-// configuration serving.
+// under load with no failed request, a rule's history and rollback, and a config file reload that
+// fails and leaves the old configuration serving.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -328,6 +330,197 @@ TEST(Admin, WorkersApiAndFanOutRoutes) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body.find(kKey), std::string::npos) << "the admin key leaked: " << r.body;
   EXPECT_NE(r.body.find(R"("admin-api-key": "<redacted>")"), std::string::npos) << r.body;
+}
+
+using Json = nlohmann::json;
+
+Json parsed(const Response& r) {
+  Json j = Json::parse(r.body, nullptr, false);
+  return j.is_discarded() ? Json() : j;
+}
+
+// The worker that served one /generate for `model`.
+std::string served_by(int port, const std::string& model) {
+  HttpClient c(port);
+  auto r = c.post("/generate", gen_body(model));
+  return r.status == 200 ? r.header("x-kvgate-worker") : "status " + std::to_string(r.status);
+}
+
+TEST(Admin, HistoryRecordsCreateUpdateWorkersAndDelete) {
+  AdminCluster a(2);
+  Admin admin = a.admin();
+  std::string u0 = a.cluster.sim(0).url(), u1 = a.cluster.sim(1).url();
+  auto r = admin.call("GET", "/v1/rules/default/history");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json h = parsed(r);
+  EXPECT_EQ(h["rule"], "default");
+  EXPECT_EQ(h["current"], 1);
+  ASSERT_EQ(h["versions"].size(), 1u) << r.body;
+  EXPECT_EQ(h["versions"][0]["version"], 1);
+  EXPECT_EQ(h["versions"][0]["source"], "startup");
+  EXPECT_EQ(h["versions"][0]["rule"], parsed(admin.call("GET", "/v1/rules/default")));
+  EXPECT_TRUE(std::regex_match(h["versions"][0]["time"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)")))
+      << h["versions"][0]["time"];
+  EXPECT_FALSE(h["versions"][0].contains("restored"));
+
+  ASSERT_EQ(admin.call("POST", "/v1/rules", rule_json("qwen", "qwen3", {u1})).status, 201);
+  ASSERT_EQ(admin.call("PUT", "/v1/rules/qwen", rule_json("qwen", "qwen3", {u1}, "random")).status,
+            200);
+  ASSERT_EQ(admin.call("POST", "/workers", R"({"url":")" + u0 + R"(","rule":"qwen"})").status, 201);
+  // Out of both rules in one change: a version of each.
+  ASSERT_EQ(admin
+                .call("DELETE",
+                      "/workers/http%3A%2F%2F127.0.0.1%3A" + std::to_string(a.cluster.sim(0).port))
+                .status,
+            204);
+  ASSERT_EQ(admin.call("DELETE", "/v1/rules/qwen").status, 204);
+
+  h = parsed(admin.call("GET", "/v1/rules/qwen/history"));
+  EXPECT_EQ(h["rule"], "qwen");
+  EXPECT_EQ(h["current"], 6);
+  const Json& v = h["versions"];  // newest first
+  ASSERT_EQ(v.size(), 6u) << h.dump();
+  std::vector<std::string> sources;
+  for (const auto& e : v) sources.push_back(e["source"]);
+  EXPECT_EQ(sources, (std::vector<std::string>{"api", "workers", "workers", "api", "api", "api"}));
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i]["version"], 6 - i);
+  EXPECT_TRUE(v[0]["rule"].is_null());  // deleted
+  EXPECT_EQ(v[1]["rule"]["endpoints"].size(), 1u);
+  EXPECT_EQ(v[2]["rule"]["endpoints"].size(), 2u);
+  EXPECT_EQ(v[2]["rule"]["endpoints"][1]["url"], u0);
+  EXPECT_EQ(v[3]["rule"]["sel"], "random");
+  EXPECT_EQ(v[4]["rule"]["sel"], "round_robin");
+  EXPECT_EQ(v[4]["rule"]["models"], Json::array({"qwen3"}));
+  EXPECT_TRUE(v[5]["rule"].is_null());  // before it was created
+  EXPECT_LE(v[5]["time"].get<std::string>(), v[0]["time"].get<std::string>());
+  h = parsed(admin.call("GET", "/v1/rules/default/history"));
+  EXPECT_EQ(h["current"], 2);
+  EXPECT_EQ(h["versions"][0]["source"], "workers");
+  EXPECT_EQ(a.cluster.metric("kvgate_rule_history_versions"), 8);
+
+  r = admin.call("GET", "/v1/rules/never/history");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(parsed(r)["error"]["code"], "rule_not_found") << r.body;
+  EXPECT_EQ(admin.call("POST", "/v1/rules/qwen/history").status, 405);
+}
+
+TEST(Admin, RollbackRestoresTheWholePreviousRuleAndRoutingFollows) {
+  AdminCluster a(3);
+  Admin admin = a.admin();
+  std::string u1 = a.cluster.sim(1).url(), u2 = a.cluster.sim(2).url();
+  std::string first = R"({"name":"m","mode":4,"sel":"round_robin","models":["mm"],)"
+                      R"("maxTreeSize":12345,"kvWarmupSec":7,"policySeed":42,)"
+                      R"("endpoints":[{"url":")" +
+                      u1 + R"(","weight":3}]})";
+  std::string second = R"({"name":"m","mode":4,"sel":"cache_aware","models":["mm","mm2"],)"
+                       R"("cacheThreshold":0.9,"endpoints":[")" +
+                       u2 + R"("]})";
+  ASSERT_EQ(admin.call("POST", "/v1/rules", first).status, 201);
+  Json v1 = parsed(admin.call("GET", "/v1/rules/m"));
+  ASSERT_EQ(admin.call("PUT", "/v1/rules/m", second).status, 200);
+  Json v2 = parsed(admin.call("GET", "/v1/rules/m"));
+  ASSERT_NE(v1, v2);
+  EXPECT_EQ(served_by(a.cluster.port(), "mm"), u2);
+
+  auto r = admin.call("POST", "/v1/rules/m/rollback");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json out = parsed(r);
+  EXPECT_EQ(out["rule"], "m");
+  EXPECT_EQ(out["restored"], 2);
+  EXPECT_EQ(out["version"], 4);
+  EXPECT_EQ(out["action"], "replaced");
+  EXPECT_EQ(out["in_force"], v1);
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/m")), v1);  // every field
+  EXPECT_EQ(served_by(a.cluster.port(), "mm"), u1);
+
+  // Again: back to what the first rollback replaced.
+  r = admin.call("POST", "/v1/rules/m/rollback");
+  ASSERT_EQ(r.status, 200) << r.body;
+  out = parsed(r);
+  EXPECT_EQ(out["restored"], 3);
+  EXPECT_EQ(out["version"], 5);
+  EXPECT_EQ(out["in_force"], v2);
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/m")), v2);
+  EXPECT_EQ(served_by(a.cluster.port(), "mm"), u2);
+  EXPECT_EQ(served_by(a.cluster.port(), "mm2"), u2);
+
+  // A given version; then the history says what each rollback restored.
+  r = admin.call("POST", "/v1/rules/m/rollback?to=2");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(parsed(r)["version"], 6);
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/m")), v1);
+  EXPECT_EQ(served_by(a.cluster.port(), "mm"), u1);
+  Json h = parsed(admin.call("GET", "/v1/rules/m/history"));
+  EXPECT_EQ(h["current"], 6);
+  EXPECT_EQ(h["versions"][0]["source"], "rollback");
+  EXPECT_EQ(h["versions"][0]["restored"], 2);
+  EXPECT_EQ(h["versions"][1]["restored"], 3);
+  EXPECT_EQ(h["versions"][2]["restored"], 2);
+  EXPECT_FALSE(h["versions"][3].contains("restored"));
+  EXPECT_EQ(h["versions"][0]["rule"], v1);
+
+  // A deleted rule comes back; a created one goes.
+  ASSERT_EQ(admin.call("DELETE", "/v1/rules/m").status, 204);
+  r = admin.call("POST", "/v1/rules/m/rollback");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(parsed(r)["action"], "created");
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/m")), v1);
+  EXPECT_EQ(served_by(a.cluster.port(), "mm"), u1);
+  r = admin.call("POST", "/v1/rules/m/rollback?to=1");
+  ASSERT_EQ(r.status, 200) << r.body;
+  out = parsed(r);
+  EXPECT_EQ(out["action"], "deleted");
+  EXPECT_TRUE(out["in_force"].is_null());
+  EXPECT_EQ(admin.call("GET", "/v1/rules/m").status, 404);
+}
+
+TEST(Admin, RollbackRefusalsChangeNothing) {
+  AdminCluster a(2);
+  Admin admin = a.admin();
+  std::string u0 = a.cluster.sim(0).url(), u1 = a.cluster.sim(1).url();
+  auto code = [](const Response& r) { return parsed(r)["error"]["code"]; };
+  auto r = admin.call("POST", "/v1/rules/default/rollback");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(code(r), "nothing_to_roll_back");
+  EXPECT_NE(r.body.find("one version only"), std::string::npos) << r.body;
+  r = admin.call("POST", "/v1/rules/nope/rollback");
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_EQ(code(r), "rule_not_found");
+
+  // Rule a's first version claims m1, which rule b has claimed since.
+  ASSERT_EQ(admin.call("POST", "/v1/rules", rule_json("a", "m1", {u1})).status, 201);
+  ASSERT_EQ(admin.call("PUT", "/v1/rules/a", rule_json("a", "m2", {u1})).status, 200);
+  ASSERT_EQ(admin.call("POST", "/v1/rules", rule_json("b", "m1", {u0})).status, 201);
+  Json before = parsed(admin.call("GET", "/v1/rules/a/history"));
+  r = admin.call("POST", "/v1/rules/a/rollback");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(code(r), "invalid_rule");
+  ASSERT_TRUE(parsed(r)["error"]["details"].is_array()) << r.body;
+  EXPECT_NE(r.body.find("m1"), std::string::npos) << r.body;
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/a"))["models"], Json::array({"m2"}));
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/a/history")), before);
+  EXPECT_EQ(served_by(a.cluster.port(), "m1"), u0);
+
+  r = admin.call("POST", "/v1/rules/a/rollback?to=99");
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_EQ(code(r), "version_not_found");
+  r = admin.call("POST", "/v1/rules/a/rollback?to=two");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(code(r), "invalid_version");
+  r = admin.call("POST", "/v1/rules/a/rollback?to=3");  // the version in force
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_EQ(admin.call("GET", "/v1/rules/a/rollback").status, 405);
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/a/history")), before);
+
+  // The admin key is needed, for both routes.
+  for (const std::string& key : {std::string(), std::string("wrong")}) {
+    admin.key = key;
+    EXPECT_EQ(admin.call("GET", "/v1/rules/a/history").status, 401) << key;
+    EXPECT_EQ(admin.call("POST", "/v1/rules/a/rollback?to=1").status, 401) << key;
+  }
+  admin.key = kKey;
+  EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/a/history")), before);
 }
 
 TEST(Admin, ExposeServerInfoAnswersOnThePublicListener) {

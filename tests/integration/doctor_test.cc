@@ -215,6 +215,44 @@ TEST(Doctor, EventsInTheOtherEnginesShapeFailTheEventPlane) {
   expect_fails_at(c.doctor(), 4, "set kvEngineType to vllm", "vLLM's shape");
 }
 
+// PUT ?verify=true: a change that keeps parity stays; one that breaks it (a kvBlockSize the
+// engines do not use) is rolled back by the gateway itself, to the complete previous rule.
+TEST(Doctor, VerifyKeepsAGoodChangeAndRollsBackABadOne) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  HttpClient admin(c.admin_port);
+  admin.set_timeout(120s);
+  const Headers json = {{"content-type", "application/json"}};
+  Json rule = Json::parse(admin.get("/v1/rules/default").body);
+  ASSERT_EQ(rule["sel"], "round_robin");
+
+  rule["sel"] = "chwbl";
+  auto good = admin.request("PUT", "/v1/rules/default?verify=true&timeout=20", rule.dump(), json);
+  ASSERT_EQ(good.status, 200) << good.body << c.gateway->log();
+  Json g = Json::parse(good.body);
+  EXPECT_TRUE(g["verified"].get<bool>()) << good.body;
+  EXPECT_EQ(g["rule"]["sel"], "chwbl");
+  EXPECT_EQ(g["report"]["steps"].size(), 3u) << good.body;  // steps 4-6
+  EXPECT_EQ(Json::parse(admin.get("/v1/rules/default").body)["sel"], "chwbl");
+
+  rule["kvBlockSize"] = 32;
+  auto bad = admin.request("PUT", "/v1/rules/default?verify=true&timeout=10", rule.dump(), json);
+  ASSERT_EQ(bad.status, 409) << bad.body << c.gateway->log();
+  Json b = Json::parse(bad.body);
+  EXPECT_FALSE(b["verified"].get<bool>());
+  EXPECT_TRUE(b["rolled_back"].get<bool>()) << bad.body;
+  EXPECT_EQ(b["error"]["code"], "rolled_back") << bad.body;
+  EXPECT_NE(b["report"].dump().find("set kvBlockSize to 16"), std::string::npos) << bad.body;
+  Json now = Json::parse(admin.get("/v1/rules/default").body);
+  EXPECT_EQ(now["kvBlockSize"], 16) << now.dump();
+  EXPECT_EQ(now["sel"], "chwbl") << "the version before the bad change, whole";
+  EXPECT_EQ(now, b["in_force"]);
+  Json history = Json::parse(admin.get("/v1/rules/default/history").body);
+  EXPECT_EQ(history["versions"][0]["source"], "rollback") << history.dump();
+
+  EXPECT_EQ(admin.request("PUT", "/v1/rules/default?verify=maybe", rule.dump(), json).status, 400);
+}
+
 TEST(Doctor, BadStepsAndUnknownRulesAreRefusedClearly) {
   KVGATE_REQUIRE_MODEL("qwen3");
   DoctorCluster c;

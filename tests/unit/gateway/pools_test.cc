@@ -1,5 +1,6 @@
 // Tests of gateway/pools: resolving requests to rules, and applying rule changes (kept pools,
-// workers taken over, retired pools, metric series removed, all-or-nothing failures).
+// workers taken over, retired pools, metric series removed, all-or-nothing failures), and the
+// rules' history and rollback.
 #include "gateway/pools.h"
 
 #include <gtest/gtest.h>
@@ -327,6 +328,257 @@ TEST_F(PoolsTest, PrefillDecodePoolHasAPolicyPerSideKeptWhenOnlyEndpointsChange)
   ASSERT_TRUE(pools_->apply({pd}).empty());
   EXPECT_TRUE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:1\",role=\"decode\"} 1"));
   EXPECT_FALSE(exposes("kvgate_worker_role{worker=\"http://127.0.0.1:1\",role=\"prefill\"}"));
+}
+
+// The versions of `name` as "version:source:rule-or-absent[:restored]" strings, oldest first.
+std::vector<std::string> versions(const PoolManager& pools, std::string_view name) {
+  std::vector<std::string> out;
+  auto h = pools.history(name);
+  if (!h) return out;
+  for (const auto& v : h->versions) {
+    std::string s = std::to_string(v.version) + ":" + std::string(to_string(v.source)) + ":" +
+                    (v.rule ? v.rule->sel : "absent");
+    if (v.restored) s += ":" + std::to_string(*v.restored);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+rules::Rule with_sel(rules::Rule r, std::string sel) {
+  r.sel = sel;
+  r.policy_knobs.policy = std::move(sel);
+  return r;
+}
+
+using V = std::vector<std::string>;
+
+TEST_F(PoolsTest, HistoryRecordsEachChangeButNotIdenticalDryRunOrRefusedOnes) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"});
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kStartup).empty());
+  EXPECT_EQ(versions(*pools_, "a"), (V{"1:startup:round_robin"}));
+  auto h = pools_->history("a");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->name, "a");
+  EXPECT_EQ(h->current(), 1u);
+  ASSERT_TRUE(h->versions[0].rule);
+  EXPECT_TRUE(rules::equivalent(*h->versions[0].rule, a));
+  EXPECT_FALSE(h->versions[0].restored);
+  auto before = std::chrono::system_clock::now();
+
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kReload).empty());  // identical: nothing
+  ASSERT_TRUE(pools_->apply({with_sel(a, "random")}, true).empty());    // a dry run: nothing
+  auto bad = make_rule("b", {"http://no-such-host.invalid:1"}, {"m"});
+  ASSERT_FALSE(pools_->apply({with_sel(a, "random"), bad}).empty());  // refused: nothing
+  auto conflict = make_rule("c", {"http://127.0.0.1:2"});             // a second catch-all
+  ASSERT_FALSE(pools_->upsert(conflict).empty());
+  EXPECT_EQ(versions(*pools_, "a"), (V{"1:startup:round_robin"}));
+  EXPECT_FALSE(pools_->history("b"));
+  EXPECT_FALSE(pools_->history("c"));
+  EXPECT_EQ(pools_->history_versions(), 1u);
+
+  // Changed, and created (after startup: first "absent", so the creation can be undone).
+  auto b = make_rule("b", {"http://127.0.0.1:2"}, {"m"});
+  ASSERT_TRUE(pools_->apply({with_sel(a, "random"), b}, false, RuleSource::kReload).empty());
+  EXPECT_EQ(versions(*pools_, "a"), (V{"1:startup:round_robin", "2:reload:random"}));
+  EXPECT_EQ(versions(*pools_, "b"), (V{"1:reload:absent", "2:reload:round_robin"}));
+  h = pools_->history("b");
+  EXPECT_GE(h->versions[1].time, before);
+  EXPECT_LE(h->versions[1].time, std::chrono::system_clock::now());
+  // Endpoints only (the worker API), then deleted.
+  b.endpoints.push_back({.url = "http://127.0.0.1:3"});
+  ASSERT_TRUE(pools_->upsert(b, nullptr, RuleSource::kWorkers).empty());
+  ASSERT_TRUE(pools_->remove("a"));
+  EXPECT_EQ(versions(*pools_, "a"),
+            (V{"1:startup:round_robin", "2:reload:random", "3:api:absent"}));
+  EXPECT_EQ(versions(*pools_, "b"),
+            (V{"1:reload:absent", "2:reload:round_robin", "3:workers:round_robin"}));
+  EXPECT_EQ(pools_->history("b")->versions[2].rule->endpoints.size(), 2u);
+  EXPECT_EQ(pools_->history_versions(), 6u);
+  EXPECT_FALSE(pools_->history("never"));
+}
+
+TEST_F(PoolsTest, RollbackReplacesThenTogglesBack) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"}, {"m"});
+  a.policy_knobs.max_tree_size = 1234;  // a knob the rule sets: restored with the rest
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kStartup).empty());
+  RollbackResult res;
+  auto errors = pools_->rollback("a", std::nullopt, &res);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(res.status, RollbackResult::Status::kNothingToDo);
+  EXPECT_NE(errors[0].message.find("one version only"), std::string::npos) << errors[0].message;
+
+  auto a2 = with_sel(make_rule("a", {"http://127.0.0.1:2", "http://127.0.0.1:3"}, {"m", "n"}),
+                     "power_of_two");
+  a2.path_prefix = "/v1/";
+  ASSERT_TRUE(pools_->upsert(a2).empty());
+  auto applied = pools_->applied();
+  errors = pools_->rollback("a", std::nullopt, &res);
+  ASSERT_TRUE(errors.empty()) << rules::format_errors(errors);
+  EXPECT_EQ(res.status, RollbackResult::Status::kDone);
+  EXPECT_EQ(res.action, RollbackResult::Action::kReplaced);
+  EXPECT_EQ(res.restored, 1u);
+  EXPECT_EQ(res.version, 3u);
+  ASSERT_TRUE(res.rule);
+  EXPECT_EQ(rules::to_json(*res.rule), rules::to_json(a));
+  EXPECT_EQ(rules::to_json(*pools_->rule("a")), rules::to_json(a));  // every field
+  EXPECT_EQ(pools_->rule("a")->policy_knobs.max_tree_size, 1234);
+  EXPECT_EQ(pools_->table()->resolve(0, "/generate", "m")->workers()->workers[0]->url(),
+            "http://127.0.0.1:1");
+  EXPECT_EQ(pools_->applied(), applied + 1);
+  // Again: back to what the first rollback replaced.
+  ASSERT_TRUE(pools_->rollback("a", std::nullopt, &res).empty());
+  EXPECT_EQ(res.restored, 2u);
+  EXPECT_EQ(res.version, 4u);
+  EXPECT_EQ(rules::to_json(*pools_->rule("a")), rules::to_json(a2));
+  EXPECT_EQ(versions(*pools_, "a"), (V{"1:startup:round_robin", "2:api:power_of_two",
+                                       "3:rollback:round_robin:1", "4:rollback:power_of_two:2"}));
+  // Without `out`, too.
+  ASSERT_TRUE(pools_->rollback("a", std::nullopt).empty());
+  EXPECT_EQ(pools_->rule("a")->sel, "round_robin");
+}
+
+TEST_F(PoolsTest, RollbackOfACreationDeletesAndOfADeletionCreates) {
+  ASSERT_TRUE(
+      pools_->apply({make_rule("x", {"http://127.0.0.1:9"})}, false, RuleSource::kStartup).empty());
+  auto b = make_rule("b", {"http://127.0.0.1:2"}, {"m"});
+  ASSERT_TRUE(pools_->upsert(b).empty());
+  RollbackResult res;
+  ASSERT_TRUE(pools_->rollback("b", std::nullopt, &res).empty());
+  EXPECT_EQ(res.action, RollbackResult::Action::kDeleted);
+  EXPECT_EQ(res.restored, 1u);
+  EXPECT_EQ(res.version, 3u);
+  EXPECT_FALSE(res.rule);
+  EXPECT_FALSE(pools_->rule("b"));
+  EXPECT_EQ(pools_->table()->resolve(0, "/generate", "m")->name(), "x");
+  ASSERT_TRUE(pools_->rollback("b", std::nullopt, &res).empty());
+  EXPECT_EQ(res.action, RollbackResult::Action::kCreated);
+  EXPECT_EQ(res.restored, 2u);
+  EXPECT_EQ(rules::to_json(*pools_->rule("b")), rules::to_json(b));
+  EXPECT_EQ(pools_->table()->resolve(0, "/generate", "m")->name(), "b");
+
+  // A rule deleted (by name) comes back whole; the rule it was deleted beside is untouched.
+  auto x = pools_->table()->find("x");
+  ASSERT_TRUE(pools_->remove("b"));
+  ASSERT_TRUE(pools_->rollback("b", std::nullopt, &res).empty());
+  EXPECT_EQ(res.action, RollbackResult::Action::kCreated);
+  EXPECT_EQ(res.restored, 4u);
+  EXPECT_EQ(rules::to_json(*pools_->rule("b")), rules::to_json(b));
+  EXPECT_EQ(pools_->table()->find("x"), x);  // the same pool
+  EXPECT_EQ(versions(*pools_, "x"), (V{"1:startup:round_robin"}));
+  EXPECT_EQ(versions(*pools_, "b"),
+            (V{"1:api:absent", "2:api:round_robin", "3:rollback:absent:1",
+               "4:rollback:round_robin:2", "5:api:absent", "6:rollback:round_robin:4"}));
+}
+
+TEST_F(PoolsTest, RollbackToAGivenVersion) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"});
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kStartup).empty());
+  ASSERT_TRUE(pools_->upsert(with_sel(a, "random")).empty());
+  ASSERT_TRUE(pools_->upsert(with_sel(a, "power_of_two")).empty());
+  RollbackResult res;
+  ASSERT_TRUE(pools_->rollback("a", 1, &res).empty());
+  EXPECT_EQ(res.restored, 1u);
+  EXPECT_EQ(res.version, 4u);
+  EXPECT_EQ(pools_->rule("a")->sel, "round_robin");
+  // The version in force, one the same as it, and one never made: nothing to do / unknown.
+  for (uint64_t to : {4, 1}) {
+    auto errors = pools_->rollback("a", to, &res);
+    ASSERT_EQ(errors.size(), 1u) << to;
+    EXPECT_EQ(res.status, RollbackResult::Status::kNothingToDo) << errors[0].message;
+  }
+  auto errors = pools_->rollback("a", 9, &res);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(res.status, RollbackResult::Status::kUnknownVersion);
+  EXPECT_NE(errors[0].message.find("versions kept: 1 to 4"), std::string::npos)
+      << errors[0].message;
+  errors = pools_->rollback("nope", std::nullopt, &res);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(res.status, RollbackResult::Status::kUnknownRule);
+  ASSERT_TRUE(pools_->rollback("a", 3, &res).empty());
+  EXPECT_EQ(pools_->rule("a")->sel, "power_of_two");
+  EXPECT_EQ(pools_->history("a")->current(), 5u);
+}
+
+TEST_F(PoolsTest, ARollbackThatNoLongerValidatesChangesNothing) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"}, {"m1"});
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kStartup).empty());
+  auto a2 = make_rule("a", {"http://127.0.0.1:1"}, {"m2"});
+  ASSERT_TRUE(pools_->upsert(a2).empty());
+  ASSERT_TRUE(pools_->upsert(make_rule("b", {"http://127.0.0.1:2"}, {"m1"})).empty());
+  auto table = pools_->table();
+  auto refused = pools_->refused();
+  RollbackResult res;
+  auto errors = pools_->rollback("a", std::nullopt, &res);  // m1 is b's now
+  ASSERT_FALSE(errors.empty());
+  EXPECT_EQ(res.status, RollbackResult::Status::kInvalid);
+  EXPECT_NE(rules::format_errors(errors).find("m1"), std::string::npos)
+      << rules::format_errors(errors);
+  EXPECT_EQ(pools_->table(), table);
+  EXPECT_EQ(pools_->refused(), refused + 1);
+  EXPECT_EQ(pools_->history("a")->current(), 2u);
+  EXPECT_EQ(pools_->history_versions(), 4u);
+  // Nor may a rollback change a rule's engine (delete and create it again instead).
+  auto c = make_rule("c", {"http://127.0.0.1:3"}, {"m3"});
+  ASSERT_TRUE(pools_->upsert(c).empty());
+  ASSERT_TRUE(pools_->remove("c"));
+  c.kv_engine_type = rules::EngineType::kSglang;
+  c.kv_hash_algo = "sha256_sglang";
+  ASSERT_TRUE(pools_->upsert(c).empty());
+  errors = pools_->rollback("c", 2, &res);
+  EXPECT_EQ(res.status, RollbackResult::Status::kInvalid);
+  EXPECT_NE(rules::format_errors(errors).find("kvEngineType"), std::string::npos)
+      << rules::format_errors(errors);
+}
+
+TEST_F(PoolsTest, HistoryKeepsSixteenVersionsPerName) {
+  auto a = make_rule("a", {"http://127.0.0.1:1"});
+  ASSERT_TRUE(pools_->apply({a}, false, RuleSource::kStartup).empty());
+  for (int i = 2; i <= 20; ++i) {
+    a.policy_knobs.max_tree_size = 1000 + i;
+    ASSERT_TRUE(pools_->upsert(a).empty());
+  }
+  auto h = pools_->history("a");
+  ASSERT_EQ(h->versions.size(), PoolManager::kMaxVersionsPerRule);
+  EXPECT_EQ(h->versions.front().version, 5u);
+  EXPECT_EQ(h->current(), 20u);
+  EXPECT_EQ(pools_->history_versions(), 16u);
+  RollbackResult res;
+  pools_->rollback("a", 4, &res);
+  EXPECT_EQ(res.status, RollbackResult::Status::kUnknownVersion);
+  ASSERT_TRUE(pools_->rollback("a", 5, &res).empty());
+  EXPECT_EQ(pools_->rule("a")->policy_knobs.max_tree_size, 1005);
+  EXPECT_EQ(pools_->history("a")->versions.front().version, 6u);
+}
+
+TEST_F(PoolsTest, HistoryForgetsTheRulesDeletedLongestAgoFirst) {
+  auto batch = [](const std::string& prefix, int n) {
+    std::vector<rules::Rule> out;
+    out.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      out.push_back(make_rule(prefix + std::to_string(i), {"http://127.0.0.1:1"},
+                              {prefix + "-model-" + std::to_string(i)}));
+    }
+    return out;
+  };
+  auto count = [&](const std::string& prefix, int n) {
+    int kept = 0;
+    for (int i = 0; i < n; ++i) kept += pools_->history(prefix + std::to_string(i)) ? 1 : 0;
+    return kept;
+  };
+  ASSERT_TRUE(pools_->apply(batch("x", 600)).empty());
+  ASSERT_TRUE(pools_->apply({}).empty());  // every x deleted
+  EXPECT_EQ(count("x", 600), 600);
+  EXPECT_EQ(pools_->history_versions(), 1800u);
+  // 1,100 names: 76 deleted ones go; the rules in force all stay.
+  ASSERT_TRUE(pools_->apply(batch("y", 500)).empty());
+  EXPECT_EQ(count("x", 600), 524);
+  EXPECT_EQ(count("y", 500), 500);
+  ASSERT_TRUE(pools_->apply({}).empty());  // every y deleted, after the x's
+  ASSERT_TRUE(pools_->apply({make_rule("z", {"http://127.0.0.1:1"})}).empty());
+  EXPECT_EQ(count("x", 600), 523);  // the x's were deleted first
+  EXPECT_EQ(count("y", 500), 500);
+  EXPECT_TRUE(pools_->history("z"));
+  EXPECT_EQ(pools_->history_versions(), 523u * 3 + 500 * 3 + 2);
 }
 
 TEST_F(PoolsTest, UpsertAndRemove) {

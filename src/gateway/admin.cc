@@ -900,7 +900,8 @@ awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& na
   if (report.ok()) {
     auto now = pools_.rule(name);
     out["rule"] = now ? rule_json(*now) : Json(nullptr);
-    co_await reply(ex, created ? 201 : 200, std::move(out));
+    const int status = created ? 201 : 200;
+    co_await reply(ex, status, std::move(out));
     co_return;
   }
   auto after = pools_.history(name);

@@ -146,7 +146,7 @@ awaitable<http::FetchResult> through(Run& r, std::string body, std::string_view 
 // Many requests through the gateway at once; results in order.
 awaitable<std::vector<http::FetchResult>> through_all(Run& r, std::vector<std::string> bodies) {
   struct Join {
-    explicit Join(Executor ex, size_t n) : results(n), left(n), timer(ex) {}
+    explicit Join(const Executor& ex, size_t n) : results(n), left(n), timer(ex) {}
     std::vector<http::FetchResult> results;
     size_t left;
     Timer timer;
@@ -203,7 +203,7 @@ awaitable<std::string> tcp_reachable(Executor ex, std::string_view endpoint, mil
   if (rec || results.empty()) co_return "the address does not resolve: " + rec.message();
   // Shared with the timer's handler, which may run after this frame is gone.
   struct Attempt {
-    explicit Attempt(Executor ex) : socket(ex) {}
+    explicit Attempt(const Executor& ex) : socket(ex) {}
     asio::basic_stream_socket<asio::ip::tcp, Executor> socket;
     bool timed_out = false;
   };
@@ -462,11 +462,10 @@ awaitable<Step> pool_homogeneity(Run& r) {
     }
     if (v != *first) {
       size_t at = first_difference(*first, v);
-      fail(s,
-           "the tokenizers differ: " + url + " and " + first_url +
-               " give other ids for the probe "
-               "text (first at position " +
-               std::to_string(at) + ": " + id_at(v, at) + " vs " + id_at(*first, at) + ")",
+      std::string line = "the tokenizers differ: ";
+      line += url;
+      line += " and " + first_url + " give other ids for the probe text (first at position ";
+      fail(s, line + std::to_string(at) + ": " + id_at(v, at) + " vs " + id_at(*first, at) + ")",
            "serve the same tokenizer (model files) on every endpoint of the rule");
     }
   }
@@ -907,8 +906,7 @@ awaitable<Step> kv_exact_step(Run& r) {
            "/tokenize) and the events' block_size; kvgate's log names what it saw");
       return;
     }
-    std::string fix = causes[0];
-    fail(s, std::move(line) + "; likely cause: " + causes[0], fix);
+    fail(s, std::move(line) + "; likely cause: " + causes[0], causes[0]);
     for (size_t i = 1; i < causes.size(); ++i) s.lines.push_back("     also: " + causes[i]);
   };
   if (!holder_view) {
@@ -981,7 +979,7 @@ awaitable<Step> kv_exact_step(Run& r) {
            "serve the rule's tokenizer and chat template on every engine (tokenizerPath must be "
            "the engines' own model directory)");
     }
-    if (parity.empty()) s.lines.push_back("ok   tokenizer parity probe: every rank matches");
+    if (parity.empty()) s.lines.emplace_back("ok   tokenizer parity probe: every rank matches");
   }
   s.measured = "probe of " + std::to_string(full) + " pages: " + std::to_string(held) +
                " stored by " + where(holder_view->spec) + "; repeat routed " + route + " to " + at +

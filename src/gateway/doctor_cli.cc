@@ -122,13 +122,20 @@ class PrivateGateway {
                                      "0",           "--admin-api-key-file",
                                      key_file_,     "--log-dir=",
                                      "--log-level", "info"};
+    std::vector<char*> argv;  // made before fork: the child only execs
+    argv.reserve(args.size() + 1);
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ < 0) return std::string("fork: ") + std::strerror(errno);
     if (pid_ == 0) {
+      // Its log to the pipe; nothing of it on this command's stdout (the report's, maybe JSON).
+      int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      if (null_fd >= 0) {
+        ::dup2(null_fd, STDIN_FILENO);
+        ::dup2(null_fd, STDOUT_FILENO);
+      }
       ::dup2(fds[1], STDERR_FILENO);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
       ::execv(self_exe, argv.data());
       std::fprintf(stderr, "exec %s: %s\n", self_exe, std::strerror(errno));
       ::_exit(127);

@@ -863,12 +863,22 @@ awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& na
     }
     timeout = n;
   }
+  if (rule.kv_exact_mode == 0) {
+    co_await fail(ex, 400, "invalid_request",
+                  "verify checks kv_exact's event plane, cached pages and inventory (the doctor's "
+                  "steps 4-6), and this rule has kvExactMode 0: PUT it without verify, then run "
+                  "POST /v1/rules/" +
+                      name + "/doctor?steps=1-3 (or kvgate doctor --steps 1-3)");
+    co_return;
+  }
   if (doctor_running_) {
     co_await fail(ex, 409, "doctor_running",
-                  "a doctor run is in progress on this gateway; try again when it ends");
+                  "a doctor run is in progress on this gateway (rule '" + doctor_rule_ +
+                      "'); try again when it ends");
     co_return;
   }
   doctor_running_ = true;
+  doctor_rule_ = name;
   struct Done {
     bool& flag;
     ~Done() { flag = false; }
@@ -894,6 +904,8 @@ awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& na
   options.first = 4;
   options.last = 6;
   options.settle = std::chrono::seconds(timeout);
+  options.limit = std::chrono::minutes(5);
+  options.cancelled = [&ex] { return ex.client_gone(); };
   doctor::Env env = hooks_.doctor_env();
   auto report = co_await doctor::run(env, name, options);
   Json out{{"verified", report.ok()}, {"report", doctor::to_json(report)}};
@@ -989,12 +1001,16 @@ awaitable<void> AdminApi::doctor_route(http::Exchange& ex, const std::string& na
   options.request_timeout = std::chrono::seconds(timeout);
   options.settle = std::chrono::seconds(settle);
   options.concurrency = static_cast<int>(concurrency);
+  options.limit = std::chrono::minutes(10);
+  options.cancelled = [&ex] { return ex.client_gone(); };
   if (doctor_running_) {
     co_await fail(ex, 409, "doctor_running",
-                  "a doctor run is in progress on this gateway; try again when it ends");
+                  "a doctor run is in progress on this gateway (rule '" + doctor_rule_ +
+                      "'); try again when it ends");
     co_return;
   }
   doctor_running_ = true;
+  doctor_rule_ = name;
   struct Done {
     bool& flag;
     ~Done() { flag = false; }

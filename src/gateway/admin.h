@@ -87,6 +87,7 @@ class AdminApi {
   };
   std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
   bool doctor_running_ = false;  // one doctor run at a time (control loop)
+  std::string doctor_rule_;      // the rule it runs on
 };
 
 // Whether `host` is a loopback address: 127.0.0.0/8, ::1, or "localhost".

@@ -2,6 +2,7 @@
 #include "gateway/doctor.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -139,7 +140,8 @@ awaitable<http::FetchResult> through(Executor ex, http::Target self, std::string
 
 awaitable<http::FetchResult> through(Run& r, std::string body, std::string_view pin = {},
                                      std::string path = "/v1/chat/completions") {
-  co_return co_await through(r.ex, r.env.self, r.doctor_header(pin), r.env.config->api_key,
+  std::string doctor = r.doctor_header(pin);
+  co_return co_await through(r.ex, r.env.self, std::move(doctor), r.env.config->api_key,
                              std::move(body), r.opt.request_timeout, std::move(path));
 }
 
@@ -165,7 +167,7 @@ awaitable<std::vector<http::FetchResult>> through_all(Run& r, std::vector<std::s
   }
   if (join->left > 0) {
     join->timer.expires_at(Clock::time_point::max());
-    co_await join->timer.async_wait(asio::as_tuple(asio::use_awaitable_t<Executor>{}));
+    co_await join->timer.async_wait(asio::as_tuple(use_awaitable));
   }
   co_return std::move(join->results);
 }
@@ -173,7 +175,7 @@ awaitable<std::vector<http::FetchResult>> through_all(Run& r, std::vector<std::s
 awaitable<void> sleep_for(Executor ex, milliseconds d) {
   Timer t(ex);
   t.expires_after(d);
-  co_await t.async_wait(asio::as_tuple(asio::use_awaitable_t<Executor>{}));
+  co_await t.async_wait(asio::as_tuple(use_awaitable));
 }
 
 // Polls `done` every 50 ms until it holds or `limit` passes; returns its last value.
@@ -198,8 +200,7 @@ awaitable<std::string> tcp_reachable(Executor ex, std::string_view endpoint, mil
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   asio::ip::basic_resolver<asio::ip::tcp, Executor> resolver(ex);
-  auto [rec, results] = co_await resolver.async_resolve(
-      host, port, asio::as_tuple(asio::use_awaitable_t<Executor>{}));
+  auto [rec, results] = co_await resolver.async_resolve(host, port, asio::as_tuple(use_awaitable));
   if (rec || results.empty()) co_return "the address does not resolve: " + rec.message();
   // Shared with the timer's handler, which may run after this frame is gone.
   struct Attempt {
@@ -216,8 +217,8 @@ awaitable<std::string> tcp_reachable(Executor ex, std::string_view endpoint, mil
     boost::system::error_code ignored;
     attempt->socket.close(ignored);
   });
-  auto [cec] = co_await attempt->socket.async_connect(
-      results.begin()->endpoint(), asio::as_tuple(asio::use_awaitable_t<Executor>{}));
+  auto [cec] = co_await attempt->socket.async_connect(results.begin()->endpoint(),
+                                                      asio::as_tuple(use_awaitable));
   timer.cancel();
   if (attempt->timed_out) co_return "no answer within " + ms_text(limit);
   if (cec) co_return cec.message();
@@ -238,7 +239,14 @@ std::string call_error(const http::FetchResult& r) {
   }
   std::string body = r.body.substr(0, 200);
   std::replace(body.begin(), body.end(), '\n', ' ');
-  return "status " + std::to_string(r.status) + (body.empty() ? "" : ": " + body);
+  std::string out = "status " + std::to_string(r.status) + (body.empty() ? "" : ": " + body);
+  // The gateway's id of the request, to find it in kvgate's log.
+  if (std::string_view rid = r.header("x-request-id"); !rid.empty()) {
+    out += " (x-request-id ";
+    out += rid;
+    out += ')';
+  }
+  return out;
 }
 
 bool ok_answer(const http::FetchResult& r) {
@@ -246,18 +254,20 @@ bool ok_answer(const http::FetchResult& r) {
 }
 
 // The cached prompt tokens an answer reports (OpenAI usage or SGLang meta_info), if any.
-std::optional<int64_t> cached_tokens(const std::string& body) {
+// The cached prompt tokens an OpenAI answer reports, if any. SGLang with --enable-cache-report
+// leaves prompt_tokens_details out (null) when nothing was cached: with `reports_cache` (the
+// engine's /get_server_info says it reports) an answer with usage but no details means 0.
+std::optional<int64_t> cached_tokens(const std::string& body, bool reports_cache) {
   auto j = parse_json(body);
   if (!j || !j->is_object()) return std::nullopt;
-  if (auto u = j->find("usage"); u != j->end() && u->is_object()) {
-    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
-      if (auto c = d->find("cached_tokens"); c != d->end() && c->is_number_integer()) {
-        return c->get<int64_t>();
-      }
+  auto u = j->find("usage");
+  if (u == j->end() || !u->is_object()) return std::nullopt;
+  if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+    if (auto c = d->find("cached_tokens"); c != d->end() && c->is_number_integer()) {
+      return c->get<int64_t>();
     }
-    // SGLang leaves prompt_tokens_details out when nothing was cached (with cache reports on).
-    if (u->contains("prompt_tokens")) return std::nullopt;
   }
+  if (reports_cache && u->contains("prompt_tokens")) return 0;
   return std::nullopt;
 }
 
@@ -394,7 +404,8 @@ awaitable<Step> pool_homogeneity(Run& r) {
     json::append_string(body, kTokenizerProbe);
     body += ",\"add_special_tokens\":true}";
     std::optional<std::vector<int32_t>> got;
-    for (std::string_view path : {"/v1/tokenize", "/tokenize"}) {
+    static constexpr std::array<std::string_view, 2> kTokenizePaths = {"/v1/tokenize", "/tokenize"};
+    for (std::string_view path : kTokenizePaths) {
       auto t = co_await r.direct(*w, "POST", path, body);
       if (!ok_answer(t)) continue;
       auto j = parse_json(t.body);
@@ -519,11 +530,12 @@ awaitable<Step> proxy_path(Run& r) {
     // A pair per request: as many requests as endpoints, and the pairs they took.
     std::map<std::string, int> used;
     for (size_t i = 0; i < r.workers.size(); ++i) {
-      auto a = co_await through(r, r.completion_body("kvgate doctor: proxy path " + r.next_nonce()),
-                                {}, "/v1/completions");
+      std::string body = r.completion_body("kvgate doctor: proxy path " + r.next_nonce());
+      const std::string_view no_pin;
+      auto a = co_await through(r, std::move(body), no_pin, "/v1/completions");
       if (!ok_answer(a)) {
         fail(s, "a request through the gateway failed: " + call_error(a),
-             "fix what the answer names; kvgate's log has the request's x-request-id");
+             "fix what the answer names (kvgate's log has the request under its x-request-id)");
         continue;
       }
       ++ok;
@@ -539,17 +551,18 @@ awaitable<Step> proxy_path(Run& r) {
   }
   for (const auto& w : r.workers) {
     auto t0 = Clock::now();
-    auto a = co_await through(r, r.completion_body("kvgate doctor: proxy path " + r.next_nonce()),
-                              w->url(), "/v1/completions");
+    std::string body = r.completion_body("kvgate doctor: proxy path " + r.next_nonce());
+    auto a = co_await through(r, std::move(body), w->url(), "/v1/completions");
     auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
     if (!ok_answer(a)) {
       std::string state = w->healthy() ? "healthy" : "unhealthy";
       state += ", breaker " + std::string(to_string(w->breaker().state()));
       fail(s, w->url() + " (" + state + "): " + call_error(a),
-           w->healthy() ? "fix what the answer names; kvgate's log has the request's x-request-id"
-                        : "the gateway's health check marks " + w->url() +
-                              " unhealthy: make its health endpoint answer, or check "
-                              "--health-check-endpoint and the health thresholds");
+           w->healthy()
+               ? "fix what the answer names (kvgate's log has the request under its x-request-id)"
+               : "the gateway's health check marks " + w->url() +
+                     " unhealthy: make its health endpoint answer, or check "
+                     "--health-check-endpoint and the health thresholds");
       continue;
     }
     if (a.header("x-kvgate-worker") != w->url()) {
@@ -601,7 +614,8 @@ awaitable<void> probe_ranks(Run& r, const std::vector<SourceView>& which, Step& 
       std::string text = "kvgate doctor: warm rank " + r.next_nonce() + ".";
       while (text.size() < 40 * static_cast<size_t>(std::max<int64_t>(1, r.rule.kv_block_size)))
         text += " The quick brown fox jumps over the lazy dog.";
-      auto a = co_await through(r, r.chat_body(text));
+      std::string body = r.chat_body(text);
+      auto a = co_await through(r, std::move(body));
       if (!ok_answer(a)) s.lines.push_back("note a warm request failed: " + call_error(a));
     }
     co_return;
@@ -621,7 +635,8 @@ awaitable<void> probe_ranks(Run& r, const std::vector<SourceView>& which, Step& 
     size_t ranks = 0;
     for (const auto& other : all) ranks += other.spec.endpoint == src.spec.endpoint ? 1 : 0;
     int rank = ranks > 1 ? src.spec.rank : -1;  // a one-rank engine gets no rank field
-    auto a = co_await r.direct(*w, "POST", "/v1/chat/completions", r.chat_body(text, rank));
+    const std::string body = r.chat_body(text, rank);
+    auto a = co_await r.direct(*w, "POST", "/v1/chat/completions", body);
     if (!ok_answer(a)) {
       s.lines.push_back("note the request to " + where(src.spec) + " failed: " + call_error(a));
     }
@@ -704,8 +719,15 @@ awaitable<Step> event_plane(Run& r) {
     return true;
   });
   // A request to each rank directly: its events must arrive.
-  std::map<kv::SourceId, uint64_t> before;
-  for (const auto& src : sources_of(kv)) before[src.spec.id] = src.status.messages;
+  // What changed during this step is judged, not what the sources saw since the pool was built
+  // (an old bad batch, an engine build long gone).
+  std::map<kv::SourceId, uint64_t> before, errors_before;
+  std::map<kv::SourceId, KvExactPolicy::SourceCounts> counts_before;
+  for (const auto& src : sources_of(kv)) {
+    before[src.spec.id] = src.status.messages;
+    errors_before[src.spec.id] = src.status.decode_errors;
+    counts_before[src.spec.id] = kv.counts(src.spec.id);
+  }
   co_await probe_ranks(r, sources, s);
   co_await wait_until(r.ex, r.opt.settle, [&] {
     for (const auto& src : sources_of(kv)) {
@@ -717,9 +739,11 @@ awaitable<Step> event_plane(Run& r) {
   bool map_shaped = false;
   for (const auto& src : sources_of(kv)) {
     auto c = kv.counts(src.spec.id);
-    checked += c.hash_checked;
-    mismatched += c.hash_mismatched;
-    map_shaped = map_shaped || c.map_shaped;
+    const auto& c0 = counts_before[src.spec.id];
+    checked += c.hash_checked - c0.hash_checked;
+    mismatched += c.hash_mismatched - c0.hash_mismatched;
+    map_shaped = map_shaped || c.map_batches > c0.map_batches;
+    const uint64_t decode_errors = src.status.decode_errors - errors_before[src.spec.id];
     if (!src.status.connected) {
       fail(s, "the subscriber of " + where(src.spec) + " is not connected",
            "make the publisher reachable from the gateway (address, port, firewall)");
@@ -733,10 +757,10 @@ awaitable<Step> event_plane(Run& r) {
            "set kvBlockSize to " + std::to_string(c.engine_block_size) +
                " (the engines' --page-size)");
     }
-    if (src.status.decode_errors > 0) {
+    if (decode_errors > 0) {
       fail(s,
-           where(src.spec) + ": " + std::to_string(src.status.decode_errors) +
-               " message(s) could not be decoded as KV events",
+           where(src.spec) + ": " + std::to_string(decode_errors) +
+               " message(s) during the check could not be decoded as KV events",
            "point kvZmqPort at the engine's KV event publisher (another service answers there), "
            "or upgrade kvgate for this engine build");
     }
@@ -794,28 +818,35 @@ awaitable<Step> event_plane(Run& r) {
 // did not match, each with its first differing token.
 awaitable<std::vector<std::string>> parity_failures(Run& r) {
   const KvExactPolicy& kv = *r.kv;
-  kv.request_parity_probes();
-  auto settled = [&] {
-    for (const auto& src : sources_of(kv)) {
-      if (!src.status.connected) continue;
-      auto p = kv.parity(src.spec.id);
-      if (p.state == "untested" || p.state == "pending") return false;
-    }
-    return true;
-  };
-  // The probes start on kv_exact's next period (each second): until then a rank shows its last
-  // result.
-  co_await sleep_for(r.ex, milliseconds(1100));
-  // A probe waits up to 5 s for its events after the answer (kv_exact's own limit).
-  const milliseconds limit = std::max<milliseconds>(r.opt.settle, std::chrono::seconds(8));
-  co_await wait_until(r.ex, limit, settled);
-  std::vector<std::string> out;
+  // Each connected rank's count of probe results now: the answer to this request is a newer one
+  // (kv_exact runs two probes at a time, each waiting up to 5 s for its events after the answer).
+  std::map<kv::SourceId, uint64_t> done_before;
   for (const auto& src : sources_of(kv)) {
     if (!src.status.connected) continue;
     auto p = kv.parity(src.spec.id);
-    if (p.state == "untested" || p.state == "pending") {
-      out.push_back("tokenizer parity probe of " + where(src.spec) + " still " + p.state +
-                    " after " + ms_text(limit));
+    if (p.state == "off") co_return std::vector<std::string>{};  // no tokenizer: nothing to probe
+    done_before[src.spec.id] = p.probes_done;
+  }
+  kv.request_parity_probes();
+  auto answered = [&] {
+    for (const auto& [id, before] : done_before) {
+      if (kv.parity(id).probes_done <= before) return false;
+    }
+    return true;
+  };
+  const auto rounds = static_cast<int64_t>((done_before.size() + 1) / 2);
+  const milliseconds limit = std::min<milliseconds>(
+      std::max<milliseconds>(r.opt.settle, std::chrono::seconds(8) * std::max<int64_t>(1, rounds)),
+      std::chrono::seconds(120));
+  co_await wait_until(r.ex, limit, answered);
+  std::vector<std::string> out;
+  for (const auto& src : sources_of(kv)) {
+    auto it = done_before.find(src.spec.id);
+    if (it == done_before.end()) continue;
+    auto p = kv.parity(src.spec.id);
+    if (p.probes_done <= it->second) {
+      out.push_back("the tokenizer parity probe of " + where(src.spec) + " gave no answer within " +
+                    ms_text(limit) + " (state " + p.state + ")");
     } else if (p.state == "mismatch" || p.state == "not_found" || p.state == "error") {
       out.push_back("tokenizer or chat template (parity probe of " + where(src.spec) + ": " +
                     p.state + "): " + p.detail);
@@ -932,7 +963,13 @@ awaitable<Step> kv_exact_step(Run& r) {
              " s, or blocks held) and run the doctor again");
     co_return s;
   }
+  // Whether the holder was busy when the repeat was routed: kv_exact weighs load against the
+  // pages held, so a busy holder may rightly lose a short probe to an idle rank.
+  auto load = kv.counts(trusted_id);
   auto second = co_await through(r, body);
+  auto load_after = kv.counts(trusted_id);
+  const bool holder_busy = load.active > 0 || load.pending_prefill > 0 || load_after.active > 1 ||
+                           load_after.pending_prefill > 0;
   if (!ok_answer(second)) {
     fail(s, "the second probe through the gateway failed: " + call_error(second),
          "fix what the answer names");
@@ -941,15 +978,40 @@ awaitable<Step> kv_exact_step(Run& r) {
   std::string route(second.header("x-kvgate-route"));
   std::string worker(second.header("x-kvgate-worker"));
   std::string rank(second.header("x-kvgate-dp-rank"));
-  auto cached = cached_tokens(second.body);
+  bool reports_cache = false;
+  {
+    auto it = r.server_info.find(holder_view->spec.endpoint);
+    if (it == r.server_info.end()) {
+      const Worker* hw = nullptr;
+      for (const auto& x : r.workers) {
+        if (x->url() == holder_view->spec.endpoint) hw = x.get();
+      }
+      if (hw) {
+        auto si = co_await read_server_info(r, *hw);
+        if (si) it = r.server_info.emplace(hw->url(), *si).first;
+      }
+    }
+    if (it != r.server_info.end()) {
+      auto f = it->second.find("enable_cache_report");
+      reports_cache = f != it->second.end() && f->is_boolean() && f->get<bool>();
+    }
+  }
+  auto cached = cached_tokens(second.body, reports_cache);
   std::string at = worker + (rank.empty() ? "" : " rank " + rank);
-  if (route != "kv_exact/kv_exact_hit") {
+  const bool elsewhere = worker != holder_view->spec.endpoint ||
+                         (!rank.empty() && rank != std::to_string(holder_view->spec.rank));
+  if (holder_busy && (route != "kv_exact/kv_exact_hit" || elsewhere)) {
+    warn(s,
+         "the repeated probe went to " + at + " (" + route + ") while " + where(holder_view->spec) +
+             ", which holds " + std::to_string(held) +
+             " of its pages, was busy (kv_exact weighs load against cached pages)",
+         "run the doctor when the pool is quieter to prove the hit; nothing says it is wrong");
+  } else if (route != "kv_exact/kv_exact_hit") {
     auto causes = co_await diagnose(r);
     give_cause("the repeated probe was not a kv_exact hit (" + route + " to " + at + ") though " +
                    where(holder_view->spec) + " holds " + std::to_string(held) + " of its pages",
                causes);
-  } else if (worker != holder_view->spec.endpoint ||
-             (!rank.empty() && rank != std::to_string(holder_view->spec.rank))) {
+  } else if (elsewhere) {
     fail(s,
          "the repeated probe hit " + at + ", but the events stored its pages on " +
              where(holder_view->spec),
@@ -958,8 +1020,8 @@ awaitable<Step> kv_exact_step(Run& r) {
     warn(s,
          "kv_exact hit " + at + " with " + std::to_string(held) +
              " pages, but the engine reported no cached_tokens to confirm it",
-         "run SGLang with --enable-cache-report (vLLM reports it by default) so hits can be "
-         "confirmed");
+         "report cached tokens so hits can be confirmed: SGLang --enable-cache-report, vLLM "
+         "--enable-prompt-tokens-details");
   } else if (*cached <= 0) {
     auto causes = co_await diagnose(r);
     give_cause("kv_exact hit " + at + " expecting " + std::to_string(held * page) +
@@ -1174,7 +1236,7 @@ std::string self_target(const GatewayConfig& config, uint16_t bound_port, http::
   return http::resolve(out);
 }
 
-awaitable<Report> run(const Env& env, std::string rule_name, Options options) {
+awaitable<Report> run(Env env, std::string rule_name, Options options) {
   Report report;
   report.rule = rule_name;
   // (No co_await inside the aggregate's initializer: GCC 12 builds such a frame wrongly.)
@@ -1184,7 +1246,15 @@ awaitable<Report> run(const Env& env, std::string rule_name, Options options) {
   for (const auto& p : r.table->pools) {
     if (p->name() == rule_name) r.pool = p;
   }
-  if (!r.pool) co_return report;
+  if (!r.pool) {
+    report.steps.push_back(Step{.number = options.first,
+                                .name = std::string(kStepNames[options.first]),
+                                .status = Status::kFail,
+                                .measured = "no rule named '" + rule_name + "'",
+                                .fix = "check the name (GET /v1/rules): it may have been "
+                                       "deleted or renamed"});
+    co_return report;
+  }
   r.rule = r.pool->rule();
   r.workers = r.pool->workers()->workers;
   r.kv = dynamic_cast<const KvExactPolicy*>(&r.pool->policy());
@@ -1196,14 +1266,38 @@ awaitable<Report> run(const Env& env, std::string rule_name, Options options) {
     DoctorKey* key;
     ~Disarm() { key->disarm(); }
   } disarm{env.key};
-  bool stopped = false;
+  const auto started = Clock::now();
+  // Workers just added (a rule change) are unhealthy until their first health check passes: the
+  // steps through the gateway wait for them, up to a settle.
+  co_await wait_until(r.ex, r.opt.settle, [&] {
+    return std::all_of(r.workers.begin(), r.workers.end(),
+                       [](const WorkerPtr& w) { return w->healthy(); });
+  });
+  std::string stop_reason;
   for (int n = options.first; n <= options.last; ++n) {
-    if (stopped) {
-      report.steps.push_back(
-          Step{.number = n,
-               .name = std::string(kStepNames[n]),
-               .status = Status::kSkip,
-               .measured = "not run: step " + std::to_string(report.failed_step()) + " failed"});
+    if (stop_reason.empty()) {
+      if (report.failed_step() != 0) {
+        stop_reason = "not run: step " + std::to_string(report.failed_step()) + " failed";
+      } else if (options.cancelled && options.cancelled()) {
+        stop_reason = "not run: the client went away";
+      } else if (options.limit.count() > 0 && Clock::now() - started > options.limit) {
+        stop_reason = "not run: the run's time limit (" + ms_text(options.limit) + ") passed";
+      } else if (env.pools->table()->find(rule_name) != r.pool.get()) {
+        // Its requests would go through the new pool while this one's state is read.
+        report.steps.push_back(Step{.number = n,
+                                    .name = std::string(kStepNames[n]),
+                                    .status = Status::kFail,
+                                    .measured = "the rule changed (or went) during the run",
+                                    .fix = "run the doctor again on the rule in force"});
+        stop_reason = "not run: the rule changed";
+        continue;
+      }
+    }
+    if (!stop_reason.empty()) {
+      report.steps.push_back(Step{.number = n,
+                                  .name = std::string(kStepNames[n]),
+                                  .status = Status::kSkip,
+                                  .measured = stop_reason});
       continue;
     }
     Step s;
@@ -1237,7 +1331,6 @@ awaitable<Report> run(const Env& env, std::string rule_name, Options options) {
           break;
       }
     }
-    stopped = s.status == Status::kFail;
     report.steps.push_back(std::move(s));
   }
   co_return report;

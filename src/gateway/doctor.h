@@ -26,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -65,6 +66,10 @@ struct Options {
   std::chrono::milliseconds request_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds settle{std::chrono::seconds(10)};
   int concurrency = 0;  // step 7's requests in flight at once (0: 4 per endpoint, at most 64)
+  // The whole run: no step starts after this long (0: no limit), nor once `cancelled` says so
+  // (the admin API's client went away).
+  std::chrono::milliseconds limit{0};
+  std::function<bool()> cancelled;
 };
 
 // What the doctor needs of the gateway it runs in.
@@ -83,7 +88,7 @@ std::string self_target(const GatewayConfig& config, uint16_t bound_port, http::
 bool parse_steps(std::string_view text, int& first, int& last);
 
 // Runs the steps on rule `rule` (control loop). The key is armed while it runs.
-awaitable<Report> run(const Env& env, std::string rule, Options options);
+awaitable<Report> run(Env env, std::string rule, Options options);
 
 nlohmann::ordered_json to_json(const Report& r);
 // The text the command line prints, from to_json's shape (what the admin API answers).

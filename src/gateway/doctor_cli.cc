@@ -4,12 +4,14 @@
 // asks it the same, and stops it.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -24,6 +26,7 @@
 
 #include "gateway/doctor.h"
 #include "http/client.h"
+#include "rules/config_file.h"
 
 namespace kvgate::doctor {
 namespace {
@@ -69,6 +72,16 @@ constexpr std::string_view kHelp =
     "/etc/kvgate/admin.key\n"
     "  kvgate doctor --config kvgate.yaml --rule llama --steps 1-3\n";
 
+// The private gateway's pid, for the signal handler: a doctor interrupted (Ctrl-C, a timeout's
+// SIGTERM) stops it before exiting.
+volatile sig_atomic_t g_child = -1;
+
+void on_signal(int sig) {
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), SIGTERM);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "kvgate doctor: %s (see kvgate doctor --help)\n", msg.c_str());
   return 2;
@@ -98,37 +111,67 @@ class PrivateGateway {
  public:
   ~PrivateGateway() { stop(); }
 
-  // Starts it; "" or what failed. `admin_url` is set once it listens.
-  std::string start(const char* self_exe, const std::string& config, std::string& admin_url,
-                    std::string& key) {
-    key = random_key();
-    char path[] = "/tmp/kvgate-doctor-XXXXXX";
-    int kfd = ::mkstemp(path);
-    if (kfd < 0) return std::string("cannot create a key file in /tmp: ") + std::strerror(errno);
-    key_file_ = path;
-    std::string line = key + "\n";
-    bool written = ::write(kfd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-    ::close(kfd);
-    if (!written) return "cannot write the key file " + key_file_;
+  // Starts it; "" or what failed. `admin_url` is set once it listens. `listen_port`: the
+  // inference listener's (0: any free port; a config whose rules name a port keeps it). `key`:
+  // the admin key to use; when empty, one is made and handed over in a file.
+  std::string start(const char* self_exe, const std::string& config, int64_t listen_port,
+                    bool plain_listener, std::string& admin_url, std::string& key) {
+    std::vector<std::string> args = {self_exe,
+                                     "--config",
+                                     config,
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(listen_port),
+                                     "--admin-host",
+                                     "127.0.0.1",
+                                     "--admin-port",
+                                     "0",
+                                     "--prometheus-host",
+                                     "127.0.0.1",
+                                     "--prometheus-port",
+                                     "0",
+                                     "--log-dir=",
+                                     "--log-level",
+                                     "info"};
+    if (plain_listener) {
+      // The doctor reaches the listener over plain HTTP (its own, on loopback).
+      args.insert(args.end(), {"--tls-cert-path=", "--tls-key-path="});
+    }
+    if (key.empty()) {
+      key = random_key();
+      const char* tmp = std::getenv("TMPDIR");
+      std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvgate-doctor-XXXXXX";
+      int kfd = ::mkstemp(path.data());
+      if (kfd < 0) {
+        return "cannot create a key file in " + path.substr(0, path.rfind('/')) + ": " +
+               std::strerror(errno) + " (set TMPDIR to a writable directory)";
+      }
+      key_file_ = path;
+      std::string line = key + "\n";
+      bool written = ::write(kfd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      ::close(kfd);
+      if (!written) return "cannot write the key file " + key_file_;
+      args.insert(args.end(), {"--admin-api-key-file", key_file_});
+    }
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
-    std::vector<std::string> args = {self_exe,      "--config",
-                                     config,        "--host",
-                                     "127.0.0.1",   "--port",
-                                     "0",           "--admin-host",
-                                     "127.0.0.1",   "--admin-port",
-                                     "0",           "--prometheus-host",
-                                     "127.0.0.1",   "--prometheus-port",
-                                     "0",           "--admin-api-key-file",
-                                     key_file_,     "--log-dir=",
-                                     "--log-level", "info"};
     std::vector<char*> argv;  // made before fork: the child only execs
     argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
-    if (pid_ < 0) return std::string("fork: ") + std::strerror(errno);
+    if (pid_ < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return std::string("fork: ") + std::strerror(errno);
+    }
     if (pid_ == 0) {
+      // It must not outlive this command (killed, timed out): it would go on health-checking
+      // and subscribing to the engines.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
       // Its log to the pipe; nothing of it on this command's stdout (the report's, maybe JSON).
       int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
       if (null_fd >= 0) {
@@ -141,6 +184,7 @@ class PrivateGateway {
       ::_exit(127);
     }
     ::close(fds[1]);
+    g_child = pid_;
     // Its log: read to the end on a thread (so it never blocks on a full pipe), the last lines
     // kept for errors, the admin address taken from "kvgate listening".
     reader_ = std::thread([this, fd = fds[0]] {
@@ -176,6 +220,11 @@ class PrivateGateway {
         std::lock_guard lock(mu_);
         if (!admin_.empty()) {
           admin_url = "http://" + admin_;
+          // It read the key at startup, before listening: the file has served.
+          if (!key_file_.empty()) {
+            ::unlink(key_file_.c_str());
+            key_file_.clear();
+          }
           return "";
         }
         if (eof_) break;
@@ -204,6 +253,7 @@ class PrivateGateway {
         ::waitpid(pid_, &status, 0);
         pid_ = -1;
       }
+      g_child = -1;
     }
     if (reader_.joinable()) reader_.join();
     if (!key_file_.empty()) {
@@ -309,9 +359,33 @@ int run_doctor_command(int argc, char** argv, const char* self_exe) {
   } else if (const char* env = std::getenv("KVGATE_ADMIN_API_KEY")) {
     key = env;
   }
+  std::signal(SIGPIPE, SIG_IGN);
   PrivateGateway private_gateway;
   if (!config.empty()) {
-    if (std::string e = private_gateway.start(self_exe, config, admin_url, key); !e.empty()) {
+    // The file as kvgate will read it: what the private gateway must keep or change.
+    rules::ConfigFile loaded;
+    std::string path;
+    std::vector<rules::FieldError> errors;
+    const std::string load_args[] = {"--config", config};
+    if (!rules::load_command_line(load_args, loaded, path, errors)) {
+      std::fprintf(stderr, "kvgate doctor: %s", rules::format_errors(errors, config).c_str());
+      return 2;
+    }
+    // Rules that name a listener port need kvgate on that port (it must be free here).
+    int64_t listen_port = 0;
+    for (const auto& r : loaded.rules) {
+      if (r.port != 0) listen_port = loaded.config.port;
+    }
+    // An admin key written in the file is used as is; else the private gateway gets one.
+    if (loaded.config.admin_api_key_file.empty() && !loaded.config.admin_api_key.empty()) {
+      key = loaded.config.admin_api_key;
+    } else {
+      key.clear();
+    }
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
+    std::string e = private_gateway.start(self_exe, config, listen_port,
+                                          !loaded.config.tls_cert_path.empty(), admin_url, key);
+    if (!e.empty()) {
       std::fprintf(stderr, "kvgate doctor: %s\n", e.c_str());
       return 2;
     }
@@ -348,8 +422,8 @@ int run_doctor_command(int argc, char** argv, const char* self_exe) {
   }
   Json all = Json::array();
   bool failed = false;
-  // The whole run may wait a settle per step and a request per endpoint several times over.
-  auto long_limit = std::chrono::seconds(timeout * 8 + settle * 6 + 60);
+  // The gateway stops a run after 10 minutes (between steps): room for the last step on top.
+  auto long_limit = std::chrono::minutes(10) + std::chrono::seconds(timeout * 4 + settle * 4 + 60);
   for (const auto& name : names) {
     std::string path = "/v1/rules/" + name + "/doctor?steps=" + std::to_string(first) + "-" +
                        std::to_string(last) + "&timeout=" + std::to_string(timeout) +

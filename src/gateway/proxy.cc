@@ -764,8 +764,9 @@ Next Gateway::Request::select(Attempt& a) {
     refusal_ = errors::no_worker(set_->workers.size());
     return Next::kRefuse;
   }
-  Policy& policy = doctor_ && !doctor_->pin.empty() ? pinned_policy() : pool_->policy();
-  if (&policy == &pinned_policy()) [[unlikely]] {
+  const bool pinned = doctor_ && !doctor_->pin.empty();
+  Policy& policy = pinned ? pinned_policy() : pool_->policy();
+  if (pinned) [[unlikely]] {
     // The doctor's proxy-path check: the worker it names, if the gateway would route to it.
     a.d = Decision{.branch = "pinned"};
     for (Worker* w : candidates_.workers()) {

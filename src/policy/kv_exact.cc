@@ -55,7 +55,7 @@ struct KvExactPolicy::Source {
   std::atomic<bool> page_size_mismatch{false};
   std::atomic<int64_t> engine_block_size{0};  // what its events carried, when mismatched
   // What the doctor reads: its batches' shape, and the hash parity of its root events.
-  std::atomic<bool> map_shaped{false};
+  std::atomic<uint64_t> map_batches{0};
   std::atomic<uint64_t> hash_checked{0};
   std::atomic<uint64_t> hash_mismatched{0};
   // Ground truth cells (null without metrics), and the same counts for the inventory view.
@@ -69,6 +69,7 @@ struct KvExactPolicy::Source {
   std::atomic<bool> capturing{false};
   mutable std::mutex probe_mu;
   std::string parity_state = "untested";
+  uint64_t probes_done = 0;  // results stored (the doctor waits for one newer than it asked)
   std::string parity_detail;
   bool probe_wanted = true;
   bool probe_running = false;
@@ -707,9 +708,7 @@ void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::Ev
   auto sources = sources_.load();
   Source* s = sources->by_source(source);
   if (!s) return;
-  if (batch.map_shaped && !s->map_shaped.load(std::memory_order_relaxed)) {
-    s->map_shaped.store(true, std::memory_order_relaxed);
-  }
+  if (batch.map_shaped) s->map_batches.fetch_add(1, std::memory_order_relaxed);
   if (hashes.first) s->hash_checked.fetch_add(hashes.first, std::memory_order_relaxed);
   if (hashes.second) s->hash_mismatched.fetch_add(hashes.second, std::memory_order_relaxed);
   if (!s->lora_names.load(std::memory_order_relaxed)) {
@@ -1008,7 +1007,7 @@ KvExactPolicy::Parity KvExactPolicy::parity(kv::SourceId id) const {
   }
   if (const Source* s = sources->by_source(id)) {
     std::lock_guard lock(s->probe_mu);
-    return Parity{s->parity_state, s->parity_detail};
+    return Parity{s->parity_state, s->parity_detail, s->probes_done};
   }
   return Parity{"untested", ""};
 }
@@ -1022,7 +1021,7 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.cached_tokens = s->cached_sum.load(std::memory_order_relaxed);
     c.page_size_mismatch = s->page_size_mismatch.load(std::memory_order_relaxed);
     c.engine_block_size = s->engine_block_size.load(std::memory_order_relaxed);
-    c.map_shaped = s->map_shaped.load(std::memory_order_relaxed);
+    c.map_batches = s->map_batches.load(std::memory_order_relaxed);
     c.hash_checked = s->hash_checked.load(std::memory_order_relaxed);
     c.hash_mismatched = s->hash_mismatched.load(std::memory_order_relaxed);
     c.active = s->active.load(std::memory_order_relaxed);
@@ -1075,6 +1074,10 @@ void KvExactPolicy::launch_probes(
       if (!s.probe_running) {
         s.parity_state = "skipped";
         s.parity_detail = "left out of kv_exact for its page size (kvBlockSize)";
+        if (s.probe_wanted) {
+          s.probe_wanted = false;
+          ++s.probes_done;  // the probe asked for is answered: skipped
+        }
       }
       continue;
     }
@@ -1221,6 +1224,7 @@ void KvExactPolicy::finish_probe(Source& s, const kv_parity::Probe& probe, size_
   s.probe_running = false;
   s.parity_state = std::move(state);
   s.parity_detail = std::move(detail);
+  ++s.probes_done;
 }
 
 }  // namespace kvgate

@@ -67,6 +67,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   struct Parity {
     std::string state;  // untested, pending, match, mismatch, not_found, error, skipped
     std::string detail;
+    uint64_t probes_done = 0;  // results so far: a newer one answers a request made after it
   };
   Parity parity(kv::SourceId id) const;
   // Per (endpoint, rank) routing counts for the inventory view.
@@ -76,7 +77,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     uint64_t cached_tokens = 0;     // what the engine reported cached
     bool page_size_mismatch = false;
     int64_t engine_block_size = 0;  // the size its events carried, when it was not the rule's
-    bool map_shaped = false;        // its event batches came as maps (vLLM's shape)
+    uint64_t map_batches = 0;       // its event batches that came as maps (vLLM's shape)
     uint64_t hash_checked = 0;      // engine block ids recomputed from their tokens (hasher)
     uint64_t hash_mismatched = 0;   // of those, ids that were not what kvHashAlgo gives
     int64_t active = 0;             // requests dispatched there, not completed

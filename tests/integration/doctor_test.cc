@@ -3,10 +3,15 @@
 // step that owns it, with the fix that names it.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/cluster.h"
@@ -24,6 +29,7 @@ using Json = nlohmann::ordered_json;
 struct Fault {
   std::vector<std::string> sim_args;  // added to this sim's command line
   bool no_events = false;             // the sim publishes no KV events
+  bool unhealthy = false;             // its /health answers 503 (it serves otherwise)
   std::string rule_port;              // this endpoint's kvZmqPort in the rule, when not its own
 };
 
@@ -61,8 +67,13 @@ struct DoctorCluster {
         s.args.push_back(R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(events) +
                          R"(","topic":""})");
       }
+      if (f.unhealthy) {
+        s.args.push_back("--start-unhealthy-secs");
+        s.args.push_back("600");
+      }
       s.args.insert(s.args.end(), f.sim_args.begin(), f.sim_args.end());
-      s.start();
+      s.start();  // (waits for /health to answer, 503 included)
+      healthy += f.unhealthy ? 0 : 1;
       yaml += "      - url: " + s.url() + "\n        kvZmqPort: " +
               (f.rule_port.empty() ? std::to_string(events) : f.rule_port) + "\n";
       sims.push_back(std::move(s));
@@ -78,7 +89,7 @@ struct DoctorCluster {
     // Every worker healthy in kvgate (the doctor's step 3 must not race the first probes).
     EXPECT_TRUE(wait_until([&] {
       return json_number_field(HttpClient(port).get("/readiness").body, "healthy_workers") ==
-             static_cast<double>(sims.size());
+             static_cast<double>(healthy);
     })) << gateway->log();
   }
 
@@ -95,6 +106,7 @@ struct DoctorCluster {
 
   TempDir dir;
   std::vector<Sim> sims;
+  int healthy = 0;
   std::string config;
   int port = 0;
   int admin_port = 0;
@@ -160,11 +172,30 @@ TEST(Doctor, AHealthyPoolPassesEveryStep) {
   EXPECT_EQ(j["rules"][0]["steps"].size(), 2u) << js.output;
 }
 
+// Whether a process runs with the private gateway's command line for `config` (kvgate doctor
+// --config starts it with --port 0, which the test's own kvgate does not use).
+bool private_gateway_running(const std::string& config) {
+  const std::string want = std::string("--config\0", 9) + config + std::string("\0--host\0", 8) +
+                           std::string(
+                               "127.0.0.1\0--port\0"
+                               "0\0",
+                               19);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream f(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmdline.find(want) != std::string::npos) return true;
+  }
+  return false;
+}
+
 TEST(Doctor, RunsAgainstAConfigFileWithAPrivateGateway) {
   KVGATE_REQUIRE_MODEL("qwen3");
   DoctorCluster c;
   auto out = run("kvgate", {"doctor", "--config", c.config, "--steps", "1-4"});
   EXPECT_EQ(out.status, 0) << out.output;
+  // The private gateway is gone with the command (pgrep: 1 when nothing matches).
+  EXPECT_TRUE(wait_until([&] { return !private_gateway_running(c.config); }))
+      << "the private kvgate outlived kvgate doctor";
   EXPECT_NE(out.output.find("PASS  3 proxy path"), std::string::npos) << out.output;
   EXPECT_NE(out.output.find("WARN  4 event plane"), std::string::npos) << out.output;
 }
@@ -251,6 +282,13 @@ TEST(Doctor, VerifyKeepsAGoodChangeAndRollsBackABadOne) {
   EXPECT_EQ(history["versions"][0]["source"], "rollback") << history.dump();
 
   EXPECT_EQ(admin.request("PUT", "/v1/rules/default?verify=maybe", rule.dump(), json).status, 400);
+  // verify needs kv_exact: refused before anything changes.
+  Json plain = now;
+  plain["kvExactMode"] = 0;
+  auto refused = admin.request("PUT", "/v1/rules/default?verify=true", plain.dump(), json);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("kvExactMode 0"), std::string::npos) << refused.body;
+  EXPECT_EQ(Json::parse(admin.get("/v1/rules/default").body), now);
 }
 
 TEST(Doctor, BadStepsAndUnknownRulesAreRefusedClearly) {
@@ -269,20 +307,41 @@ TEST(Doctor, BadStepsAndUnknownRulesAreRefusedClearly) {
   EXPECT_NE(steps.output.find("--steps"), std::string::npos) << steps.output;
 }
 
-// The doctor's header pins a worker only with this process's key: a client's guess is ignored
-// (routed as any request) and never reaches the worker.
-TEST(Doctor, AGuessedDoctorKeyIsIgnored) {
+// The doctor's header pins a worker only with this process's key: while a doctor run holds the
+// key armed, a client's guess is ignored (routed as any request, no debug headers).
+TEST(Doctor, AGuessedDoctorKeyIsIgnoredWhileADoctorRuns) {
   KVGATE_REQUIRE_MODEL("qwen3");
   DoctorCluster c;
+  std::atomic<bool> done{false};
+  std::thread doctor([&] {
+    HttpClient admin(c.admin_port);
+    admin.set_timeout(120s);
+    auto r = admin.post("/v1/rules/default/doctor?steps=1-6", "");
+    EXPECT_EQ(r.status, 200) << r.body;
+    done = true;
+  });
   HttpClient client(c.port);
-  for (int i = 0; i < 4; ++i) {
+  int sent = 0;
+  while (!done) {
     auto r = client.post(
         "/v1/chat/completions",
         R"({"messages":[{"role":"user","content":"hello"}],"max_tokens":1})",
         {{"x-kvgate-doctor", "00000000000000000000000000000000 pin=" + c.sims[0].url()}});
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.header("x-kvgate-worker"), "") << "debug headers only for the doctor";
+    ++sent;
   }
+  doctor.join();
+  EXPECT_GT(sent, 10);
+}
+
+// A worker the gateway's health check holds unhealthy: it serves directly (step 1), but the
+// gateway does not route to it (step 3 names the health check).
+TEST(Doctor, AnUnhealthyWorkerFailsTheProxyPath) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c({{}, {.unhealthy = true}});
+  auto report = c.doctor("?settle=2");
+  expect_fails_at(report, 3, "health check marks", "unhealthy");
 }
 
 }  // namespace

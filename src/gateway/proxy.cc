@@ -589,7 +589,9 @@ bool Gateway::Request::resolve() {
       if (p->name() == doctor_->rule) pool_ = p;
     }
     if (pool_) return true;
-    refusal_ = errors::no_rule(ex_.path());
+    refusal_ = GatewayError{404, "invalid_request_error", "rule_not_found",
+                            "the rule the doctor names ('" + doctor_->rule +
+                                "') is not in force: it changed or was deleted during the run"};
     return false;
   }
   {

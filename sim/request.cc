@@ -9,6 +9,8 @@
 #include <cmath>
 #include <deque>
 
+#include "sim/json_body.h"
+
 namespace kvgate::sim {
 namespace {
 
@@ -606,18 +608,8 @@ std::string parse_request(Route route, std::string& body, const Tokenizer& token
                           ParsedRequest& out) {
   out.clear();
   out.route = route;
-  if (body.empty()) return "the request body is empty; send a JSON object";
-  thread_local simdjson::dom::parser parser;
-  element doc;
-  simdjson::error_code err;
-  if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
-    err = parser.parse(body.data(), body.size(), false).get(doc);
-  } else {
-    err = parser.parse(body).get(doc);
-  }
-  if (err) return std::string("malformed JSON body: ") + simdjson::error_message(err);
   object o;
-  if (doc.get_object().get(o)) return "the request body must be a JSON object";
+  if (std::string err = parse_json_object(body, o); !err.empty()) return err;
 
   std::optional<int64_t> max_new;
   std::string e;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "sim/json_body.h"
 #include "sim/responses.h"
 #include "util/json.h"
 
@@ -24,22 +25,6 @@ int error(std::string& out, std::string_view message, int status = 400) {
   out.clear();
   append_openai_error(out, message, status);
   return status;
-}
-
-// The body as a JSON object, or the 400 message /v1/completions answers (sim/request).
-std::string parse_object(std::string& body, object& o) {
-  if (body.empty()) return "the request body is empty; send a JSON object";
-  thread_local simdjson::dom::parser parser;
-  element doc;
-  simdjson::error_code err;
-  if (body.capacity() >= body.size() + simdjson::SIMDJSON_PADDING) {
-    err = parser.parse(body.data(), body.size(), false).get(doc);
-  } else {
-    err = parser.parse(body).get(doc);
-  }
-  if (err) return std::string("malformed JSON body: ") + simdjson::error_message(err);
-  if (doc.get_object().get(o)) return "the request body must be a JSON object";
-  return "";
 }
 
 // The value of `key` when present and not null.
@@ -233,7 +218,7 @@ void append_ids(std::string& out, const std::vector<int32_t>& ids) {
 int tokenize_response(std::string& body, const Tokenizer& tok, int64_t max_model_len,
                       std::string& out) {
   object o;
-  if (auto err = parse_object(body, o); !err.empty()) return error(out, err);
+  if (auto err = parse_json_object(body, o); !err.empty()) return error(out, err);
   if (auto err = check_model(o); !err.empty()) return error(out, err);
   bool add_special_tokens = true;
   if (auto err = get_bool(o, "add_special_tokens", add_special_tokens); !err.empty()) {
@@ -292,7 +277,7 @@ int tokenize_response(std::string& body, const Tokenizer& tok, int64_t max_model
 
 int detokenize_response(std::string& body, const Tokenizer& tok, std::string& out) {
   object o;
-  if (auto err = parse_object(body, o); !err.empty()) return error(out, err);
+  if (auto err = parse_json_object(body, o); !err.empty()) return error(out, err);
   if (auto err = check_model(o); !err.empty()) return error(out, err);
   bool skip_special_tokens = true;
   if (auto err = get_bool(o, "skip_special_tokens", skip_special_tokens); !err.empty()) {

@@ -841,6 +841,12 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
   co_await reply(ex, status, out);
 }
 
+std::string AdminApi::doctor_busy() const {
+  if (!doctor_running_) return "";
+  return "a doctor run is in progress on this gateway (rule '" + doctor_rule_ +
+         "'); try again when it ends";
+}
+
 // PUT /v1/rules/{name}?verify=true: the change applied, then the doctor's steps 4-6 (event
 // plane, kv_exact, inventory) run on the new rule, waiting up to ?timeout= seconds (30) for its
 // signals; a failing step rolls the rule back to the version this change replaced (unless
@@ -871,18 +877,11 @@ awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& na
                       name + "/doctor?steps=1-3 (or kvgate doctor --steps 1-3)");
     co_return;
   }
-  if (doctor_running_) {
-    co_await fail(ex, 409, "doctor_running",
-                  "a doctor run is in progress on this gateway (rule '" + doctor_rule_ +
-                      "'); try again when it ends");
+  if (std::string busy = doctor_busy(); !busy.empty()) {
+    co_await fail(ex, 409, "doctor_running", busy);
     co_return;
   }
-  doctor_running_ = true;
-  doctor_rule_ = name;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{doctor_running_};
+  DoctorSlot slot(*this, name);
   auto before_history = pools_.history(name);
   const uint64_t before = before_history ? before_history->current() : 0;
   bool created = false;
@@ -1003,18 +1002,11 @@ awaitable<void> AdminApi::doctor_route(http::Exchange& ex, const std::string& na
   options.concurrency = static_cast<int>(concurrency);
   options.limit = std::chrono::minutes(10);
   options.cancelled = [&ex] { return ex.client_gone(); };
-  if (doctor_running_) {
-    co_await fail(ex, 409, "doctor_running",
-                  "a doctor run is in progress on this gateway (rule '" + doctor_rule_ +
-                      "'); try again when it ends");
+  if (std::string busy = doctor_busy(); !busy.empty()) {
+    co_await fail(ex, 409, "doctor_running", busy);
     co_return;
   }
-  doctor_running_ = true;
-  doctor_rule_ = name;
-  struct Done {
-    bool& flag;
-    ~Done() { flag = false; }
-  } done{doctor_running_};
+  DoctorSlot slot(*this, name);
   doctor::Env env = hooks_.doctor_env();
   auto report = co_await doctor::run(env, name, options);
   co_await reply(ex, 200, doctor::to_json(report));

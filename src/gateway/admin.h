@@ -86,8 +86,22 @@ class AdminApi {
     Clock::time_point blocked_until{};
   };
   std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
-  bool doctor_running_ = false;  // one doctor run at a time (control loop)
-  std::string doctor_rule_;      // the rule it runs on
+  // One doctor run at a time (control loop): the run in progress holds the slot.
+  bool doctor_running_ = false;
+  std::string doctor_rule_;         // the rule it runs on
+  std::string doctor_busy() const;  // "" or why a run cannot start now
+  struct DoctorSlot {
+    DoctorSlot(AdminApi& api, const std::string& rule) : api_(api) {
+      api_.doctor_running_ = true;
+      api_.doctor_rule_ = rule;
+    }
+    ~DoctorSlot() { api_.doctor_running_ = false; }
+    DoctorSlot(const DoctorSlot&) = delete;
+    DoctorSlot& operator=(const DoctorSlot&) = delete;
+
+   private:
+    AdminApi& api_;
+  };
 };
 
 // Whether `host` is a loopback address: 127.0.0.0/8, ::1, or "localhost".

@@ -405,7 +405,10 @@ int run_doctor_command(int argc, char** argv, const char* self_exe) {
     auto r = admin_call(admin, key, "GET", "/v1/rules", short_limit);
     auto j = r.error == http::CallError::kNone ? Json::parse(r.body, nullptr, false) : Json();
     if (r.error != http::CallError::kNone || r.status != 200 || !j.is_object()) {
-      std::fprintf(stderr, "kvgate doctor: GET %s/v1/rules: %s\n", admin_url.c_str(),
+      std::fprintf(stderr,
+                   "kvgate doctor: GET %s/v1/rules: %s (is a kvgate admin listener there? see "
+                   "--admin-host/--admin-port, and --admin-api-key-file for its key)\n",
+                   admin_url.c_str(),
                    r.error != http::CallError::kNone
                        ? (std::string(http::to_string(r.error)) + " " + r.detail).c_str()
                        : ("status " + std::to_string(r.status) + ": " + r.body).c_str());

@@ -904,6 +904,8 @@ awaitable<void> AdminApi::verified_put(http::Exchange& ex, const std::string& na
   options.last = 6;
   options.settle = std::chrono::seconds(timeout);
   options.limit = std::chrono::minutes(5);
+  // A client that hangs up ends the run between steps (the watch goes with this handler).
+  ex.watch_disconnect([] {});
   options.cancelled = [&ex] { return ex.client_gone(); };
   doctor::Env env = hooks_.doctor_env();
   auto report = co_await doctor::run(env, name, options);
@@ -1001,6 +1003,8 @@ awaitable<void> AdminApi::doctor_route(http::Exchange& ex, const std::string& na
   options.settle = std::chrono::seconds(settle);
   options.concurrency = static_cast<int>(concurrency);
   options.limit = std::chrono::minutes(10);
+  // A client that hangs up ends the run between steps (the watch goes with this handler).
+  ex.watch_disconnect([] {});
   options.cancelled = [&ex] { return ex.client_gone(); };
   if (std::string busy = doctor_busy(); !busy.empty()) {
     co_await fail(ex, 409, "doctor_running", busy);

@@ -178,13 +178,14 @@ awaitable<void> sleep_for(Executor ex, milliseconds d) {
   co_await t.async_wait(asio::as_tuple(use_awaitable));
 }
 
-// Polls `done` every 50 ms until it holds or `limit` passes; returns its last value.
+// Polls `done` every 50 ms until it holds, `limit` passes or the run's client goes away;
+// returns whether it held.
 template <typename F>
-awaitable<bool> wait_until(Executor ex, milliseconds limit, F done) {
+awaitable<bool> wait_until(Run& r, milliseconds limit, F done) {
   auto until = Clock::now() + limit;
   while (!done()) {
-    if (Clock::now() >= until) co_return false;
-    co_await sleep_for(ex, milliseconds(50));
+    if (Clock::now() >= until || (r.opt.cancelled && r.opt.cancelled())) co_return false;
+    co_await sleep_for(r.ex, milliseconds(50));
   }
   co_return true;
 }
@@ -712,7 +713,7 @@ awaitable<Step> event_plane(Run& r) {
     s.measured = std::to_string(sources.size()) + " (endpoint, rank) publishers expected";
     co_return s;
   }
-  co_await wait_until(r.ex, r.opt.settle, [&] {
+  co_await wait_until(r, r.opt.settle, [&] {
     for (const auto& src : sources_of(kv)) {
       if (!src.status.connected) return false;
     }
@@ -729,7 +730,7 @@ awaitable<Step> event_plane(Run& r) {
     counts_before[src.spec.id] = kv.counts(src.spec.id);
   }
   co_await probe_ranks(r, sources, s);
-  co_await wait_until(r.ex, r.opt.settle, [&] {
+  co_await wait_until(r, r.opt.settle, [&] {
     for (const auto& src : sources_of(kv)) {
       if (src.status.messages <= before[src.spec.id]) return false;
     }
@@ -740,10 +741,14 @@ awaitable<Step> event_plane(Run& r) {
   for (const auto& src : sources_of(kv)) {
     auto c = kv.counts(src.spec.id);
     const auto& c0 = counts_before[src.spec.id];
-    checked += c.hash_checked - c0.hash_checked;
-    mismatched += c.hash_mismatched - c0.hash_mismatched;
+    checked += c.hash_checked >= c0.hash_checked ? c.hash_checked - c0.hash_checked : 0;
+    mismatched +=
+        c.hash_mismatched >= c0.hash_mismatched ? c.hash_mismatched - c0.hash_mismatched : 0;
     map_shaped = map_shaped || c.map_batches > c0.map_batches;
-    const uint64_t decode_errors = src.status.decode_errors - errors_before[src.spec.id];
+    // (A source whose spec changed meanwhile starts its counts again.)
+    const uint64_t e0 = errors_before[src.spec.id];
+    const uint64_t decode_errors =
+        src.status.decode_errors >= e0 ? src.status.decode_errors - e0 : src.status.decode_errors;
     if (!src.status.connected) {
       fail(s, "the subscriber of " + where(src.spec) + " is not connected",
            "make the publisher reachable from the gateway (address, port, firewall)");
@@ -816,40 +821,63 @@ awaitable<Step> event_plane(Run& r) {
 
 // kv_exact's tokenizer parity probe of every connected (endpoint, rank), run again now: what
 // did not match, each with its first differing token.
-awaitable<std::vector<std::string>> parity_failures(Run& r) {
+// What kv_exact's tokenizer parity probes of the connected ranks, run again now, found.
+struct ParityCheck {
+  bool ran = false;                   // false: nothing to probe (no tokenizer, probes off, none
+  std::string why_not;                //   connected): why_not says
+  std::vector<std::string> failures;  // ranks whose ids differ, or whose probe failed
+  std::vector<std::string> pending;   // ranks whose probe had not answered by the limit
+};
+
+awaitable<ParityCheck> parity_check(Run& r) {
   const KvExactPolicy& kv = *r.kv;
-  // Each connected rank's count of probe results now: the answer to this request is a newer one
-  // (kv_exact runs two probes at a time, each waiting up to 5 s for its events after the answer).
-  std::map<kv::SourceId, uint64_t> done_before;
+  ParityCheck out;
+  // Each connected rank's count of probe results now: the answer to this request is a newer one,
+  // or two newer when a probe was already running (its result predates the request).
+  std::map<kv::SourceId, uint64_t> want;
   for (const auto& src : sources_of(kv)) {
     if (!src.status.connected) continue;
     auto p = kv.parity(src.spec.id);
-    if (p.state == "off") co_return std::vector<std::string>{};  // no tokenizer: nothing to probe
-    done_before[src.spec.id] = p.probes_done;
+    if (p.state == "off") {
+      out.why_not = "tokenizer parity probes are off: " + p.detail;
+      co_return out;
+    }
+    want[src.spec.id] = p.probes_done + (p.state == "pending" ? 2 : 1);
   }
+  if (want.empty()) {
+    out.why_not = "no connected rank to probe";
+    co_return out;
+  }
+  out.ran = true;
   kv.request_parity_probes();
+  // kv_exact probes two ranks at a time, each with up to 30 s for its answer and 5 s for its
+  // events, launched on its 1-second period: a busy pool gets that long per round.
   auto answered = [&] {
-    for (const auto& [id, before] : done_before) {
-      if (kv.parity(id).probes_done <= before) return false;
+    for (const auto& src : sources_of(kv)) {
+      auto it = want.find(src.spec.id);
+      if (it == want.end() || !src.status.connected) continue;  // gone meanwhile: not awaited
+      if (kv.parity(src.spec.id).probes_done < it->second) return false;
     }
     return true;
   };
-  const auto rounds = static_cast<int64_t>((done_before.size() + 1) / 2);
+  const auto rounds = static_cast<int64_t>((want.size() + 1) / 2);
   const milliseconds limit = std::min<milliseconds>(
-      std::max<milliseconds>(r.opt.settle, std::chrono::seconds(8) * std::max<int64_t>(1, rounds)),
-      std::chrono::seconds(120));
-  co_await wait_until(r.ex, limit, answered);
-  std::vector<std::string> out;
+      std::max<milliseconds>(r.opt.settle, std::chrono::seconds(37) * rounds),
+      std::chrono::minutes(3));
+  co_await wait_until(r, limit, answered);
   for (const auto& src : sources_of(kv)) {
-    auto it = done_before.find(src.spec.id);
-    if (it == done_before.end()) continue;
+    auto it = want.find(src.spec.id);
+    if (it == want.end()) continue;
     auto p = kv.parity(src.spec.id);
-    if (p.probes_done <= it->second) {
-      out.push_back("the tokenizer parity probe of " + where(src.spec) + " gave no answer within " +
-                    ms_text(limit) + " (state " + p.state + ")");
+    if (!src.status.connected) {
+      out.pending.push_back(where(src.spec) + " disconnected during its parity probe");
+    } else if (p.probes_done < it->second) {
+      out.pending.push_back("the tokenizer parity probe of " + where(src.spec) +
+                            " gave no answer within " + ms_text(limit) + " (state " + p.state +
+                            ")");
     } else if (p.state == "mismatch" || p.state == "not_found" || p.state == "error") {
-      out.push_back("tokenizer or chat template (parity probe of " + where(src.spec) + ": " +
-                    p.state + "): " + p.detail);
+      out.failures.push_back("tokenizer or chat template (parity probe of " + where(src.spec) +
+                             ": " + p.state + "): " + p.detail);
     }
   }
   co_return out;
@@ -872,8 +900,8 @@ awaitable<std::vector<std::string>> diagnose(Run& r) {
                        where(src.spec) + " are not kvHashAlgo's: check kvEngineType/kvHashAlgo");
     }
   }
-  auto parity = co_await parity_failures(r);
-  causes.insert(causes.end(), parity.begin(), parity.end());
+  auto parity = co_await parity_check(r);
+  causes.insert(causes.end(), parity.failures.begin(), parity.failures.end());
   co_return causes;
 }
 
@@ -915,7 +943,7 @@ awaitable<Step> kv_exact_step(Run& r) {
   // Its pages must show up in the inventory, stored by the events of the rank that ran it.
   kv::SourceId holder = 0;
   size_t held = 0;
-  co_await wait_until(r.ex, r.opt.settle, [&] {
+  co_await wait_until(r, r.opt.settle, [&] {
     for (const auto& [src, pages] : kv.held_pages(probe.ids)) {
       if (pages > held) {
         held = pages;
@@ -952,7 +980,7 @@ awaitable<Step> kv_exact_step(Run& r) {
   // kv_exact routes to a rank once it trusts it (kvWarmupSec, or blocks held: checked each
   // second).
   kv::SourceId trusted_id = holder_view->spec.id;
-  bool trusted = co_await wait_until(r.ex, r.opt.settle, [&] { return kv.ready(trusted_id); });
+  bool trusted = co_await wait_until(r, r.opt.settle, [&] { return kv.ready(trusted_id); });
   if (!trusted) {
     fail(s,
          where(holder_view->spec) +
@@ -1000,7 +1028,10 @@ awaitable<Step> kv_exact_step(Run& r) {
   std::string at = worker + (rank.empty() ? "" : " rank " + rank);
   const bool elsewhere = worker != holder_view->spec.endpoint ||
                          (!rank.empty() && rank != std::to_string(holder_view->spec.rank));
-  if (holder_busy && (route != "kv_exact/kv_exact_hit" || elsewhere)) {
+  // Load can only move a repeat that matched: a kv_exact_balance (an idle rank beat the holder)
+  // or a hit on another holder. A miss matched nothing anywhere, whatever the load.
+  if (holder_busy &&
+      (route == "kv_exact/kv_exact_balance" || (route == "kv_exact/kv_exact_hit" && elsewhere))) {
     warn(s,
          "the repeated probe went to " + at + " (" + route + ") while " + where(holder_view->spec) +
              ", which holds " + std::to_string(held) +
@@ -1035,13 +1066,20 @@ awaitable<Step> kv_exact_step(Run& r) {
   if (s.status != Status::kFail) {
     // One rank proven; the others must produce kvgate's ids too (a pool with one odd engine
     // passes the probe whenever it lands elsewhere).
-    auto parity = co_await parity_failures(r);
-    for (const auto& p : parity) {
+    auto parity = co_await parity_check(r);
+    for (const auto& p : parity.failures) {
       fail(s, p,
            "serve the rule's tokenizer and chat template on every engine (tokenizerPath must be "
            "the engines' own model directory)");
     }
-    if (parity.empty()) s.lines.emplace_back("ok   tokenizer parity probe: every rank matches");
+    for (const auto& p : parity.pending) {
+      warn(s, p, "run the doctor again when the pool is quieter to finish the parity check");
+    }
+    if (!parity.ran) {
+      s.lines.push_back("note tokenizer parity probe not run: " + parity.why_not);
+    } else if (parity.failures.empty() && parity.pending.empty()) {
+      s.lines.emplace_back("ok   tokenizer parity probe: every rank matches");
+    }
   }
   s.measured = "probe of " + std::to_string(full) + " pages: " + std::to_string(held) +
                " stored by " + where(holder_view->spec) + "; repeat routed " + route + " to " + at +
@@ -1063,7 +1101,7 @@ awaitable<Step> inventory_step(Run& r) {
   }
   if (!empty.empty()) {
     co_await probe_ranks(r, empty, s);
-    co_await wait_until(r.ex, r.opt.settle, [&] {
+    co_await wait_until(r, r.opt.settle, [&] {
       for (const auto& src : empty) {
         if (kv.inventory().blocks(src.spec.id, true) == 0) return false;
       }
@@ -1269,19 +1307,32 @@ awaitable<Report> run(Env env, std::string rule_name, Options options) {
   const auto started = Clock::now();
   // Workers just added (a rule change) are unhealthy until their first health check passes: the
   // steps through the gateway wait for them, up to a settle.
-  co_await wait_until(r.ex, r.opt.settle, [&] {
-    return std::all_of(r.workers.begin(), r.workers.end(),
-                       [](const WorkerPtr& w) { return w->healthy(); });
-  });
+  if (options.last >= 3) {
+    co_await wait_until(r, std::min<milliseconds>(r.opt.settle, std::chrono::seconds(30)), [&] {
+      return std::all_of(r.workers.begin(), r.workers.end(),
+                         [](const WorkerPtr& w) { return w->healthy(); });
+    });
+  }
   std::string stop_reason;
   for (int n = options.first; n <= options.last; ++n) {
     if (stop_reason.empty()) {
       if (report.failed_step() != 0) {
         stop_reason = "not run: step " + std::to_string(report.failed_step()) + " failed";
-      } else if (options.cancelled && options.cancelled()) {
-        stop_reason = "not run: the client went away";
-      } else if (options.limit.count() > 0 && Clock::now() - started > options.limit) {
-        stop_reason = "not run: the run's time limit (" + ms_text(options.limit) + ") passed";
+      } else if ((options.cancelled && options.cancelled()) ||
+                 (options.limit.count() > 0 && Clock::now() - started > options.limit)) {
+        // Unfinished is not passed: the steps left are what nobody checked.
+        const bool gone = options.cancelled && options.cancelled();
+        report.steps.push_back(Step{
+            .number = n,
+            .name = std::string(kStepNames[n]),
+            .status = Status::kFail,
+            .measured =
+                gone ? "the run stopped: its client went away"
+                     : "the run stopped: its time limit (" + ms_text(options.limit) + ") passed",
+            .fix = "run the doctor again (steps " + std::to_string(n) + "-" +
+                   std::to_string(options.last) + " were not checked)"});
+        stop_reason = "not run: the run stopped";
+        continue;
       } else if (env.pools->table()->find(rule_name) != r.pool.get()) {
         // Its requests would go through the new pool while this one's state is read.
         report.steps.push_back(Step{.number = n,
@@ -1332,6 +1383,12 @@ awaitable<Report> run(Env env, std::string rule_name, Options options) {
       }
     }
     report.steps.push_back(std::move(s));
+  }
+  if (report.ok() && env.pools->table()->find(rule_name) != r.pool.get() && !report.steps.empty()) {
+    // Changed during the last step: what it measured mixed the old pool and the new.
+    Step& last = report.steps.back();
+    fail(last, "the rule changed (or went) during this step",
+         "run the doctor again on the rule in force");
   }
   co_return report;
 }

@@ -2,9 +2,12 @@
 // running kvgate it asks the admin API (POST /v1/rules/{name}/doctor) for each rule; against a
 // config file it first starts a private kvgate from that file on loopback ports (any free one),
 // asks it the same, and stops it.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,11 +78,28 @@ constexpr std::string_view kHelp =
 // The private gateway's pid, for the signal handler: a doctor interrupted (Ctrl-C, a timeout's
 // SIGTERM) stops it before exiting.
 volatile sig_atomic_t g_child = -1;
+// The key file while it exists (the handler unlinks it: a kill before the child listens).
+char g_key_file[256] = {0};
 
 void on_signal(int sig) {
   if (g_child > 0) ::kill(static_cast<pid_t>(g_child), SIGTERM);
+  if (g_key_file[0] != '\0') ::unlink(g_key_file);
   ::signal(sig, SIG_DFL);
   ::raise(sig);
+}
+
+// "" when nothing listens on TCP `port` (any IPv4 address), else why a bind failed.
+std::string port_in_use(int64_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  std::string out;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) out = std::strerror(errno);
+  ::close(fd);
+  return out;
 }
 
 int usage_error(const std::string& msg) {
@@ -99,7 +119,9 @@ http::FetchResult admin_call(const http::Target& target, const std::string& key,
       [&]() -> awaitable<void> {
         std::vector<http::Header> headers;
         if (!auth.empty()) headers.push_back({"authorization", auth});
-        out = co_await http::fetch(io.get_executor(), target, method, path, timeout, {}, headers);
+        const std::string_view no_body;
+        out = co_await http::fetch(io.get_executor(), target, method, path, timeout, no_body,
+                                   headers);
       },
       asio::detached);
   io.run();
@@ -148,6 +170,7 @@ class PrivateGateway {
                std::strerror(errno) + " (set TMPDIR to a writable directory)";
       }
       key_file_ = path;
+      if (path.size() < sizeof g_key_file) std::memcpy(g_key_file, path.c_str(), path.size() + 1);
       std::string line = key + "\n";
       bool written = ::write(kfd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
       ::close(kfd);
@@ -222,6 +245,7 @@ class PrivateGateway {
           admin_url = "http://" + admin_;
           // It read the key at startup, before listening: the file has served.
           if (!key_file_.empty()) {
+            g_key_file[0] = '\0';
             ::unlink(key_file_.c_str());
             key_file_.clear();
           }
@@ -240,6 +264,7 @@ class PrivateGateway {
   void stop() {
     if (pid_ > 0) {
       ::kill(pid_, SIGTERM);
+      g_child = -1;  // told already; once reaped its pid may be another process's
       int status = 0;
       for (int i = 0; i < 300; ++i) {  // up to 15 s for a graceful stop
         if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -253,10 +278,10 @@ class PrivateGateway {
         ::waitpid(pid_, &status, 0);
         pid_ = -1;
       }
-      g_child = -1;
     }
     if (reader_.joinable()) reader_.join();
     if (!key_file_.empty()) {
+      g_key_file[0] = '\0';
       ::unlink(key_file_.c_str());
       key_file_.clear();
     }
@@ -375,6 +400,18 @@ int run_doctor_command(int argc, char** argv, const char* self_exe) {
     int64_t listen_port = 0;
     for (const auto& r : loaded.rules) {
       if (r.port != 0) listen_port = loaded.config.port;
+    }
+    if (listen_port != 0) {
+      // kvgate's listener shares ports (SO_REUSEPORT): a gateway already there would quietly
+      // split connections with the private one. Refuse unless the port is free.
+      if (std::string busy = port_in_use(listen_port); !busy.empty()) {
+        std::fprintf(stderr,
+                     "kvgate doctor: the rules of %s name listener port %lld, which is in use "
+                     "here (%s): run the doctor on another machine, or against the running "
+                     "gateway with --admin-url\n",
+                     config.c_str(), static_cast<long long>(listen_port), busy.c_str());
+        return 2;
+      }
     }
     // An admin key written in the file is used as is; else the private gateway gets one.
     if (loaded.config.admin_api_key_file.empty() && !loaded.config.admin_api_key.empty()) {

@@ -193,11 +193,50 @@ TEST(Doctor, RunsAgainstAConfigFileWithAPrivateGateway) {
   DoctorCluster c;
   auto out = run("kvgate", {"doctor", "--config", c.config, "--steps", "1-4"});
   EXPECT_EQ(out.status, 0) << out.output;
-  // The private gateway is gone with the command (pgrep: 1 when nothing matches).
-  EXPECT_TRUE(wait_until([&] { return !private_gateway_running(c.config); }))
-      << "the private kvgate outlived kvgate doctor";
+  // Its private gateway is gone with it.
+  EXPECT_FALSE(private_gateway_running(c.config));
   EXPECT_NE(out.output.find("PASS  3 proxy path"), std::string::npos) << out.output;
   EXPECT_NE(out.output.find("WARN  4 event plane"), std::string::npos) << out.output;
+}
+
+// A doctor killed mid-run (a timeout's SIGKILL) takes its private gateway with it: it must not go
+// on health-checking and subscribing to the engines.
+TEST(Doctor, AKilledDoctorTakesItsPrivateGatewayWithIt) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c;
+  Process doctor("kvgate", {"doctor", "--config", c.config, "--settle", "60"});
+  ASSERT_TRUE(wait_until([&] { return private_gateway_running(c.config); }, 20s)) << doctor.log();
+  doctor.kill_now();
+  EXPECT_TRUE(wait_until([&] { return !private_gateway_running(c.config); }, 20s))
+      << "the private kvgate outlived kvgate doctor";
+}
+
+// A client that hangs up ends its run: the gateway does not keep the doctor (and its armed key)
+// busy for nobody, and the next run may start. The run here would wait 30 s for the unhealthy
+// worker first; the next run gets in well before.
+TEST(Doctor, ARunWhoseClientLeftStopsAndFreesTheDoctor) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  DoctorCluster c({{}, {.unhealthy = true}});
+  {
+    HttpClient impatient(c.admin_port);
+    impatient.set_timeout(800ms);
+    auto r = impatient.post("/v1/rules/default/doctor?settle=60", "");
+    EXPECT_EQ(r.status, 0) << "the run outlasted the client's patience: " << r.body;
+  }  // the connection closes here
+  int status = 0;
+  std::string body;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        HttpClient admin(c.admin_port);
+        admin.set_timeout(120s);
+        auto r = admin.post("/v1/rules/default/doctor?steps=1", "");
+        status = r.status;
+        body = r.body;
+        return r.status != 409;
+      },
+      15s))
+      << body;
+  EXPECT_EQ(status, 200) << body;
 }
 
 TEST(Doctor, AnEndpointWithAnotherPageSizeFailsPoolHomogeneity) {

@@ -38,16 +38,16 @@ struct Fault {
 struct DoctorCluster {
   static constexpr int kRanks = 2;
   explicit DoctorCluster(std::vector<Fault> faults = {{}, {}},
-                         std::map<std::string, std::string> rule = {}) {
+                         const std::map<std::string, std::string>& rule = {}) {
     std::string tokenizer = models_dir() + "/qwen3";
     std::map<std::string, std::string> fields = {
         {"mode", "4"},        {"sel", "round_robin"},       {"kvEngineType", "sglang"},
         {"kvExactMode", "3"}, {"kvBlockSize", "16"},        {"kvDpRankCount", "2"},
         {"kvWarmupSec", "0"}, {"tokenizerPath", tokenizer},
     };
-    for (auto& [k, v] : rule) fields[k] = v;
+    for (const auto& [k, v] : rule) fields[k] = v;
     std::string yaml = "rules:\n  - name: default\n";
-    for (auto& [k, v] : fields) yaml += "    " + k + ": " + v + "\n";
+    for (auto& [k, v] : fields) yaml.append("    ").append(k).append(": ").append(v).append("\n");
     yaml += "    endpoints:\n";
     for (auto& f : faults) {
       Sim s;
@@ -63,13 +63,13 @@ struct DoctorCluster {
                 "--time-scale",
                 "0"};
       if (!f.no_events) {
-        s.args.push_back("--kv-events-config");
+        s.args.emplace_back("--kv-events-config");
         s.args.push_back(R"({"publisher":"zmq","endpoint":"tcp://*:)" + std::to_string(events) +
                          R"(","topic":""})");
       }
       if (f.unhealthy) {
-        s.args.push_back("--start-unhealthy-secs");
-        s.args.push_back("600");
+        s.args.emplace_back("--start-unhealthy-secs");
+        s.args.emplace_back("600");
       }
       s.args.insert(s.args.end(), f.sim_args.begin(), f.sim_args.end());
       s.start();  // (waits for /health to answer, 503 included)

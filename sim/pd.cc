@@ -93,6 +93,11 @@ std::string python_repr(std::string_view s) {
       out.append("\\r");
     } else if (c == '\t') {
       out.append("\\t");
+    } else if (const auto u = static_cast<unsigned char>(c); u < 0x20 || u == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out.append("\\x");
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 15]);
     } else {
       out.push_back(c);
     }

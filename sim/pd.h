@@ -141,7 +141,8 @@ awaitable<RoomWait> wait_for_room(RoomRequest r, PrefillInfoTable& infos,
 
 // --- SGLang's messages (exposed for tests) ---
 
-// Python's repr() of a str: 'abc', or "it's" when it holds a single quote and no double quote.
+// Python's repr() of a str: 'abc', or "it's" when it holds a single quote and no double quote;
+// other control characters as \xNN.
 std::string python_repr(std::string_view s);
 // KVTransferError.__str__: "KVTransferError(bootstrap_room=R): reason".
 std::string kv_transfer_error(uint64_t room, std::string_view reason);

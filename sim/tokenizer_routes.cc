@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sim/json_body.h"
+#include "sim/pd.h"
 #include "sim/responses.h"
 #include "util/json.h"
 
@@ -88,35 +89,6 @@ void append_python_float(std::string& out, double d) {
   if (s.find('.') == std::string_view::npos) out.append(".0");
 }
 
-// Python's repr() of a str: single quotes unless the text holds one and no double quote; control
-// characters escaped.
-void append_python_str(std::string& out, std::string_view s) {
-  const char quote =
-      s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos ? '"' : '\'';
-  out.push_back(quote);
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == quote || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (c == '\n') {
-      out.append("\\n");
-    } else if (c == '\r') {
-      out.append("\\r");
-    } else if (c == '\t') {
-      out.append("\\t");
-    } else if (u < 0x20 || u == 0x7f) {
-      constexpr char kHex[] = "0123456789abcdef";
-      out.append("\\x");
-      out.push_back(kHex[u >> 4]);
-      out.push_back(kHex[u & 15]);
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back(quote);
-}
-
 // Python's repr() of the value `e` becomes (SGLang's messages print request values with it).
 void append_python_repr(std::string& out, const element& e) {
   switch (e.type()) {
@@ -139,7 +111,7 @@ void append_python_repr(std::string& out, const element& e) {
       for (auto field : o) {
         if (!first) out.append(", ");
         first = false;
-        append_python_str(out, field.key);
+        out += python_repr(field.key);
         out.append(": ");
         append_python_repr(out, field.value);
       }
@@ -156,7 +128,7 @@ void append_python_repr(std::string& out, const element& e) {
       append_python_float(out, e.get_double().value_unsafe());
       return;
     case element_type::STRING:
-      append_python_str(out, e.get_string().value_unsafe());
+      out += python_repr(e.get_string().value_unsafe());
       return;
     case element_type::BOOL:
       out.append(e.get_bool().value_unsafe() ? "True" : "False");

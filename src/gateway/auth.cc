@@ -4,6 +4,8 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <random>
+
 #include "http/message.h"
 
 namespace kvgate {
@@ -27,6 +29,18 @@ bool BearerKey::matches(std::string_view auth) const {
   while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
   auto digest = sha256(token);
   return CRYPTO_memcmp(digest.data(), digest_.data(), digest.size()) == 0;
+}
+
+std::string random_key_hex() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device rd;  // getrandom(2): not the request path's PRNG
+  std::string key;
+  key.reserve(32);
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 8; ++j) key.push_back(kHex[(v >> (j * 4)) & 15]);
+  }
+  return key;
 }
 
 }  // namespace kvgate

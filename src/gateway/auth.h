@@ -22,4 +22,8 @@ class BearerKey {
   std::array<unsigned char, 32> digest_{};
 };
 
+// A key nobody can guess: 32 hex digits from the kernel's generator (the doctor's key, the
+// private gateway's admin key).
+std::string random_key_hex();
+
 }  // namespace kvgate

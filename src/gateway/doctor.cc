@@ -11,7 +11,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <set>
 #include <utility>
 
@@ -21,6 +20,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json.h"
+#include "util/random.h"
 
 namespace kvgate::doctor {
 namespace {
@@ -918,8 +918,7 @@ awaitable<Step> kv_exact_step(Run& r) {
   const auto page = static_cast<size_t>(std::max<int64_t>(1, r.rule.kv_block_size));
   kv_parity::Probe probe;
   std::string err;
-  std::random_device rd;
-  uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+  const uint64_t nonce = thread_rng().next();  // unique, not secret
   if (!kv_parity::make_probe(*po.tokenizer, *po.chat_template, page, nonce, -1, probe, err,
                              r.env.config->dp_rank_field)) {
     fail(s, "kvgate cannot build a probe: " + err, "check the rule's tokenizer and chat template");
@@ -1297,8 +1296,7 @@ awaitable<Report> run(Env env, std::string rule_name, Options options) {
   r.workers = r.pool->workers()->workers;
   r.kv = dynamic_cast<const KvExactPolicy*>(&r.pool->policy());
   if (!r.rule.models.empty()) r.model = r.rule.models[0];
-  r.nonce = std::random_device{}();
-  r.nonce = (r.nonce << 32) ^ std::random_device{}();
+  r.nonce = thread_rng().next();
   env.key->arm();
   struct Disarm {
     DoctorKey* key;

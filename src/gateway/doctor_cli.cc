@@ -22,11 +22,11 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gateway/auth.h"
 #include "gateway/doctor.h"
 #include "http/client.h"
 #include "rules/config_file.h"
@@ -161,7 +161,7 @@ class PrivateGateway {
       args.insert(args.end(), {"--tls-cert-path=", "--tls-key-path="});
     }
     if (key.empty()) {
-      key = random_key();
+      key = random_key_hex();
       const char* tmp = std::getenv("TMPDIR");
       std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvgate-doctor-XXXXXX";
       int kfd = ::mkstemp(path.data());
@@ -288,17 +288,6 @@ class PrivateGateway {
   }
 
  private:
-  static std::string random_key() {
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::random_device rd;
-    std::string k;
-    for (int i = 0; i < 4; ++i) {
-      uint32_t v = rd();
-      for (int j = 0; j < 8; ++j) k.push_back(kHex[(v >> (j * 4)) & 15]);
-    }
-    return k;
-  }
-
   pid_t pid_ = -1;
   std::string key_file_;
   std::thread reader_;

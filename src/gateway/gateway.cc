@@ -3,7 +3,6 @@
 
 #include <simdjson.h>
 
-#include <random>
 #include <set>
 
 #include "gateway/admin.h"
@@ -35,15 +34,7 @@ struct RouteEntry {
 
 }  // namespace
 
-DoctorKey::DoctorKey() {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::random_device rd;  // the kernel's generator: the key must not be guessable
-  key_.reserve(32);
-  for (int i = 0; i < 4; ++i) {
-    uint32_t v = rd();
-    for (int j = 0; j < 8; ++j) key_.push_back(kHex[(v >> (j * 4)) & 15]);
-  }
-}
+DoctorKey::DoctorKey() : key_(random_key_hex()) {}
 
 std::optional<DoctorKey::Pass> DoctorKey::check(std::string_view header) const {
   size_t sp = header.find(' ');

@@ -81,8 +81,9 @@ TEST(DoctorKey, OnlyThisProcesssKeyGrantsAPass) {
   EXPECT_FALSE(key.armed());
 }
 
-TEST(DoctorKey, TheHeaderIsNeverForwarded) {
-  // The request path forwards only kOther and kContentType headers, either way.
+TEST(DoctorKey, TheHeaderHasAKindTheRequestPathDrops) {
+  // The request path forwards only kOther and kContentType headers, either way (its filters
+  // are not exercised here).
   EXPECT_EQ(http::classify_header("x-kvgate-doctor"), http::HeaderKind::kDoctor);
   EXPECT_EQ(http::classify_header("X-KVGate-Doctor"), http::HeaderKind::kDoctor);
   EXPECT_EQ(http::classify_header("accept-encoding"), http::HeaderKind::kOther);

@@ -27,6 +27,7 @@ TEST(SimPdMessages, AreSglangs) {
   EXPECT_EQ(python_repr("abc"), "'abc'");
   EXPECT_EQ(python_repr("it's"), "\"it's\"");
   EXPECT_EQ(python_repr("a'b\"c"), "'a\\'b\"c'");
+  EXPECT_EQ(python_repr("a\x01\x7f\nb"), "'a\\x01\\x7f\\nb'");
   EXPECT_EQ(kv_transfer_error(7, "x"), "KVTransferError(bootstrap_room=7): x");
   EXPECT_EQ(decode_failure(false, "r1", 7, waiting_timeout_reason(7, 300.04)),
             "Decode transfer failed for request rank=0 decode_req.req.rid='r1' "

@@ -405,6 +405,7 @@ int main(int argc, char** argv) {
     }
   }
   Gateway gateway(cfg, pools, gm);
+  gateway.response_owners().attach_metrics(registry);
   {
     auto& budget_gauge =
         registry.gauge("kvgate_retry_budget_in_use",

@@ -38,6 +38,9 @@ struct GatewayConfig {
   int64_t chwbl_key_chars = 100;
   double chwbl_load_factor = 1.25;
   int64_t bucket_refit_secs = 5;
+  // OpenAI Responses API: response id -> the worker that created it (gateway/response_owners.h)
+  int64_t max_response_owners = 100000;
+  int64_t response_owner_ttl_secs = 86400;
   // kv_exact (--policy kv_exact; a rule's kvExactMode 3 and kv* fields)
   std::string kv_fallback_policy = "round_robin";
   int64_t kv_block_size = 16;

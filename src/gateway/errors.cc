@@ -30,9 +30,19 @@ GatewayError invalid_request(std::string detail) {
 
 GatewayError not_found(std::string_view method, std::string_view path) {
   return {404, "invalid_request_error", "not_found",
-          "no route for " + std::string(method) + " " + std::string(path) +
-              " (routes: POST /generate, /v1/chat/completions, /v1/completions, /v1/embeddings, "
-              "/v1/rerank; GET /v1/models, /health, /liveness, /readiness)"};
+          "no route for " + std::string(method) + " " + std::string(path.substr(0, 256)) +
+              " (routes: POST /generate, /v1/chat/completions, /v1/completions, /v1/responses, "
+              "/v1/embeddings, /v1/rerank, /v1/score, /v1/classify, /encode, /classify, "
+              "/tokenize, /detokenize, /v1/tokenize, /v1/detokenize; GET or DELETE "
+              "/v1/responses/{id}; POST /v1/responses/{id}/cancel; GET /v1/models, "
+              "/get_model_info, /health, /liveness, /readiness)"};
+}
+
+GatewayError admin_route(std::string_view method, std::string_view path) {
+  return {404, "invalid_request_error", "admin_route",
+          std::string(method) + " " + std::string(path.substr(0, 256)) +
+              " is a control route: kvgate answers it on the admin listener (--admin-port, "
+              "with the admin key), never passes it through from the inference listener"};
 }
 
 GatewayError method_not_allowed(std::string_view method, std::string_view path,

@@ -23,6 +23,8 @@ GatewayError bad_json(std::string detail);
 // Well-formed JSON with a value kvgate refuses (code invalid_request).
 GatewayError invalid_request(std::string detail);
 GatewayError not_found(std::string_view method, std::string_view path);
+// A SGLang control route (/flush_cache, /update_weights...) asked of the inference listener.
+GatewayError admin_route(std::string_view method, std::string_view path);
 GatewayError method_not_allowed(std::string_view method, std::string_view path,
                                 std::string_view allowed);
 GatewayError unauthorized();

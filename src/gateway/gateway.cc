@@ -28,9 +28,89 @@ std::string_view new_request_id(char* out) {
 }
 
 struct RouteEntry {
-  std::string_view path;
+  std::string_view path;        // the metric label too
   std::optional<ApiRoute> api;  // proxied inference route; nullopt = gateway's own
+  std::string_view methods;     // those allowed, as a 405 names them
 };
+
+constexpr std::string_view kPost = "POST";
+constexpr std::string_view kPostPut = "POST or PUT";
+constexpr std::string_view kGet = "GET";
+
+constexpr RouteEntry kRoutes[] = {
+    {"/generate", ApiRoute::kGenerate, kPost},
+    {"/v1/chat/completions", ApiRoute::kChatCompletions, kPost},
+    {"/v1/completions", ApiRoute::kCompletions, kPost},
+    {"/v1/responses", ApiRoute::kResponses, kPost},
+    {"/v1/embeddings", ApiRoute::kEmbeddings, kPost},
+    {"/v1/rerank", ApiRoute::kRerank, kPost},
+    {"/v1/score", ApiRoute::kScore, kPost},
+    {"/v1/classify", ApiRoute::kClassifyOpenAI, kPost},
+    {"/encode", ApiRoute::kEncode, kPostPut},
+    {"/classify", ApiRoute::kClassify, kPostPut},
+    {"/tokenize", ApiRoute::kTokenize, kPost},
+    {"/detokenize", ApiRoute::kDetokenize, kPost},
+    {"/v1/tokenize", std::nullopt, kPost},
+    {"/v1/detokenize", std::nullopt, kPost},
+    {"/v1/models", std::nullopt, kGet},
+    {"/health", std::nullopt, kGet},
+    {"/liveness", std::nullopt, kGet},
+    {"/readiness", std::nullopt, kGet},
+    {"/get_server_info", std::nullopt, kGet},
+    {"/server_info", std::nullopt, kGet},
+    {"/get_model_info", std::nullopt, kGet},
+    {"/model_info", std::nullopt, kGet},
+};
+constexpr RouteEntry kResponseRoute{"/v1/responses/{id}", ApiRoute::kResponse, "GET or DELETE"};
+constexpr RouteEntry kResponseCancelRoute{"/v1/responses/{id}/cancel", ApiRoute::kResponse,
+                                          kPost};
+
+// The id in /v1/responses/{id} or /v1/responses/{id}/cancel.
+std::string_view response_id_of(std::string_view path) {
+  std::string_view id = path.substr(std::string_view("/v1/responses/").size());
+  if (id.ends_with("/cancel")) id.remove_suffix(std::string_view("/cancel").size());
+  return id;
+}
+
+const RouteEntry* find_route(std::string_view path) {
+  for (const auto& r : kRoutes) {
+    if (r.path == path) return &r;
+  }
+  if (path.starts_with("/v1/responses/")) {
+    return path.ends_with("/cancel") ? &kResponseCancelRoute : &kResponseRoute;
+  }
+  return nullptr;
+}
+
+bool allows(std::string_view methods, std::string_view method) {
+  if (method == "HEAD" && methods.find("GET") != std::string_view::npos) return true;
+  for (std::string_view m : {"GET", "POST", "PUT", "DELETE"}) {
+    if (method == m) return methods.find(m) != std::string_view::npos;
+  }
+  return false;
+}
+
+// SGLang's control routes: the admin listener's (some it answers, the rest are not proxied).
+bool admin_only(std::string_view path) {
+  static constexpr std::string_view kAdmin[] = {
+      "/flush_cache",         "/update_weights",        "/get_load",
+      "/get_loads",           "/v1/loads",              "/abort_request",
+      "/start_profile",       "/stop_profile",          "/workers",
+      "/v1/rules",            "/v1/config",             "/release_memory_occupation",
+      "/resume_memory_occupation", "/set_internal_state", "/get_internal_state",
+      "/pause_generation",    "/continue_generation",
+      "/start_expert_distribution_record", "/stop_expert_distribution_record",
+      "/dump_expert_distribution_record", "/configure_logging", "/load_lora_adapter",
+      "/unload_lora_adapter", "/init_weights_update_group", "/update_weights_from_disk",
+      "/update_weights_from_distributed", "/update_weights_from_tensor",
+      "/get_weights_by_name", "/slow_down"};
+  for (std::string_view a : kAdmin) {
+    if (path == a || (path.starts_with(a) && path.size() > a.size() && path[a.size()] == '/')) {
+      return true;
+    }
+  }
+  return path.starts_with("/update_weights");
+}
 
 }  // namespace
 
@@ -69,7 +149,9 @@ Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics
       budget_(retry_),
       rid_headers_(request_id_header_names(config)),
       timeout_(config.request_timeout_secs),
-      api_key_(config.api_key) {}
+      api_key_(config.api_key),
+      owners_(static_cast<size_t>(config.max_response_owners),
+              std::chrono::seconds(config.response_owner_ttl_secs)) {}
 
 Gateway::~Gateway() = default;
 
@@ -123,40 +205,28 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
                 std::all_of(rid.begin(), rid.end(), [](char c) { return c > 0x20 && c < 0x7f; });
   if (!rid_ok) rid = new_request_id(generated);
 
-  static constexpr RouteEntry kRoutes[] = {
-      {"/generate", ApiRoute::kGenerate},
-      {"/v1/chat/completions", ApiRoute::kChatCompletions},
-      {"/v1/completions", ApiRoute::kCompletions},
-      {"/v1/embeddings", ApiRoute::kEmbeddings},
-      {"/v1/rerank", ApiRoute::kRerank},
-      {"/v1/models", std::nullopt},
-      {"/health", std::nullopt},
-      {"/liveness", std::nullopt},
-      {"/readiness", std::nullopt},
-      {"/get_server_info", std::nullopt},
-      {"/server_info", std::nullopt},
-      {"/get_model_info", std::nullopt},
-      {"/model_info", std::nullopt},
-  };
   std::string_view path = ex.path();
   std::string_view method = ex.method();
-  const RouteEntry* route = nullptr;
-  for (const auto& r : kRoutes) {
-    if (r.path == path) {
-      route = &r;
-      break;
-    }
-  }
+  const RouteEntry* route = find_route(path);
   if (!route) {
-    co_await fail(ex, errors::not_found(method, path), rid);
+    GatewayError e = admin_only(path) ? errors::admin_route(method, path)
+                                      : errors::not_found(method, path);
+    co_await fail(ex, e, rid);
     record("unknown", 404, "", false, start);
     co_return;
   }
-  bool is_get = method == "GET" || method == "HEAD";
+  if (route->api == ApiRoute::kResponse &&
+      !ResponseOwners::valid_id(response_id_of(path))) {
+    GatewayError bad{404, "invalid_request_error", "not_found",
+                     std::string(method) + " " + std::string(path.substr(0, 256)) +
+                         ": not a response id (they read resp_ and letters, digits, _ or -)"};
+    co_await fail(ex, bad, rid);
+    record(route->path, 404, "", false, start);
+    co_return;
+  }
   bool probe = path == "/health" || path == "/liveness" || path == "/readiness";
-  if (route->api ? method != "POST" : !is_get) {
-    std::string_view allowed = route->api ? "POST" : "GET";
-    co_await fail(ex, errors::method_not_allowed(method, path, allowed), rid);
+  if (!allows(route->methods, method)) {
+    co_await fail(ex, errors::method_not_allowed(method, path, route->methods), rid);
     record(route->path, 405, "", false, start);
     co_return;
   }
@@ -165,10 +235,15 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     record(route->path, 401, "", false, start);
     co_return;
   }
+  if (path == "/v1/tokenize" || path == "/v1/detokenize") {
+    co_await tokenize(ex, rid, path == "/v1/detokenize", start);
+    co_return;
+  }
   if (route->api) {
     co_await proxy(ex, *route->api, rid);
     co_return;
   }
+
   if (path == "/v1/models") {
     co_await list_models(ex, rid);
     record(route->path, 200, "", false, start);
@@ -189,6 +264,10 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
                               "--expose-server-info answers it here too"};
       co_await fail(ex, hidden, rid);
       record(route->path, 404, "", false, start);
+      co_return;
+    }
+    if (path == "/get_model_info" || path == "/model_info") {
+      co_await model_info(ex, rid, start);
       co_return;
     }
     co_await answer_worker_info(ex, pools_.table(), "",
@@ -278,6 +357,240 @@ awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
   }
   body.append("]}");
   co_await answer(ex, 200, body, rid);
+}
+
+}  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+// The context length an engine of `pool` advertises for its model on /v1/models (-1 unknown:
+// sgl-model-gateway's answer without one).
+int64_t max_model_len(const Pool& pool) {
+  simdjson::dom::parser parser;
+  for (const auto& w : pool.workers()->workers) {
+    if (!w->healthy()) continue;
+    for (const auto& m : w->models()) {
+      int64_t len = 0;
+      simdjson::dom::element e;
+      if (!parser.parse(m).get(e) && !e["max_model_len"].get_int64().get(len)) return len;
+    }
+  }
+  return -1;
+}
+
+void append_ids(std::string& out, const std::vector<int32_t>& ids) {
+  out.push_back('[');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out.push_back(',');
+    out.append(std::to_string(ids[i]));
+  }
+  out.push_back(']');
+}
+
+// Reads a list of token ids, each in [0, vocab); "" or what is wrong.
+std::string read_ids(simdjson::dom::array a, int32_t vocab, std::vector<int32_t>& out) {
+  for (simdjson::dom::element v : a) {
+    int64_t id = 0;
+    if (v.get_int64().get(id)) return "\"tokens\" must hold integers";
+    if (id < 0 || id >= vocab) {
+      return "token id " + std::to_string(id) + " is outside the vocabulary (0.." +
+             std::to_string(vocab - 1) + ")";
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return "";
+}
+
+}  // namespace
+
+// sgl-model-gateway's /v1/tokenize {model, prompt: str | [str], add_special_tokens = true} ->
+// {tokens, count, max_model_len}, and /v1/detokenize {model, tokens: [id] | [[id]],
+// skip_special_tokens = true} -> {text}. kvgate also takes `messages` (a chat) on /v1/tokenize:
+// rendered with the rule's chat template and tokenized as the engine's chat route does (no special
+// tokens added: the template writes them), which are the ids kv_exact routes on.
+awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool detokenize,
+                                  Clock::time_point start) {
+  const std::string_view label = detokenize ? "/v1/detokenize" : "/v1/tokenize";
+  std::string_view model;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  simdjson::dom::object obj;
+  const std::string& body = ex.body();
+  if (parser.parse(body).get(doc) || doc.get_object().get(obj)) {
+    co_await fail(ex, errors::bad_json("request body must be a JSON object"), rid);
+    record(label, 400, "", false, start);
+    co_return;
+  }
+  if (obj["model"].get_string().get(model)) model = "";
+  auto table = pools_.table();
+  std::shared_ptr<Pool> pool = table->resolve(ex.local_port(), ex.path(), model);
+  if (!pool) {
+    GatewayError e = model.empty() ? errors::no_rule(ex.path()) : errors::model_not_found(model);
+    co_await fail(ex, e, rid);
+    record(label, e.status, "", false, start);
+    co_return;
+  }
+  const tokenizer::Tokenizer* tok = pool->parse_options().tokenizer;
+  if (!tok) {
+    // No tokenizer in the rule (tokenizerPath, kvExactMode): its engines answer, as SGLang does.
+    const ApiRoute route = detokenize ? ApiRoute::kDetokenize : ApiRoute::kTokenize;
+    co_await proxy(ex, route, rid);
+    co_return;
+  }
+  auto bad = [&](std::string why) {
+    return GatewayError{400, "invalid_request_error", "invalid_request", std::move(why)};
+  };
+  std::optional<GatewayError> error;
+  std::string out;
+  if (detokenize) {
+    bool skip = true;
+    if (obj["skip_special_tokens"].get_bool().get(skip)) skip = true;
+    simdjson::dom::array tokens;
+    if (obj["tokens"].get_array().get(tokens)) {
+      error = bad("\"tokens\" must be a list of token ids, or a list of such lists");
+    } else {
+      const bool batch = tokens.size() > 0 && tokens.at(0).value_unsafe().is_array();
+      std::vector<std::string> texts;
+      std::vector<int32_t> ids;
+      if (batch) {
+        for (simdjson::dom::element seq : tokens) {
+          simdjson::dom::array a;
+          ids.clear();
+          std::string why = seq.get_array().get(a) ? "\"tokens\" mixes lists and ids"
+                                                   : read_ids(a, tok->vocab_size(), ids);
+          if (!why.empty()) {
+            error = bad(std::move(why));
+            break;
+          }
+          texts.push_back(tok->decode(ids, skip));
+        }
+      } else {
+        std::string why = read_ids(tokens, tok->vocab_size(), ids);
+        if (!why.empty()) error = bad(std::move(why));
+        if (why.empty()) texts.push_back(tok->decode(ids, skip));
+      }
+      out = R"({"text":)";
+      if (batch) out.push_back('[');
+      for (size_t i = 0; i < texts.size(); ++i) {
+        if (i) out.push_back(',');
+        json::append_string(out, texts[i]);
+      }
+      if (batch) out.push_back(']');
+      out.push_back('}');
+    }
+  } else {
+    bool add_special = true;
+    if (obj["add_special_tokens"].get_bool().get(add_special)) add_special = true;
+    std::vector<std::vector<int32_t>> seqs;
+    bool batch = false;
+    simdjson::dom::element prompt;
+    simdjson::dom::array messages;
+    if (!obj["messages"].get_array().get(messages)) {
+      const tokenizer::ChatTemplate* tmpl = pool->parse_options().chat_template;
+      std::string text, why;
+      if (!tmpl) {
+        error = bad("rule '" + pool->name() + "' has no chat template to render `messages` with");
+      } else if (!tmpl->render_request_json(simdjson::minify(messages), "", true, "", text,
+                                            why)) {
+        error = bad("the chat template rejected the messages: " + why);
+      } else {
+        seqs.push_back(tok->encode(text, false));
+      }
+    } else if (!obj["prompt"].get(prompt)) {
+      std::string_view s;
+      simdjson::dom::array list;
+      if (!prompt.get_string().get(s)) {
+        seqs.push_back(tok->encode(s, add_special));
+      } else if (!prompt.get_array().get(list)) {
+        batch = true;
+        for (simdjson::dom::element item : list) {
+          if (item.get_string().get(s)) {
+            error = bad("\"prompt\" must be a string or a list of strings");
+            break;
+          }
+          seqs.push_back(tok->encode(s, add_special));
+        }
+      } else {
+        error = bad("\"prompt\" must be a string or a list of strings");
+      }
+    } else {
+      error = bad("give \"prompt\" (a string or a list of strings) or \"messages\" (a chat)");
+    }
+    out = R"({"tokens":)";
+    if (batch) out.push_back('[');
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (i) out.push_back(',');
+      append_ids(out, seqs[i]);
+    }
+    if (batch) out.append(R"(],"count":[)");
+    if (!batch) out.append(R"(,"count":)");
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (i) out.push_back(',');
+      out.append(std::to_string(seqs[i].size()));
+    }
+    if (batch) out.push_back(']');
+    out.append(R"(,"max_model_len":)").append(std::to_string(max_model_len(*pool))).append("}");
+  }
+  if (error) {
+    int status = error->status;
+    co_await fail(ex, *error, rid);
+    record(label, status, "", false, start);
+    co_return;
+  }
+  co_await answer(ex, 200, out, rid);
+  record(label, 200, "", false, start);
+}
+
+// The engine's /get_model_info for the model the query names, else for the first rule's model.
+awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
+                                    Clock::time_point start) {
+  auto table = pools_.table();
+  std::string model;
+  std::string_view target = ex.target();
+  if (size_t q = target.find("model="); q != std::string_view::npos) {
+    std::string_view v = target.substr(q + 6);
+    model = v.substr(0, v.find('&'));
+  }
+  const Pool* pool = nullptr;
+  if (model.empty()) {
+    pool = table->pools.empty() ? nullptr : table->pools[0].get();
+  } else if (auto p = table->resolve(ex.local_port(), "/v1/chat/completions", model)) {
+    pool = p.get();
+  }
+  const Worker* chosen = nullptr;
+  if (pool) {
+    for (const auto& w : pool->workers()->workers) {
+      if (w->healthy()) {
+        chosen = w.get();
+        break;
+      }
+    }
+  }
+  if (!chosen) {
+    GatewayError e =
+        !model.empty() && !pool
+            ? errors::model_not_found(model)
+            : GatewayError{503, "server_error", "no_available_workers",
+                           pool ? "no healthy worker in rule '" + pool->name() + "'"
+                                : std::string("no rule is configured")};
+    int status = e.status;
+    co_await fail(ex, e, rid);
+    record("/get_model_info", status, "", false, start);
+    co_return;
+  }
+  auto r = co_await http::fetch(ex.executor(), chosen->target(), "GET", "/get_model_info",
+                                std::chrono::seconds(config_.health_check_timeout_secs));
+  if (r.error != http::CallError::kNone) {
+    GatewayError e = errors::upstream_no_answer(chosen->id());
+    int status = e.status;
+    co_await fail(ex, e, rid, chosen);
+    record("/get_model_info", status, "", false, start);
+    co_return;
+  }
+  const http::Header h[] = {kJsonType, {"x-request-id", rid}};
+  co_await ex.respond(r.status, h, r.body);
+  record("/get_model_info", r.status, "", false, start);
 }
 
 }  // namespace kvgate

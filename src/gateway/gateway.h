@@ -28,6 +28,7 @@
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
 #include "gateway/pools.h"
+#include "gateway/response_owners.h"
 #include "gateway/retry.h"
 #include "http/server.h"
 #include "policy/policy.h"
@@ -101,12 +102,21 @@ class Gateway {
   // Requests being handled now (for graceful shutdown).
   int64_t in_flight() const { return in_flight_.load(); }
   DoctorKey& doctor_key() { return doctor_; }
+  // /v1/responses: which worker holds each response (gateway/response_owners.h).
+  ResponseOwners& response_owners() { return owners_; }
 
  private:
   class Request;   // one proxied request's state, with a member function per phase
   struct Attempt;  // one attempt of it on one worker
   awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view rid);
   awaitable<void> list_models(http::Exchange& ex, std::string_view rid);
+  // /v1/tokenize, /v1/detokenize (sgl-model-gateway's shapes) from the rule's tokenizer and chat
+  // template; a rule without one has its engines answer (proxied).
+  awaitable<void> tokenize(http::Exchange& ex, std::string_view rid, bool detokenize,
+                           Clock::time_point start);
+  // /get_model_info (with --expose-server-info): the engine's answer for the model the query
+  // names (?model=), or the first rule's.
+  awaitable<void> model_info(http::Exchange& ex, std::string_view rid, Clock::time_point start);
   awaitable<void> readiness(http::Exchange& ex, std::string_view rid, Clock::time_point start);
   awaitable<void> answer(http::Exchange& ex, int status, std::string_view body,
                          std::string_view rid);
@@ -127,6 +137,7 @@ class Gateway {
   BearerKey api_key_;
   std::atomic<int64_t> in_flight_{0};
   DoctorKey doctor_;
+  ResponseOwners owners_;
 };
 
 }  // namespace kvgate

@@ -3,6 +3,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 
 #include "gateway/errors.h"
 #include "gateway/gateway.h"
@@ -235,19 +236,38 @@ enum class Verdict { kSuccess, kFailure, kNeutral };
 // A dispatch to one worker: opened with the policy's on_dispatched and the worker's in-flight
 // count; closed exactly once with the outcome (policy on_completed, breaker), on every path,
 // including a coroutine destroyed at shutdown (then as a client abort).
-// Decides nothing and hears nothing: the dispatch of a doctor request pinned to a worker (the
-// rule's policy did not choose it, so its hooks must not hear of it).
+// Decides nothing and hears nothing: the dispatch of a request pinned to a worker the rule's
+// policy did not choose, so its hooks must not hear of it: the doctor's, or one that must reach
+// the worker holding its response (/v1/responses).
 class PinnedPolicy final : public Policy {
  public:
-  std::string_view name() const override { return "doctor"; }
+  explicit PinnedPolicy(std::string_view name) : name_(name) {}
+  std::string_view name() const override { return name_; }
   Decision select(std::span<Worker* const> /*available*/, RouteContext& /*ctx*/) override {
     return {};
   }
+
+ private:
+  std::string_view name_;
 };
 PinnedPolicy& pinned_policy() {
-  static PinnedPolicy policy;
+  static PinnedPolicy policy("doctor");
   return policy;
 }
+PinnedPolicy& owner_policy() {
+  static PinnedPolicy policy("response_owner");
+  return policy;
+}
+
+// Owner lookups (GET /v1/responses/{id} to every worker) in flight from this thread: one per
+// request whose response the gateway does not remember; bounded so a burst of unknown ids after a
+// restart cannot multiply into a storm of calls.
+thread_local int tl_owner_lookups = 0;
+constexpr int kMaxOwnerLookups = 16;
+constexpr size_t kMaxOwnerLookupWorkers = 64;
+constexpr auto kOwnerLookupTimeout = std::chrono::seconds(5);
+// The beginning of a /v1/responses answer searched for the response's id.
+constexpr size_t kResponseIdScanLimit = 16384;
 
 class Dispatch {
  public:
@@ -399,6 +419,11 @@ class Gateway::Request {
   bool admits_all() const { return !g_.admission_.enabled(); }
   awaitable<bool> admit();
   bool parse();
+  // /v1/responses: the worker holding the response the request names (previous_response_id, or
+  // the path's id), asked of the workers when the gateway does not remember it.
+  bool names_response() const { return !response_id_.empty(); }
+  bool refusing() const { return refusal_.has_value(); }
+  awaitable<bool> locate();
   awaitable<void> refuse_pending();
   void forward_headers();
   bool must_back_off() const { return attempts_made_ > 0 && !skip_backoff_; }
@@ -438,6 +463,8 @@ class Gateway::Request {
   // retried: its completion, counted as that status counts.
   void failed_attempt(Attempt& a, int status, bool ran);
   void complete(Attempt& a, int final_status, Verdict verdict, const UsageScanner& usage);
+  // /v1/responses: looks for the new response's id in a piece of the answer (learned once).
+  void scan_id(const Attempt& a, std::string_view piece);
 
   // First member: the request counts for the retry budget from before anything else is set up
   // until after everything else (its retry slot included) is released.
@@ -466,6 +493,12 @@ class Gateway::Request {
   std::shared_ptr<Pool> pool_;             // pinned: its policy decides and hears every completion
   std::string_view model_;                 // the metric label (empty until parsed)
   bool streaming_ = false;
+  // /v1/responses: the response the request names, and the worker (URL) holding it once known.
+  std::string response_id_;
+  std::string owner_;
+  // /v1/responses answered 200: the answer's beginning, until the new response's id is in it.
+  bool learn_id_ = false;
+  std::string id_scan_;
 
   // admit; a client going away cancels what the request waits for
   Cancel cancel_;
@@ -597,14 +630,35 @@ bool Gateway::Request::resolve() {
   {
     auto table = g_.pools_.table();
     uint16_t port = ex_.local_port();
-    if (table->needs_model(port, ex_.path())) {
+    // /v1/responses is always read: previous_response_id decides where it goes.
+    if (table->needs_model(port, ex_.path()) || route_ == ApiRoute::kResponses) {
       parse_error = parse_request(route_, ex_.body(), info_);
       parsed_ = parse_error.empty();
       if (!parsed_) info_ = RequestInfo{};  // no model: a catch-all rule may still take it
     }
+    if (route_ == ApiRoute::kResponse) {
+      std::string_view id = ex_.path().substr(std::string_view("/v1/responses/").size());
+      if (id.ends_with("/cancel")) id.remove_suffix(std::string_view("/cancel").size());
+      response_id_ = id;
+    } else if (route_ == ApiRoute::kResponses) {
+      response_id_ = info_.previous_response_id;
+    }
+    if (!response_id_.empty()) {
+      if (auto owner = g_.owners_.find(response_id_)) {
+        for (const auto& p : table->pools) {
+          if (p->name() == owner->rule) pool_ = p;
+        }
+        if (pool_) {
+          owner_ = std::move(owner->worker);
+          g_.owners_.count("owner");
+          return true;
+        }
+      }
+    }
     pool_ = table->resolve(port, ex_.path(), info_.model);
   }
-  if (pool_) return true;
+  // (A response asked for by id names no model: locate() looks for it in every rule.)
+  if (pool_ || route_ == ApiRoute::kResponse) return true;
   if (!parse_error.empty()) {
     refusal_ = errors::bad_json(std::move(parse_error));
   } else {
@@ -653,7 +707,10 @@ awaitable<bool> Gateway::Request::admit() {
 bool Gateway::Request::parse() {
   const ParseOptions& options = pool_->parse_options();
   bool wants_content = options.want_text || options.want_tokens;
-  if (pool_->reads_body() && (!parsed_ || wants_content)) {
+  // A request going to the worker holding its response has nothing for the policy to read (and
+  // /v1/responses/{id} has no body).
+  const bool routed = !owner_.empty() || route_ == ApiRoute::kResponse;
+  if (pool_->reads_body() && (!parsed_ || wants_content) && !routed) {
     info_ = RequestInfo{};
     if (std::string err = parse_request(route_, ex_.body(), info_, options); !err.empty()) {
       refusal_ = errors::bad_json(std::move(err));
@@ -670,6 +727,109 @@ bool Gateway::Request::parse() {
   model_ = g_.metrics_.models.admit(info_.model);
   streaming_ = info_.stream;
   return true;
+}
+
+// Phase: locate (/v1/responses naming a response the gateway does not remember: forgotten,
+// expired, created before a restart or through another replica). Every healthy worker that could
+// hold it (the rule's, or for GET/DELETE/cancel every rule's) is asked GET /v1/responses/{id} at
+// once; the one that answers 200 holds it. Not finding it is the client's answer (404, or 503
+// when some worker did not answer and may hold it): never sent where it cannot be.
+awaitable<bool> Gateway::Request::locate() {
+  if (!owner_.empty()) co_return true;
+  if (tl_owner_lookups >= kMaxOwnerLookups) {
+    g_.owners_.count("lookup_busy");
+    refusal_ = GatewayError{503, "server_error", "response_lookup_busy",
+                            "response " + response_id_ +
+                                " is not one this gateway remembers, and too many lookups are "
+                                "running; retry shortly"};
+    co_return false;
+  }
+  ++tl_owner_lookups;
+  struct Done {
+    ~Done() { --tl_owner_lookups; }
+  } done;
+  struct Candidate {
+    std::shared_ptr<Pool> pool;
+    WorkerPtr worker;
+  };
+  std::vector<Candidate> candidates;
+  std::set<std::string_view> seen;
+  auto table = g_.pools_.table();
+  auto add = [&](const std::shared_ptr<Pool>& p) {
+    if (p->pd()) return;  // a prefill/decode pool does not serve /v1/responses
+    for (const auto& w : p->workers()->workers) {
+      if (candidates.size() >= kMaxOwnerLookupWorkers) return;
+      if (w->healthy() && seen.insert(w->url()).second) candidates.push_back({p, w});
+    }
+  };
+  if (pool_) {
+    add(pool_);
+  } else {
+    for (const auto& p : table->pools) add(p);
+  }
+  if (candidates.empty()) {
+    refusal_ = GatewayError{503, "server_error", "no_available_workers",
+                            "response " + response_id_ +
+                                " is not one this gateway remembers, and no healthy worker can "
+                                "be asked for it"};
+    co_return false;
+  }
+  struct Join {
+    Join(const Executor& ex, size_t n) : status(n, 0), left(n), timer(ex) {}
+    std::vector<int> status;  // -1: no answer
+    size_t left;
+    Timer timer;
+  };
+  auto join = std::make_shared<Join>(ex_.executor(), candidates.size());
+  auto path = std::make_shared<const std::string>("/v1/responses/" + response_id_);
+  auto auth = std::make_shared<const std::string>(ex_.header("authorization"));
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    asio::co_spawn(
+        ex_.executor(),
+        [join, i, path, auth, w = candidates[i].worker,
+         ex = ex_.executor()]() -> awaitable<void> {
+          const http::Header headers[] = {{"authorization", *auth}};
+          const size_t n = auth->empty() ? 0 : 1;
+          auto r = co_await http::fetch(ex, w->target(), "GET", *path, kOwnerLookupTimeout, {},
+                                        http::HeaderList(headers, n));
+          join->status[i] = r.error == http::CallError::kNone ? r.status : -1;
+          if (--join->left == 0) join->timer.cancel();
+        },
+        asio::detached);
+  }
+  if (join->left > 0) {
+    join->timer.expires_at(Clock::time_point::max());
+    co_await join->timer.async_wait(asio::as_tuple(use_awaitable));
+  }
+  size_t silent = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (join->status[i] == 200) {
+      pool_ = candidates[i].pool;
+      owner_ = candidates[i].worker->url();
+      g_.owners_.learn(response_id_, pool_->name(), owner_);
+      g_.owners_.count("found");
+      co_return true;
+    }
+    if (join->status[i] < 0 || join->status[i] >= 500) ++silent;
+  }
+  if (ex_.client_gone()) {
+    client_left();
+    co_return false;
+  }
+  g_.owners_.count("not_found");
+  std::string asked = std::to_string(candidates.size()) + " worker" +
+                      (candidates.size() == 1 ? "" : "s");
+  refusal_ = silent > 0
+                 ? GatewayError{503, "server_error", "response_owner_unavailable",
+                                "response " + response_id_ + " was not found; " +
+                                    std::to_string(silent) + " of the " + asked +
+                                    " asked did not answer and may hold it; retry later"}
+                 : GatewayError{404, "invalid_request_error", "response_not_found",
+                                "response " + response_id_ + " was not found on any of the " +
+                                    asked + " that could hold it (SGLang keeps responses in "
+                                    "the memory of the server that made them: a restart loses "
+                                    "them; store=false keeps none)"};
+  co_return false;
 }
 
 // Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
@@ -767,7 +927,8 @@ Next Gateway::Request::select(Attempt& a) {
     return Next::kRefuse;
   }
   const bool pinned = doctor_ && !doctor_->pin.empty();
-  Policy& policy = pinned ? pinned_policy() : pool_->policy();
+  const bool owned = !owner_.empty();
+  Policy& policy = pinned ? pinned_policy() : owned ? owner_policy() : pool_->policy();
   if (pinned) [[unlikely]] {
     // The doctor's proxy-path check: the worker it names, if the gateway would route to it.
     a.d = Decision{.branch = "pinned"};
@@ -775,6 +936,22 @@ Next Gateway::Request::select(Attempt& a) {
       if (w->url() == doctor_->pin) a.d.worker = w;
     }
     pinned_ = true;
+  } else if (owned) {
+    // The worker holding the response: no other has its conversation.
+    a.d = Decision{.branch = "owner"};
+    for (Worker* w : candidates_.workers()) {
+      if (w->url() == owner_) a.d.worker = w;
+    }
+    if (a.d.worker == nullptr) {
+      g_.owners_.count("owner_unavailable");
+      if (attempts_made_ > 0) return Next::kGiveUp;
+      refusal_ = GatewayError{503, "server_error", "response_owner_unavailable",
+                              "response " + std::string(response_id_) + " is held by worker " +
+                                  owner_ +
+                                  ", which cannot take requests now (unhealthy, its breaker "
+                                  "open, or it failed this request); no other worker has it"};
+      return Next::kRefuse;
+    }
   } else {
     ctx_.candidates = candidates_.view();
     a.d = policy.select(candidates_.workers(), ctx_);
@@ -809,11 +986,12 @@ Next Gateway::Request::select(Attempt& a) {
 // prefill server (and rank), the decode policy a decode server; each breaker gives a pass; both
 // dispatches open. A retry chooses both again.
 Next Gateway::Request::select_pd(Attempt& a) {
-  if (route_ == ApiRoute::kEmbeddings || route_ == ApiRoute::kRerank) {
+  if (!generates(route_) || route_ == ApiRoute::kResponses) {
     refusal_ = errors::invalid_request(
         std::string(route_label_) +
-        " is not a generation route: a prefill/decode pool serves /generate, "
-        "/v1/chat/completions and /v1/completions; route it to a plain pool");
+        " is not served by a prefill/decode pool (it serves /generate, /v1/chat/completions and "
+        "/v1/completions; /v1/responses keeps its state in one server); route it to a plain "
+        "pool");
     return Next::kRefuse;
   }
   if (candidates_.empty()) {
@@ -1264,9 +1442,10 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   out.push_back({"x-request-id", rid_});
   std::string route_header, attempts_header, rank_header, prefill_route, prefill_rank;
   if (g_.config_.debug_headers || doctor_) {
-    Policy& decider = pinned_     ? pinned_policy()
-                      : a.prefill ? pool_->decode_policy()
-                                  : pool_->policy();
+    Policy& decider = pinned_          ? pinned_policy()
+                      : !owner_.empty() ? owner_policy()
+                      : a.prefill       ? pool_->decode_policy()
+                                        : pool_->policy();
     route_header = std::string(decider.name()) + "/" + std::string(a.d.branch);
     if (a.prefill) {
       // Prefill/decode: x-kvgate-worker and x-kvgate-route are the decode half's.
@@ -1303,6 +1482,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   if (a.blame_prefill) verdict = Verdict::kNeutral;  // a failed KV transfer: neither side charged
   UsageScanner usage;
   bool scan_usage = pool_->wants_usage() && status < 400;
+  learn_id_ = route_ == ApiRoute::kResponses && info_.store && status == 200 && !a.worker_abort;
   if (call.done() && a.pre.empty()) {  // no body (a.pre: what the first event's check read)
     bool sent = co_await ex_.respond(status, out, "");
     if (!sent) final_status = kClientClosedStatus;
@@ -1318,6 +1498,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   bool ok = true;
   if (!a.pre.empty()) {
     if (scan_usage) usage.feed(a.pre);
+    if (learn_id_) scan_id(a, a.pre);
     ok = co_await ex_.write_body(a.pre);
     std::string().swap(a.pre);  // (a stream may last minutes: not kept for it)
   }
@@ -1326,6 +1507,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     // In place in the worker connection's buffer: no relay buffer, no copy.
     std::string_view piece = co_await call.read_view(re);
     if (!piece.empty() && scan_usage) usage.feed(piece);
+    if (learn_id_ && !piece.empty()) scan_id(a, piece);
     if (!piece.empty()) {
       bool written = co_await ex_.write_body(piece);
       if (!written) {
@@ -1376,6 +1558,22 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   complete(a, final_status, verdict, usage);
 }
 
+void Gateway::Request::scan_id(const Attempt& a, std::string_view piece) {
+  std::string_view id;
+  if (id_scan_.empty()) id = ResponseOwners::find_id(piece);
+  if (id.empty()) {
+    id_scan_.append(piece.substr(0, kResponseIdScanLimit - id_scan_.size()));
+    id = ResponseOwners::find_id(id_scan_);
+  }
+  if (!id.empty()) {
+    g_.owners_.learn(id, pool_->name(), a.w->url());
+  } else if (id_scan_.size() < kResponseIdScanLimit) {
+    return;  // not yet: the id may be in the next piece
+  }
+  learn_id_ = false;
+  std::string().swap(id_scan_);
+}
+
 // Phase: complete. Every dispatch gets exactly one completion: the policy's on_completed (with
 // what the worker reported of its cache), the breaker's verdict, the request's metrics.
 void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
@@ -1390,6 +1588,9 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
                              .prompt_tokens = usage.prompt_tokens(),
                              .started = true},
                      verdict);
+  if (route_ == ApiRoute::kResponse && final_status == 200 && ex_.method() == "DELETE") {
+    g_.owners_.forget(response_id_);
+  }
   record(final_status);
 }
 
@@ -1591,6 +1792,13 @@ awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_v
   if (!r.admits_all()) {
     go = co_await r.admit();
     if (!go) co_return;
+  }
+  if (r.names_response()) {
+    go = co_await r.locate();
+    if (!go) {
+      if (r.refusing()) co_await r.refuse_pending();
+      co_return;
+    }
   }
   go = r.parse();
   if (!go) {

@@ -9,6 +9,7 @@
 #include "http/message.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json.h"
 #include "util/json_parser.h"
 
 namespace kvgate {
@@ -27,8 +28,47 @@ std::string_view to_string(ApiRoute r) {
       return "/v1/embeddings";
     case ApiRoute::kRerank:
       return "/v1/rerank";
+    case ApiRoute::kResponses:
+      return "/v1/responses";
+    case ApiRoute::kResponse:
+      return "/v1/responses/{id}";
+    case ApiRoute::kEncode:
+      return "/encode";
+    case ApiRoute::kClassify:
+      return "/classify";
+    case ApiRoute::kClassifyOpenAI:
+      return "/v1/classify";
+    case ApiRoute::kScore:
+      return "/v1/score";
+    case ApiRoute::kTokenize:
+      return "/tokenize";
+    case ApiRoute::kDetokenize:
+      return "/detokenize";
   }
   return "?";
+}
+
+namespace {
+// The OpenAI-compatible routes (SGLang's OpenAIServingBase reads their model).
+bool openai_route(ApiRoute r) {
+  switch (r) {
+    case ApiRoute::kChatCompletions:
+    case ApiRoute::kCompletions:
+    case ApiRoute::kEmbeddings:
+    case ApiRoute::kRerank:
+    case ApiRoute::kResponses:
+    case ApiRoute::kClassifyOpenAI:
+    case ApiRoute::kScore:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+bool generates(ApiRoute r) {
+  return r == ApiRoute::kGenerate || r == ApiRoute::kChatCompletions ||
+         r == ApiRoute::kCompletions || r == ApiRoute::kResponses;
 }
 
 namespace {
@@ -146,10 +186,105 @@ bool render_chat(const tokenizer::ChatTemplate& tmpl, simdjson::dom::object obj,
                                   out.text, err);
 }
 
+// The text of a Responses API content: a string, or the text of its parts (input_text,
+// output_text, text).
+void append_response_content(std::string& out, element content) {
+  std::string_view s;
+  if (!content.get_string().get(s)) {
+    out.append(s);
+    return;
+  }
+  simdjson::dom::array parts;
+  if (content.get_array().get(parts)) return;
+  for (element part : parts) {
+    std::string_view type, text;
+    if (!part["type"].get_string().get(type) &&
+        (type == "input_text" || type == "output_text" || type == "text") &&
+        !part["text"].get_string().get(text)) {
+      out.append(text);
+    }
+  }
+}
+
+// /v1/responses as SGLang's serving_responses builds its chat messages (_construct_input_messages,
+// without a previous response: the gateway sends those to the engine that holds it): the
+// instructions as a system message, then the input (a string: one user message; a list: its
+// message items, their text parts joined). Calls add(role, content) for each.
+template <class Add>
+void for_each_response_message(simdjson::dom::object obj, Add&& add) {
+  std::string_view s;
+  if (!obj["instructions"].get_string().get(s) && !s.empty()) add("system", s);
+  element input;
+  if (obj["input"].get(input)) return;
+  simdjson::dom::array items;
+  if (!input.get_string().get(s)) {
+    add("user", s);
+  } else if (!input.get_array().get(items)) {
+    std::string text;
+    for (element item : items) {
+      std::string_view role;
+      element content;
+      if (item["role"].get_string().get(role) || item["content"].get(content)) continue;
+      text.clear();
+      append_response_content(text, content);
+      add(role, std::string_view(text));
+    }
+  }
+}
+
+void extract_responses(simdjson::dom::object obj, RequestInfo& out, const ParseOptions& options) {
+  if (options.chat_template) {
+    std::string messages = "[";
+    for_each_response_message(obj, [&](std::string_view role, std::string_view content) {
+      if (messages.size() > 1) messages.push_back(',');
+      messages.append(R"({"role":)");
+      json::append_string(messages, role);
+      messages.append(R"(,"content":)");
+      json::append_string(messages, content);
+      messages.push_back('}');
+      if (out.first_user_message.empty() && role == "user") out.first_user_message = content;
+    });
+    messages.push_back(']');
+    auto t0 = std::chrono::steady_clock::now();
+    std::string err;
+    bool ok = options.chat_template->render_request_json(messages, "", true, "", out.text, err);
+    if (options.want_tokens) out.render_time = std::chrono::steady_clock::now() - t0;
+    if (ok) {
+      out.rendered = true;
+      return;
+    }
+    out.render_failed = true;
+    out.text.clear();
+  }
+  // The stand-in, as a chat's: "role\ncontent\n" per message.
+  bool have_user = false;
+  for_each_response_message(obj, [&](std::string_view role, std::string_view content) {
+    out.text.append(role).push_back('\n');
+    if (!have_user && role == "user") {
+      out.first_user_at = {out.text.size(), content.size()};
+      have_user = true;
+    }
+    out.text.append(content).push_back('\n');
+  });
+}
+
 void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
                   const ParseOptions& options) {
   element v;
   switch (route) {
+    case ApiRoute::kResponses:
+      extract_responses(obj, out, options);
+      break;
+    case ApiRoute::kResponse:
+    case ApiRoute::kTokenize:
+    case ApiRoute::kDetokenize:
+      break;  // nothing to route on: the owner, or any worker
+    case ApiRoute::kScore:
+      if (!obj["query"].get(v)) append_prompt(out.text, v, out.token_ids);
+      break;
+    case ApiRoute::kClassifyOpenAI:
+      if (!obj["input"].get(v)) append_prompt(out.text, v, out.token_ids);
+      break;
     case ApiRoute::kChatCompletions: {
       simdjson::dom::array messages;
       if (obj["messages"].get_array().get(messages)) break;
@@ -172,6 +307,8 @@ void extract_text(ApiRoute route, simdjson::dom::object obj, RequestInfo& out,
       if (!obj["prompt"].get(v)) append_prompt(out.text, v, out.token_ids);
       break;
     case ApiRoute::kGenerate:
+    case ApiRoute::kEncode:
+    case ApiRoute::kClassify:
       if (!obj["text"].get(v) && !v.is_null()) {
         append_prompt(out.text, v, out.token_ids);
       } else if (!obj["input_ids"].get(v)) {
@@ -217,6 +354,8 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
   out.model.clear();
   out.stream = false;
   out.rid.clear();
+  out.previous_response_id.clear();
+  out.store = true;
   out.include_usage = false;
   out.text.clear();
   out.first_user_message.clear();
@@ -264,7 +403,9 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
     } else if (key == "rid") {
       std::string_view r;
       if (!value.get_string().get(r)) out.rid = r;
-    } else if ((route == ApiRoute::kGenerate && (key == "text" || key == "input_ids")) ||
+    } else if (((route == ApiRoute::kGenerate || route == ApiRoute::kEncode ||
+                 route == ApiRoute::kClassify) &&
+                (key == "text" || key == "input_ids")) ||
                (route == ApiRoute::kCompletions && key == "prompt")) {
       // A list of strings, or a list of token id lists (a plain list of ids is one prompt).
       simdjson::dom::array a;
@@ -272,6 +413,16 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
         element first = a.at(0).value_unsafe();
         out.batch = first.is_string() || first.is_array();
       }
+    } else if (key == "previous_response_id" && route == ApiRoute::kResponses) {
+      std::string_view id;
+      if (value.get_string().get(id)) {
+        if (!value.is_null()) return "\"previous_response_id\" must be a string";
+      } else {
+        out.previous_response_id = id;
+      }
+    } else if (key == "store" && route == ApiRoute::kResponses) {
+      bool st = true;
+      if (!value.get_bool().get(st)) out.store = st;
     } else if (key == "cache_salt") {
       // SGLang keeps a salted request's prefixes in their own namespace (kv_exact keys by it).
       std::string_view salt;
@@ -290,7 +441,7 @@ std::string parse_request(ApiRoute route, const std::string& body, RequestInfo& 
       return "\"messages\" must be a list of message objects";
     }
   }
-  if (options.model_names_adapter && route != ApiRoute::kGenerate) {
+  if (options.model_names_adapter && openai_route(route)) {
     // SGLang's OpenAI routes: "base-model:adapter" names an adapter, which wins over lora_path.
     if (size_t colon = out.model.find(':'); colon != std::string::npos) {
       std::string_view adapter = std::string_view(out.model).substr(colon + 1);

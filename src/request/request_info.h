@@ -23,7 +23,17 @@ enum class ApiRoute {
   kCompletions,      // POST /v1/completions
   kEmbeddings,       // POST /v1/embeddings
   kRerank,           // POST /v1/rerank
+  kResponses,        // POST /v1/responses (OpenAI Responses API; the engine keeps its state)
+  kResponse,         // GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
+  kEncode,           // POST /encode (SGLang native embedding)
+  kClassify,         // POST /classify (SGLang native: text or input_ids)
+  kClassifyOpenAI,   // POST /v1/classify (input)
+  kScore,            // POST /v1/score
+  kTokenize,         // POST /tokenize (SGLang's own, proxied)
+  kDetokenize,       // POST /detokenize (SGLang's own, proxied)
 };
+// Whether a route generates (a prefill/decode pool serves it; its answers carry usage).
+bool generates(ApiRoute r);
 std::string_view to_string(ApiRoute r);
 
 struct RequestInfo {
@@ -31,6 +41,10 @@ struct RequestInfo {
   std::string model;  // "" when the body names none
   bool stream = false;
   std::string rid;  // SGLang "rid" when given as a string
+  // /v1/responses: the response this one continues (its engine holds the conversation), and
+  // whether the engine keeps this one (`store`, default true).
+  std::string previous_response_id;
+  bool store = true;
   // A batch: /generate's text or input_ids, or /v1/completions' prompt, is a list of prompts
   // (SGLang then takes per-prompt lists for its per-request fields, bootstrap_room included).
   bool batch = false;
@@ -45,8 +59,10 @@ struct RequestInfo {
   std::optional<std::string> lora;  // the adapter's name, when one string names it
   // Filled only when parse options ask for it (a policy routes on content):
   // chat: every message in order as "role\ncontent\n" (text parts of list contents, tool calls as
-  // JSON); completions: the prompt; /generate: text, or input_ids written as "1,2,3"; embeddings:
-  // the input; rerank: the query. Batches are joined with "\n".
+  // JSON); completions: the prompt; /generate, /encode, /classify: text, or input_ids written as
+  // "1,2,3"; embeddings, /v1/classify: the input; rerank, score: the query; responses: the
+  // messages SGLang builds (instructions as a system message, then the input) as chat's. Batches
+  // are joined with "\n".
   std::string text;
   // chat: the text of the first user message, a copy when `text` does not hold it as sent (the
   // rendered prompt); otherwise first_user() finds it in `text` (first_user_at), not copied.

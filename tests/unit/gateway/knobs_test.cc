@@ -74,6 +74,8 @@ const std::set<std::string, std::less<>> kReadDirectly = {
     "max-connections", "worker-ca-cert-path", "worker-client-cert-path", "worker-client-key-path",
     "tokenizer-path", "model-path", "tokenizer-cache-bytes", "debug-headers", "threads",
     "max-concurrent-requests", "queue-size", "queue-timeout-secs", "backend", "dp-rank-field",
+    // the gateway's response-owner table (gateway/response_owners.h)
+    "max-response-owners", "response-owner-ttl-secs",
     // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields
     // (kv-dp-rank-count reaches PolicyConfig too: --dp-aware's default ranks per worker)
     "kv-fallback-policy", "kv-block-size", "kv-zmq-port", "kv-warmup-secs",

@@ -297,3 +297,106 @@ TEST(RequestText, InputIdsAreTheTokens) {
 
 }  // namespace
 }  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+// /v1/responses: the messages SGLang's serving_responses builds (instructions as a system
+// message, then the input), rendered with the chat template as its chat route renders them.
+TEST(RequestText, ResponsesRenderInstructionsThenInput) {
+  Model m = load("qwen3");
+  ASSERT_TRUE(m.tok && m.tmpl) << testing::missing_model("qwen3", "tokenizer_config.json");
+  ParseOptions opt{.want_text = true,
+                   .want_tokens = true,
+                   .tokenizer = m.tok.get(),
+                   .chat_template = m.tmpl.get()};
+  RequestInfo info;
+  std::string body =
+      padded(R"({"model":"q","input":"Hi there","instructions":"Be brief.","stream":true})");
+  ASSERT_EQ(parse_request(ApiRoute::kResponses, body, info, opt), "");
+  std::string expected, err;
+  ASSERT_TRUE(m.tmpl->render_json(
+      R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}])", "", true,
+      "", expected, err))
+      << err;
+  EXPECT_TRUE(info.rendered);
+  EXPECT_EQ(info.text, expected);
+  EXPECT_EQ(info.tokens, m.tok->encode(expected, false));
+  EXPECT_EQ(info.first_user(), "Hi there");
+  EXPECT_TRUE(info.stream);
+  EXPECT_TRUE(info.store);
+  EXPECT_TRUE(info.previous_response_id.empty());
+
+  // A list input: message items, their text parts joined.
+  body = padded(
+      R"({"input":[{"role":"user","content":[{"type":"input_text","text":"a"},)"
+      R"({"type":"input_text","text":"b"}]},{"type":"message","role":"assistant",)"
+      R"("content":[{"type":"output_text","text":"c"}]},{"role":"user","content":"d"}]})");
+  ASSERT_EQ(parse_request(ApiRoute::kResponses, body, info, opt), "");
+  expected.clear();
+  ASSERT_TRUE(m.tmpl->render_json(
+      R"([{"role":"user","content":"ab"},{"role":"assistant","content":"c"},)"
+      R"({"role":"user","content":"d"}])",
+      "", true, "", expected, err))
+      << err;
+  EXPECT_EQ(info.text, expected);
+}
+
+TEST(RequestText, ResponsesReadTheirStateFields) {
+  RequestInfo info;
+  std::string body = padded(
+      R"({"input":"x","previous_response_id":"resp_abc","store":false,"instructions":"I"})");
+  ASSERT_EQ(parse_request(ApiRoute::kResponses, body, info, {.want_text = true}), "");
+  EXPECT_EQ(info.previous_response_id, "resp_abc");
+  EXPECT_FALSE(info.store);
+  EXPECT_EQ(info.text, "system\nI\nuser\nx\n");  // the stand-in without a template
+  EXPECT_EQ(info.first_user(), "x");
+  body = padded(R"({"input":"x","previous_response_id":7})");
+  EXPECT_NE(parse_request(ApiRoute::kResponses, body, info), "");
+  // previous_response_id means nothing elsewhere.
+  body = padded(R"({"prompt":"x","previous_response_id":"resp_abc"})");
+  ASSERT_EQ(parse_request(ApiRoute::kCompletions, body, info), "");
+  EXPECT_TRUE(info.previous_response_id.empty());
+}
+
+TEST(RequestText, PoolingAndScoringRoutesRouteOnTheirInput) {
+  RequestInfo info;
+  ParseOptions opt{.want_text = true};
+  ASSERT_EQ(parse_request(ApiRoute::kEncode, padded(R"({"text":"encode me"})"), info, opt), "");
+  EXPECT_EQ(info.text, "encode me");
+  ASSERT_EQ(parse_request(ApiRoute::kEncode, padded(R"({"input_ids":[1,2,3]})"), info, opt), "");
+  EXPECT_EQ(info.text, "1,2,3");
+  EXPECT_TRUE(info.token_ids);
+  ASSERT_EQ(parse_request(ApiRoute::kClassify, padded(R"({"text":["a","b"]})"), info, opt), "");
+  EXPECT_EQ(info.text, "a\nb");
+  EXPECT_TRUE(info.batch);
+  ASSERT_EQ(
+      parse_request(ApiRoute::kClassifyOpenAI, padded(R"({"input":"classify"})"), info, opt), "");
+  EXPECT_EQ(info.text, "classify");
+  ASSERT_EQ(parse_request(ApiRoute::kScore,
+                          padded(R"({"query":"the query","items":["x","y"]})"), info, opt),
+            "");
+  EXPECT_EQ(info.text, "the query");
+}
+
+TEST(RequestText, OnlyOpenAIRoutesReadAnAdapterInTheModel) {
+  RequestInfo info;
+  ParseOptions opt{.model_names_adapter = true};
+  ASSERT_EQ(parse_request(ApiRoute::kResponses, padded(R"({"model":"base:ad"})"), info, opt), "");
+  EXPECT_EQ(info.lora, "ad");
+  ASSERT_EQ(parse_request(ApiRoute::kEncode, padded(R"({"model":"base:ad"})"), info, opt), "");
+  EXPECT_FALSE(info.lora);
+}
+
+TEST(RequestRoutes, NamesAndGeneration) {
+  EXPECT_EQ(to_string(ApiRoute::kResponses), "/v1/responses");
+  EXPECT_EQ(to_string(ApiRoute::kResponse), "/v1/responses/{id}");
+  EXPECT_EQ(to_string(ApiRoute::kScore), "/v1/score");
+  EXPECT_TRUE(generates(ApiRoute::kResponses));
+  EXPECT_TRUE(generates(ApiRoute::kGenerate));
+  EXPECT_FALSE(generates(ApiRoute::kEncode));
+  EXPECT_FALSE(generates(ApiRoute::kTokenize));
+}
+
+}  // namespace
+}  // namespace kvgate

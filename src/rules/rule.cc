@@ -539,12 +539,17 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
         "empty for any path");
   } else if (!r.path_prefix.empty()) {
     static constexpr std::string_view kProxied[] = {
-        "/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"};
+        "/generate",   "/v1/chat/completions", "/v1/completions", "/v1/responses/",
+        "/v1/embeddings", "/v1/rerank",         "/v1/score",       "/v1/classify",
+        "/encode",     "/classify",            "/tokenize",       "/detokenize",
+        "/v1/tokenize", "/v1/detokenize"};
     if (std::none_of(std::begin(kProxied), std::end(kProxied),
                      [&](std::string_view p) { return p.starts_with(r.path_prefix); })) {
       err("pathPrefix", json_quote(r.path_prefix.substr(0, 80)),
           "matches no path kvgate proxies (/generate, /v1/chat/completions, /v1/completions, "
-          "/v1/embeddings, /v1/rerank): a rule with it would never be used");
+          "/v1/responses, /v1/embeddings, /v1/rerank, /v1/score, /v1/classify, /encode, "
+          "/classify, /tokenize, /detokenize, /v1/tokenize, /v1/detokenize): a rule with it "
+          "would never be used");
     }
   }
   bool sel_ok = false;

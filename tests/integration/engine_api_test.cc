@@ -152,5 +152,164 @@ TEST(EngineApi, ModelsAreOneEntryPerServedModel) {
   EXPECT_EQ(j["object"], "list");
 }
 
+// ---- /v1/responses: the worker holding each response ----
+
+struct Turn {
+  int status = 0;
+  std::string id;       // the response's id
+  std::string worker;   // x-kvgate-worker
+  std::string route;    // x-kvgate-route
+  int cached = -1;      // usage.input_tokens_details.cached_tokens
+  std::string body;
+};
+
+Turn respond(HttpClient& c, const json& body) {
+  Response r = c.post("/v1/responses", body.dump());
+  Turn t;
+  t.status = r.status;
+  t.worker = r.header("x-kvgate-worker");
+  t.route = r.header("x-kvgate-route");
+  t.body = r.body;
+  json j = json::parse(r.body, nullptr, false);
+  if (body.value("stream", false)) {
+    // The id is in the first event (response.created), the usage in the last.
+    for (size_t pos = 0; (pos = r.body.find("data: ", pos)) != std::string::npos;) {
+      size_t end = r.body.find('\n', pos);
+      json e = json::parse(r.body.substr(pos + 6, end - pos - 6), nullptr, false);
+      pos = end;
+      if (!e.is_object() || !e.contains("response")) continue;
+      if (t.id.empty()) t.id = e["response"].value("id", "");
+      if (e["response"].contains("usage") && e["response"]["usage"].is_object()) j = e["response"];
+    }
+  } else if (j.is_object()) {
+    t.id = j.value("id", "");
+  }
+  if (j.is_object() && j.contains("usage") && j["usage"].is_object() &&
+      j["usage"].contains("input_tokens_details")) {
+    t.cached = j["usage"]["input_tokens_details"].value("cached_tokens", -1);
+  }
+  return t;
+}
+
+std::string words(int turn) {
+  std::string s;
+  for (int i = 0; i < 40; ++i) s += "turn" + std::to_string(turn) + " word" + std::to_string(i) + " ";
+  return s;
+}
+
+// A conversation chained by previous_response_id over 4 workers under round_robin (which would
+// send each turn elsewhere): every turn lands on the worker holding the previous response, its
+// cache grows turn by turn, streams included; GET, cancel and DELETE reach the owner too.
+TEST(EngineApi, ResponsesChainLandsOnTheirOwnerEveryTurn) {
+  Cluster c(4, kFast, {"--policy", "round_robin", "--debug-headers"});
+  HttpClient gw(c.port());
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    Turn first = respond(gw, {{"model", "m"}, {"input", words(0)}, {"instructions", "Be brief."},
+                              {"stream", stream}, {"max_output_tokens", 8}});
+    ASSERT_EQ(first.status, 200) << first.body;
+    ASSERT_TRUE(first.id.starts_with("resp_")) << first.body;
+    ASSERT_FALSE(first.worker.empty());
+    std::string prev = first.id;
+    int last_cached = -1;
+    for (int turn = 1; turn <= 5; ++turn) {
+      Turn t = respond(gw, {{"model", "m"}, {"input", words(turn)}, {"previous_response_id", prev},
+                            {"stream", stream}, {"max_output_tokens", 8}});
+      ASSERT_EQ(t.status, 200) << t.body;
+      EXPECT_EQ(t.worker, first.worker) << "turn " << turn;
+      EXPECT_EQ(t.route, "response_owner/owner") << "turn " << turn;
+      ASSERT_TRUE(t.id.starts_with("resp_")) << t.body;
+      EXPECT_NE(t.id, prev);
+      // The owner has the conversation so far cached: more every turn.
+      EXPECT_GT(t.cached, last_cached) << "turn " << turn << ": " << t.body;
+      last_cached = t.cached;
+      prev = t.id;
+    }
+    // Retrieval and deletion reach the owner.
+    Response g = gw.get("/v1/responses/" + prev);
+    EXPECT_EQ(g.status, 200) << g.body;
+    EXPECT_EQ(g.header("x-kvgate-worker"), first.worker);
+    EXPECT_NE(g.body.find(prev), std::string::npos) << g.body;
+    Response d = gw.request("DELETE", "/v1/responses/" + prev, "", {});
+    EXPECT_EQ(d.status, 200) << d.body;
+    EXPECT_EQ(d.header("x-kvgate-worker"), first.worker);
+    // Deleted: no worker has it now (asked, none has: 404).
+    g = gw.get("/v1/responses/" + prev);
+    EXPECT_EQ(g.status, 404) << g.body;
+  }
+  EXPECT_GE(c.metric(R"(kvgate_response_owner_routes_total{result="owner"})"), 10);
+}
+
+// A gateway that does not remember a response (forgotten: here a table of one entry; or a
+// restart, another replica) asks the workers and finds its owner; one nobody has is a 404.
+TEST(EngineApi, ResponsesForgottenAreLookedForOnTheWorkers) {
+  Cluster c(4, kFast,
+            {"--policy", "round_robin", "--debug-headers", "--max-response-owners", "1"});
+  HttpClient gw(c.port());
+  std::vector<Turn> firsts;
+  for (int i = 0; i < 4; ++i) {
+    firsts.push_back(respond(gw, {{"model", "m"}, {"input", words(10 + i)}, {"max_output_tokens", 4}}));
+    ASSERT_EQ(firsts.back().status, 200) << firsts.back().body;
+  }
+  std::set<std::string> workers;
+  for (const Turn& f : firsts) {
+    workers.insert(f.worker);
+    Turn t = respond(gw, {{"model", "m"}, {"input", "and then?"}, {"previous_response_id", f.id},
+                          {"max_output_tokens", 4}});
+    ASSERT_EQ(t.status, 200) << t.body;
+    EXPECT_EQ(t.worker, f.worker);
+  }
+  EXPECT_EQ(workers.size(), 4u) << "round_robin spread the first turns";
+  EXPECT_GE(c.metric(R"(kvgate_response_owner_routes_total{result="found"})"), 3);
+  EXPECT_LE(c.metric("kvgate_response_owners"), 1);
+  // Never stored, or never made: not found anywhere, said so.
+  Turn unstored = respond(gw, {{"model", "m"}, {"input", "x"}, {"store", false}, {"max_output_tokens", 4}});
+  ASSERT_EQ(unstored.status, 200) << unstored.body;
+  Turn t = respond(gw, {{"model", "m"}, {"input", "x"}, {"previous_response_id", unstored.id}});
+  EXPECT_EQ(t.status, 404) << t.body;
+  EXPECT_NE(t.body.find("response_not_found"), std::string::npos) << t.body;
+  Response g = gw.get("/v1/responses/resp_0000000000000000000000000000dead");
+  EXPECT_EQ(g.status, 404) << g.body;
+}
+
+// The owner is gone: its conversation is nowhere else, so the turn fails visibly instead of
+// landing on a worker that would answer a different conversation.
+TEST(EngineApi, ResponsesWhoseOwnerIsDownFailVisibly) {
+  Cluster c(3, kFast,
+            {"--policy", "round_robin", "--debug-headers", "--health-check-interval-secs", "1",
+             "--health-failure-threshold", "1"});
+  HttpClient gw(c.port());
+  Turn first = respond(gw, {{"model", "m"}, {"input", words(1)}, {"max_output_tokens", 4}});
+  ASSERT_EQ(first.status, 200) << first.body;
+  size_t owner = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (c.sim(i).url() == first.worker) owner = i;
+  }
+  c.sim(owner).kill();
+  ASSERT_TRUE(c.wait_healthy(2));
+  Turn t = respond(gw, {{"model", "m"}, {"input", "more"}, {"previous_response_id", first.id}});
+  EXPECT_EQ(t.status, 503) << t.body;
+  EXPECT_NE(t.body.find("response_owner_unavailable"), std::string::npos) << t.body;
+  EXPECT_NE(t.body.find(first.worker), std::string::npos) << t.body;
+}
+
+// The pooling and scoring routes reach an engine, routed like the other routes.
+TEST(EngineApi, PoolingAndScoringRoutesReachAnEngine) {
+  Cluster c(2, kFast, {"--policy", "cache_aware", "--debug-headers"});
+  HttpClient gw(c.port());
+  Response r = gw.post("/encode", R"({"text":"encode this text"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("embedding"), std::string::npos) << r.body;
+  EXPECT_EQ(r.header("x-kvgate-route").rfind("cache_aware/", 0), 0u) << r.header("x-kvgate-route");
+  r = gw.post("/encode", R"({"text":["a","b"]})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = gw.post("/v1/embeddings", R"({"model":"m","input":"embed this"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  // Requests sharing a prefix go where it is (cache_aware), whichever route.
+  std::string w1 = gw.post("/encode", R"({"text":"a long shared prefix for routing, one"})").header("x-kvgate-worker");
+  std::string w2 = gw.post("/encode", R"({"text":"a long shared prefix for routing, two"})").header("x-kvgate-worker");
+  EXPECT_EQ(w1, w2);
+}
+
 }  // namespace
 }  // namespace kvgate::testing

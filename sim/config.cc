@@ -179,6 +179,18 @@ std::vector<K> build_table() {
        .group = kOutput,
        .help = "OpenAI streams end with a usage chunk by default",
        .field = &C::stream_response_default_include_usage},
+      {.name = "enable-response-store",
+       .group = kOutput,
+       .help = "/v1/responses keeps responses in memory for GET /v1/responses/{id} and "
+               "previous_response_id (not with --disaggregation-mode prefill or decode)",
+       .field = &C::enable_response_store},
+      {.name = "max-stored-responses",
+       .group = kOutput,
+       .value_name = "N",
+       .help = "With --enable-response-store: responses kept at most; the oldest is dropped "
+               "first (sim; SGLang's store is unbounded)",
+       .field = &C::max_stored_responses,
+       .min = 1},
 
       {.name = "disaggregation-mode",
        .group = kPd,
@@ -392,6 +404,11 @@ std::string validate(const SimConfig& c) {
            flags::format_number(total) + "; they are exclusive outcomes, keep the sum <= 1";
   }
   if (c.served_model_name.empty()) return "--served-model-name must not be empty";
+  if (c.enable_response_store && c.disaggregation_mode != "null") {
+    // SGLang refuses it at startup with this message.
+    return "--enable-response-store is not supported with --disaggregation-mode=prefill or "
+           "decode; response storage must remain disabled in PD mode.";
+  }
   if (!c.kv_events_config.empty()) {
     KvEventsSettings kv;
     if (std::string e = parse_kv_events_config(c.kv_events_config, kv); !e.empty()) return e;

@@ -26,6 +26,11 @@ struct SimConfig {
   bool enable_metrics = false;
   bool incremental_streaming_output = false;
   bool stream_response_default_include_usage = false;
+  // /v1/responses: keep responses for GET and previous_response_id (SGLang's server argument; off
+  // by default since SGLang v0.5.20), at most max_stored_responses of them (the sim's bound: the
+  // oldest stored response is dropped first).
+  bool enable_response_store = false;
+  int64_t max_stored_responses = 10000;
   std::string log_level = "info";
   // uvicorn's timeout_keep_alive, which SGLang sets from $SGLANG_TIMEOUT_KEEP_ALIVE (default 5)
   int64_t timeout_keep_alive = 5;

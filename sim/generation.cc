@@ -9,6 +9,7 @@
 #include <span>
 
 #include "sim/abort.h"
+#include "sim/openai_responses.h"
 #include "sim/pd.h"
 #include "sim/responses.h"
 #include "sim/stream_writer.h"
@@ -102,7 +103,7 @@ awaitable<void> relay_stream(http::Exchange& ex, Notifier& n, std::vector<Track>
     }
     if (all) {
       writer.on_end(tracks, em);
-      em.done();
+      if (writer.sse_done()) em.done();
     }
     if (!em.buffer().empty()) {
       bool ok = co_await ex.write_body(em.buffer());
@@ -145,6 +146,12 @@ AbortAnswer make_abort_answer(const ParsedRequest& req, std::span<const OutputVi
                               const FinishReason& abort, bool cache_report) {
   AbortAnswer a;
   const int status = abort.status_code > 0 ? abort.status_code : 500;
+  if (req.route == Route::kResponses) {
+    // serving_responses sees the abort as an exception (HTTPException or ValueError).
+    append_exception_failure(a.body, *req.responses, status, abort.message, req.stream, a.status);
+    a.stream = req.stream;
+    return a;
+  }
   if (!req.stream) {
     a.status = status;
     if (status >= 500) {
@@ -280,6 +287,10 @@ awaitable<void> respond_error(http::Exchange& ex, Route route, int status,
   std::string body;
   if (route == Route::kGenerate) {
     append_generate_error(body, message);
+  } else if (route == Route::kResponses) {
+    body = responses_error_body(message,
+                                status == 400 ? "invalid_request_error" : openai_error_type(status),
+                                std::nullopt, status);
   } else {
     append_openai_error(body, message, status);
   }
@@ -297,13 +308,30 @@ GenerationHandler::GenerationHandler(const SimConfig& config, Engine& engine, Fa
               .max_req_input_len = max_req_input_len(config),
               .default_include_usage = config.stream_response_default_include_usage},
       instant_(make_instant_completion(engine.model(), engine.tokenizer())),
-      lora_adapters_(lora_names(config)) {}
+      lora_adapters_(lora_names(config)),
+      response_store_(static_cast<size_t>(config.max_stored_responses)) {
+  responses_options_ = ResponsesOptions{.enable_store = config.enable_response_store,
+                                        .served_model_name = config_.served_model_name,
+                                        .lora_adapters = lora_adapters_,
+                                        .context_length = config.context_length,
+                                        .default_max_new_tokens = config.default_max_new_tokens};
+}
 
 awaitable<void> GenerationHandler::handle(http::Exchange& ex, Route route) {
   // Parsed into a per-thread scratch object: nothing below suspends before it is used up or moved.
   thread_local ParsedRequest scratch;
-  std::string err =
-      parse_request(route, ex.body(), engine_.tokenizer(), chat_template_, limits_, scratch);
+  std::string err;
+  if (route == Route::kResponses) {
+    ResponsesError refused =
+        parse_responses_request(ex.body(), responses_options_, response_store_, engine_.tokenizer(),
+                                chat_template_, limits_, scratch);
+    if (refused.status != 0) {
+      co_await ex.respond(refused.status, kJson, refused.body);
+      co_return;
+    }
+  } else {
+    err = parse_request(route, ex.body(), engine_.tokenizer(), chat_template_, limits_, scratch);
+  }
   // The OpenAI routes take the DP rank from an X-Data-Parallel-Rank header before the body's.
   if (err.empty() && route != Route::kGenerate) {
     err = apply_dp_rank_header(header_value(ex, "x-data-parallel-rank"), scratch);
@@ -380,10 +408,31 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
   // the prefill (on a PD decode server, before the wait for the KV), then a silence until the first
   // token. Its OpenAI routes first pull the stream's first chunk (so that a validation error can
   // still be a 400), so their headers go out with the first event (relay_stream).
+  // /v1/responses streams too: its generator yields response.created and response.in_progress
+  // before the engine's first output, so a client learns the response id at once.
   bool head_started = false;
   if (req.stream && req.route == Route::kGenerate) {
     co_await ex.begin_body(200, kSse, std::nullopt);
     bool flushed = co_await ex.flush();  // not in the if-condition: see send_abort
+    if (!flushed) co_return;
+    head_started = true;
+  }
+  std::optional<Emitter> em;
+  std::unique_ptr<StreamWriter> writer;
+  OpenAIContext c{.model = req.model,
+                  .created = static_cast<int64_t>(std::time(nullptr)),
+                  .cache_report = config_.enable_cache_report};
+  if (req.stream) {
+    em.emplace(drop_after);
+    writer = make_stream_writer(req, c, config_.incremental_streaming_output);
+  }
+  if (req.stream && req.route == Route::kResponses) {
+    co_await ex.begin_body(200, kSse, std::nullopt);
+    writer->on_start(*em);
+    bool sent = co_await ex.write_body(em->buffer());
+    em->buffer().clear();
+    if (!sent) co_return;
+    bool flushed = co_await ex.flush();
     if (!flushed) co_return;
     head_started = true;
   }
@@ -509,14 +558,9 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     }
   }
 
-  OpenAIContext c{.id = tracks[0].id,
-                  .model = req.model,
-                  .created = static_cast<int64_t>(std::time(nullptr)),
-                  .cache_report = config_.enable_cache_report};
+  c.id = tracks[0].id;
   if (req.stream) {
-    Emitter em(drop_after);
-    auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
-    co_await relay_stream(ex, *notifier, tracks, *writer, em, tok, head_started);
+    co_await relay_stream(ex, *notifier, tracks, *writer, *em, tok, head_started);
     co_return;
   }
   bool all_done = co_await wait_all(ex, *notifier, tracks, tok);
@@ -578,6 +622,7 @@ void GenerationHandler::instant_events(const ParsedRequest& req, const OpenAICon
     tracks[i].logprobs = views[i].logprobs;
   }
   auto writer = make_stream_writer(req, c, config_.incremental_streaming_output);
+  writer->on_start(em);
   // Step k shows the first k tokens, as a timed generation would one tick at a time.
   for (size_t step = shape.total > 0 ? 1 : 0; step <= shape.total; ++step) {
     for (size_t i = 0; i < tracks.size(); ++i) {
@@ -589,7 +634,7 @@ void GenerationHandler::instant_events(const ParsedRequest& req, const OpenAICon
     }
   }
   writer->on_end(tracks, em);
-  em.done();
+  if (writer->sse_done()) em.done();
 }
 
 awaitable<void> GenerationHandler::answer_instant(http::Exchange& ex, const ParsedRequest& req,

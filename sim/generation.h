@@ -1,4 +1,5 @@
-// sim/generation: the three generation routes (/generate, /v1/completions, /v1/chat/completions)
+// sim/generation: the generation routes (/generate, /v1/completions, /v1/chat/completions, and
+// /v1/responses through sim/openai_responses)
 // for one HTTP exchange: parse the body, apply injected faults, then either answer at once
 // (--instant) or submit the prompts to the Engine and relay their progress as one JSON answer or
 // as SSE events in SGLang's shapes. A client disconnect cancels the request's sequences; so does
@@ -16,6 +17,7 @@
 #include "sim/config.h"
 #include "sim/engine.h"
 #include "sim/faults.h"
+#include "sim/openai_responses.h"
 #include "sim/pd.h"
 #include "sim/request.h"
 #include "sim/responses.h"
@@ -48,6 +50,13 @@ class GenerationHandler {
   awaitable<void> handle(http::Exchange& ex, Route route);
   // SGLang's /abort_request: ends the requests in flight with that rid (all with abort_all).
   size_t abort(std::string_view rid, bool abort_all) { return registry_.abort(rid, abort_all); }
+  // GET /v1/responses/{id} and POST /v1/responses/{id}/cancel (sim/openai_responses).
+  ResponsesError retrieve(std::string_view id) const {
+    return retrieve_response(id, config_.enable_response_store, response_store_);
+  }
+  ResponsesError cancel(std::string_view id) const {
+    return cancel_response(id, config_.enable_response_store, response_store_);
+  }
 
  private:
   // Timed generation through the engine. `drop_after`: a drop fault (events before the cut).
@@ -69,6 +78,8 @@ class GenerationHandler {
   std::vector<std::string> lora_adapters_;  // --lora-paths names
   RequestRegistry registry_;                // requests in flight, by rid (/abort_request)
   PrefillInfoTable prefill_infos_;          // PD decode: what each prefill server reported
+  ResponseStore response_store_;            // /v1/responses with --enable-response-store
+  ResponsesOptions responses_options_;
 };
 
 // Error answers in the shape of each route (OpenAI flat error, or /generate's {"error":{}}).

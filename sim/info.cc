@@ -77,6 +77,7 @@ void append_server_args(std::string& out, const SimConfig& c) {
   kv(out, "enable_metrics", c.enable_metrics);
   kv(out, "incremental_streaming_output", c.incremental_streaming_output);
   kv(out, "stream_response_default_include_usage", c.stream_response_default_include_usage);
+  kv(out, "enable_response_store", c.enable_response_store);
   kv(out, "chunked_prefill_size", c.chunked_prefill_size);
   kv(out, "max_running_requests", c.max_running_requests);
   if (c.max_queued_requests > 0) {

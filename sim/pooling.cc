@@ -71,6 +71,8 @@ std::string parse_inputs(const element& e, const Tokenizer& tok,
   return "";
 }
 
+}  // namespace
+
 void append_embedding(std::string& out, std::span<const int32_t> ids) {
   Rng rng(PseudoText::prompt_hash(ids, 0x656d62));
   double v[kEmbeddingDim], norm = 0;
@@ -86,6 +88,8 @@ void append_embedding(std::string& out, std::span<const int32_t> ids) {
   }
   out.push_back(']');
 }
+
+namespace {
 
 // |A ∩ B| / |A ∪ B| over the distinct token ids.
 double overlap(std::vector<int32_t> a, std::vector<int32_t> b) {

@@ -526,7 +526,9 @@ std::string parse_chat(const object& o, const Tokenizer& tok, const ChatTemplate
   return "";
 }
 
-std::string check_lengths(const ParsedRequest& r, const RequestLimits& limits) {
+}  // namespace
+
+std::string check_request_lengths(const ParsedRequest& r, const RequestLimits& limits) {
   for (const auto& p : r.prompts) {
     auto n = static_cast<int64_t>(p.size());
     int64_t max_new = r.sampling.max_new_tokens;
@@ -554,8 +556,6 @@ std::string check_lengths(const ParsedRequest& r, const RequestLimits& limits) {
   return "";
 }
 
-}  // namespace
-
 void ParsedRequest::clear() {
   route = Route::kGenerate;
   model.clear();
@@ -573,6 +573,7 @@ void ParsedRequest::clear() {
   bootstrap_ports.clear();
   bootstrap_rooms.clear();
   logprobs.clear();
+  responses.reset();
 }
 
 const LogprobParams& ParsedRequest::logprob(size_t i) const {
@@ -621,6 +622,7 @@ std::string parse_request(Route route, std::string& body, const Tokenizer& token
       e = parse_completions(o, tokenizer, out, max_new);
       break;
     case Route::kChatCompletions:
+    case Route::kResponses:  // sim/openai_responses hands over a chat body
       e = parse_chat(o, tokenizer, chat_template, out, max_new);
       break;
   }
@@ -633,7 +635,7 @@ std::string parse_request(Route route, std::string& body, const Tokenizer& token
   if (e.empty()) e = get_bootstrap(o, out);
   if (!e.empty()) return e;
   out.sampling.max_new_tokens = max_new.value_or(limits.default_max_new_tokens);
-  return check_lengths(out, limits);
+  return check_request_lengths(out, limits);
 }
 
 std::string apply_dp_rank_header(std::optional<std::string_view> value, ParsedRequest& out) {

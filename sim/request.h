@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,7 +19,10 @@
 
 namespace kvgate::sim {
 
-enum class Route { kGenerate, kCompletions, kChatCompletions };
+// kResponses: /v1/responses, parsed by sim/openai_responses into a chat prompt.
+enum class Route { kGenerate, kCompletions, kChatCompletions, kResponses };
+
+struct ResponsesContext;
 
 struct ParsedRequest {
   Route route = Route::kGenerate;
@@ -49,6 +53,8 @@ struct ParsedRequest {
   // /generate's return_logprob, logprob_start_len, top_logprobs_num, token_ids_logprob and
   // return_text_in_logprobs: empty when the body names none, else one per prompt.
   std::vector<LogprobParams> logprobs;
+  // /v1/responses: what the answer echoes and where it is stored (null on the other routes).
+  std::shared_ptr<const ResponsesContext> responses;
 
   // The logprob parameters of prompt `i` (return_logprob off when none were given).
   const LogprobParams& logprob(size_t i) const;
@@ -75,6 +81,10 @@ struct RequestLimits {
 std::string parse_request(Route route, std::string& body, const Tokenizer& tokenizer,
                           const ChatTemplate& chat_template, const RequestLimits& limits,
                           ParsedRequest& out);
+
+// The prompt-length checks of parse_request (context length, longest input, prompt + max_new):
+// "" or the 400 message.
+std::string check_request_lengths(const ParsedRequest& r, const RequestLimits& limits);
 
 // SGLang's serving_base.extract_routed_dp_rank_from_header: on the OpenAI routes the value of an
 // X-Data-Parallel-Rank header (`value`; absent: nullopt) overrides the body's rank. Returns "" or

@@ -38,6 +38,8 @@ std::optional<Route> generation_route(std::string_view path) {
   return std::nullopt;
 }
 
+constexpr std::string_view kResponsesPrefix = "/v1/responses/";
+
 awaitable<void> method_not_allowed(http::Exchange& ex) {
   co_await ex.respond(405, kJson, R"({"detail":"Method Not Allowed"})");
 }
@@ -67,7 +69,8 @@ SimServer::SimServer(const SimConfig& config, Engine& engine, SimMetrics& metric
       engine_(engine),
       metrics_(metrics),
       faults_(faults),
-      generation_(config, engine, faults, chat_template) {}
+      generation_(config, engine, faults, chat_template),
+      encode_(config, engine, chat_template) {}
 
 awaitable<void> SimServer::handle(http::Exchange& ex) {
   const std::string_view path = ex.path();
@@ -77,6 +80,27 @@ awaitable<void> SimServer::handle(http::Exchange& ex) {
       co_await method_not_allowed(ex);
     } else {
       co_await generation_.handle(ex, *route);
+    }
+  } else if (path == "/v1/responses") {
+    // @app.post: POST only (PUT too is a 405, unlike the other generation routes).
+    if (m != "POST") {
+      co_await method_not_allowed(ex);
+    } else {
+      co_await generation_.handle(ex, Route::kResponses);
+    }
+  } else if (path.starts_with(kResponsesPrefix) && path.size() > kResponsesPrefix.size()) {
+    co_await stored_response(ex, path.substr(kResponsesPrefix.size()));
+  } else if (path == "/encode" || path == "/classify") {
+    if (!method_ok(m, Method::kPost)) {
+      co_await method_not_allowed(ex);
+    } else {
+      co_await encode_.encode(ex, path == "/classify");
+    }
+  } else if (path == "/v1/score") {
+    if (m != "POST") {
+      co_await method_not_allowed(ex);
+    } else {
+      co_await encode_.score(ex);
     }
   } else if (path == "/v1/embeddings" || path == "/v1/rerank") {
     co_await pooling(ex, path);
@@ -218,6 +242,32 @@ awaitable<void> SimServer::abort_request(http::Exchange& ex) {
   size_t n = generation_.abort(rid, abort_all);
   log::info("abort_request").kv("rid", rid).kv("abort_all", abort_all).kv("aborted", n);
   co_await ex.respond(200, {}, "");
+}
+
+awaitable<void> SimServer::stored_response(http::Exchange& ex, std::string_view rest) {
+  // SGLang registers GET /v1/responses/{response_id} and POST .../{response_id}/cancel, and no
+  // DELETE: another method on a known path is FastAPI's 405, any other path its 404.
+  const size_t slash = rest.find('/');
+  const std::string_view id = rest.substr(0, slash);
+  const std::string_view tail = slash == std::string_view::npos ? "" : rest.substr(slash);
+  const std::string_view m = ex.method();
+  if (tail.empty()) {
+    if (!method_ok(m, Method::kGet)) {
+      co_await method_not_allowed(ex);
+      co_return;
+    }
+    ResponsesError r = generation_.retrieve(id);
+    co_await ex.respond(r.status, kJson, r.body);
+  } else if (tail == "/cancel") {
+    if (m != "POST") {
+      co_await method_not_allowed(ex);
+      co_return;
+    }
+    ResponsesError r = generation_.cancel(id);
+    co_await ex.respond(r.status, kJson, r.body);
+  } else {
+    co_await ex.respond(404, kJson, R"({"detail":"Not Found"})");
+  }
 }
 
 awaitable<void> SimServer::sim_faults(http::Exchange& ex) {

@@ -1,12 +1,14 @@
-// sim/server: kvgate-sim's HTTP surface. Routes each exchange: the generation routes go to the
-// GenerationHandler; embeddings and rerank to sim/pooling; /tokenize and /detokenize (and their
-// /v1/ aliases) to sim/tokenizer_routes; health, server info, loads, models, metrics, cache flush,
-// /abort_request and the test-control endpoint /sim/faults are answered here. Unknown paths get
-// FastAPI's 404 {"detail":"Not Found"}.
+// sim/server: kvgate-sim's HTTP surface. Routes each exchange: the generation routes (and
+// /v1/responses) go to the GenerationHandler; /encode, /classify and /v1/score to the
+// EncodeHandler (through the engine); embeddings and rerank to sim/pooling; /tokenize and
+// /detokenize (and their /v1/ aliases) to sim/tokenizer_routes; health, server info, loads, models,
+// metrics, cache flush, /abort_request and the test-control endpoint /sim/faults are answered here.
+// Unknown paths get FastAPI's 404 {"detail":"Not Found"}.
 #pragma once
 
 #include "http/server.h"
 #include "sim/config.h"
+#include "sim/encode.h"
 #include "sim/engine.h"
 #include "sim/faults.h"
 #include "sim/generation.h"
@@ -35,12 +37,15 @@ class SimServer {
   awaitable<void> flush_cache(http::Exchange& ex);
   awaitable<void> sim_faults(http::Exchange& ex);
   awaitable<void> abort_request(http::Exchange& ex);
+  // GET /v1/responses/{id}, POST /v1/responses/{id}/cancel (`rest`: the path after the prefix).
+  awaitable<void> stored_response(http::Exchange& ex, std::string_view rest);
 
   const SimConfig& config_;
   Engine& engine_;
   SimMetrics& metrics_;
   FaultInjector& faults_;
   GenerationHandler generation_;
+  EncodeHandler encode_;
 };
 
 }  // namespace kvgate::sim

@@ -1,6 +1,8 @@
 // sim/stream_writer: see stream_writer.h.
 #include "sim/stream_writer.h"
 
+#include "sim/openai_responses.h"
+
 namespace kvgate::sim {
 
 bool Track::update(const Tokenizer& tok) {
@@ -122,6 +124,62 @@ class CompletionStream final : public StreamWriter {
   bool include_usage_;
 };
 
+ResponseResult response_result(const Track& t, std::string_view message_id) {
+  return ResponseResult{.message_id = message_id,
+                        .text = t.text,
+                        .prompt_tokens = t.prompt_tokens,
+                        .completion_tokens = static_cast<int64_t>(t.ids.size()),
+                        .cached_tokens = t.p.cached_tokens,
+                        .finish = t.p.finish ? &*t.p.finish : nullptr};
+}
+
+// serving_responses' _responses_stream_generator_non_harmony for a plain text answer.
+class ResponsesStream final : public StreamWriter {
+ public:
+  explicit ResponsesStream(const ResponsesContext& c) : c_(c) {}
+  void on_start(Emitter& em) override {
+    em.raw([&](std::string& out) { append_stream_start(out, c_); });
+    seq_ = 2;
+  }
+  void on_update(Track& t, int, Emitter& em) override {
+    std::string_view delta = std::string_view(t.text).substr(t.sent_text);
+    if (delta.empty()) return;
+    if (item_id_.empty()) {
+      item_id_ = new_message_id();
+      em.raw([&](std::string& out) { append_message_opened(out, item_id_, seq_); });
+    }
+    em.raw([&](std::string& out) { append_text_delta(out, item_id_, delta, seq_); });
+    t.sent_text = t.text.size();
+  }
+  void on_end(std::vector<Track>& tracks, Emitter& em) override {
+    const Track& t = tracks[0];
+    const FinishReason* f = t.p.finish ? &*t.p.finish : nullptr;
+    if (f && f->kind == FinishReason::Kind::kAbort && f->status_code > 0) {
+      // An abort with a status is an exception in SGLang's stream: response.failed, no usage.
+      int status = 0;
+      std::string all;
+      append_exception_failure(all, c_, f->status_code, f->message, true, status);
+      // Only the terminal event: the stream has already started.
+      const size_t end_of_start = all.find("event: response.failed");
+      em.raw([&](std::string& out) { out.append(all, end_of_start); });
+      return;
+    }
+    if (!item_id_.empty()) {
+      em.raw([&](std::string& out) { append_message_closed(out, item_id_, t.text, seq_); });
+    }
+    ResponseResult r = response_result(t, item_id_);
+    std::string stored;
+    finish_response(stored, c_, r);
+    em.raw([&](std::string& out) { append_stream_end(out, c_, r, seq_); });
+  }
+  bool sse_done() const override { return false; }
+
+ private:
+  const ResponsesContext& c_;
+  std::string item_id_;
+  int64_t seq_ = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<StreamWriter> make_stream_writer(const ParsedRequest& req, const OpenAIContext& c,
@@ -133,6 +191,8 @@ std::unique_ptr<StreamWriter> make_stream_writer(const ParsedRequest& req, const
       return std::make_unique<ChatStream>(c, req.include_usage);
     case Route::kCompletions:
       return std::make_unique<CompletionStream>(c, req.include_usage);
+    case Route::kResponses:
+      return std::make_unique<ResponsesStream>(*req.responses);
   }
   return nullptr;
 }
@@ -154,6 +214,18 @@ void append_whole(std::string& out, const ParsedRequest& req, const OpenAIContex
     case Route::kCompletions:
       append_completion(out, c, views);
       break;
+    case Route::kResponses: {
+      const OutputView& v = views[0];
+      const std::string message_id = new_message_id();
+      finish_response(out, *req.responses,
+                      ResponseResult{.message_id = message_id,
+                                     .text = v.text,
+                                     .prompt_tokens = v.prompt_tokens,
+                                     .completion_tokens = v.completion_tokens,
+                                     .cached_tokens = v.cached_tokens,
+                                     .finish = v.finish});
+      break;
+    }
   }
 }
 

@@ -50,6 +50,13 @@ class Emitter {
     append_sse(buf_, fn);
     if (drop_after_ && ++events_ >= *drop_after_) cut_ = true;
   }
+  // An event framed by `fn` itself (/v1/responses: "event: T\ndata: ...\n\n").
+  template <class Fn>
+  void raw(Fn&& fn) {
+    if (cut_) return;
+    fn(buf_);
+    if (drop_after_ && ++events_ >= *drop_after_) cut_ = true;
+  }
   void done() {
     event([](std::string& out) { out.append("[DONE]"); });
   }
@@ -66,18 +73,23 @@ class Emitter {
 class StreamWriter {
  public:
   virtual ~StreamWriter() = default;
+  // Before any output (/v1/responses: response.created and response.in_progress).
+  virtual void on_start(Emitter&) {}
   // Track `index` moved (new tokens or its finish).
   virtual void on_update(Track& t, int index, Emitter& em) = 0;
   // Every track finished; called once, before [DONE].
   virtual void on_end(std::vector<Track>& tracks, Emitter& em) = 0;
+  // Whether the stream ends with "data: [DONE]" (not /v1/responses).
+  virtual bool sse_done() const { return true; }
 };
 
 // The writer of `req`'s route. `c` must outlive it.
 std::unique_ptr<StreamWriter> make_stream_writer(const ParsedRequest& req, const OpenAIContext& c,
                                                  bool incremental_streaming_output);
 
-// The whole (non-stream) answer of `req`'s route: a /generate object (an array for a batch), or
-// an OpenAI response with one choice per output.
+// The whole (non-stream) answer of `req`'s route: a /generate object (an array for a batch), an
+// OpenAI response with one choice per output, or a Response object (/v1/responses; stored when
+// the request asked).
 void append_whole(std::string& out, const ParsedRequest& req, const OpenAIContext& c,
                   std::span<const OutputView> views);
 

@@ -8,10 +8,12 @@
 
 namespace kvgate {
 
+// A small table is one shard (its bound exact); a large one is split to spread the locks, each
+// shard holding its part of the bound.
 ResponseOwners::ResponseOwners(size_t max_entries, std::chrono::seconds ttl)
-    : per_shard_(std::max<size_t>(1, (max_entries + kShards - 1) / kShards)),
-      ttl_(ttl),
-      shards_(kShards) {}
+    : shards_(max_entries >= 1024 ? kShards : 1),
+      per_shard_(std::max<size_t>(1, (max_entries + shards_.size() - 1) / shards_.size())),
+      ttl_(ttl) {}
 
 void ResponseOwners::attach_metrics(metrics::Registry& registry) {
   if (entries_) return;
@@ -56,7 +58,7 @@ std::string_view ResponseOwners::find_id(std::string_view text) {
 }
 
 ResponseOwners::Shard& ResponseOwners::shard(std::string_view id) {
-  return shards_[std::hash<std::string_view>{}(id) % kShards];
+  return shards_[std::hash<std::string_view>{}(id) % shards_.size()];
 }
 
 void ResponseOwners::erase_locked(Shard& s, std::unordered_map<std::string, Entry>::iterator it) {

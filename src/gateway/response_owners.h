@@ -74,9 +74,9 @@ class ResponseOwners {
   void erase_locked(Shard& s, std::unordered_map<std::string, Entry>::iterator it);
 
   static constexpr size_t kShards = 16;
+  std::vector<Shard> shards_;
   size_t per_shard_;
   std::chrono::seconds ttl_;
-  std::vector<Shard> shards_;
   metrics::Gauge* entries_ = nullptr;
   metrics::CounterFamily* routes_ = nullptr;
 };

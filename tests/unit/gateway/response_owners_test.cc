@@ -62,17 +62,24 @@ TEST(ResponseOwners, LearnsFindsForgets) {
 
 TEST(ResponseOwners, BoundedOldestForgottenFirst) {
   metrics::Registry registry;
-  ResponseOwners owners(160, std::chrono::seconds(3600));  // 10 per shard
+  ResponseOwners owners(2048, std::chrono::seconds(3600));  // 16 shards of 128
   owners.attach_metrics(registry);
-  for (int i = 0; i < 5000; ++i) owners.learn("resp_" + std::to_string(i), "r", "w");
-  EXPECT_LE(owners.size(), 160u);
-  EXPECT_GE(owners.size(), 150u);
-  EXPECT_TRUE(owners.find("resp_4999"));
+  for (int i = 0; i < 50000; ++i) owners.learn("resp_" + std::to_string(i), "r", "w");
+  EXPECT_LE(owners.size(), 2048u);
+  EXPECT_GE(owners.size(), 1900u);
+  EXPECT_TRUE(owners.find("resp_49999"));
   EXPECT_FALSE(owners.find("resp_0"));
   std::string text = registry.expose();
   EXPECT_NE(text.find("kvgate_response_owners " + std::to_string(owners.size())),
             std::string::npos)
       << text;
+}
+
+TEST(ResponseOwners, SmallTablesAreExact) {
+  ResponseOwners owners(3, std::chrono::seconds(3600));
+  for (int i = 0; i < 10; ++i) owners.learn("resp_" + std::to_string(i), "r", "w");
+  EXPECT_EQ(owners.size(), 3u);
+  EXPECT_TRUE(owners.find("resp_9") && owners.find("resp_8") && owners.find("resp_7"));
 }
 
 TEST(ResponseOwners, Expire) {

@@ -307,8 +307,13 @@ TEST(EngineApi, PoolingAndScoringRoutesReachAnEngine) {
   EXPECT_EQ(r.header("x-kvgate-route").rfind("cache_aware/", 0), 0u) << r.header("x-kvgate-route");
   r = gw.post("/encode", R"({"text":["a","b"]})");
   EXPECT_EQ(r.status, 200) << r.body;
-  r = gw.post("/v1/embeddings", R"({"model":"m","input":"embed this"})");
+  r = gw.post("/v1/embeddings", R"({"input":"embed this"})");
   EXPECT_EQ(r.status, 200) << r.body;
+  r = gw.post("/classify", R"({"text":"classify this"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = gw.post("/v1/score", R"({"query":"is it?","items":["yes","no"],"label_token_ids":[1,2]})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("scores"), std::string::npos) << r.body;
   // Requests sharing a prefix go where it is (cache_aware), whichever route.
   std::string w1 = gw.post("/encode", R"({"text":"a long shared prefix for routing, one"})").header("x-kvgate-worker");
   std::string w2 = gw.post("/encode", R"({"text":"a long shared prefix for routing, two"})").header("x-kvgate-worker");

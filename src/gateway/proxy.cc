@@ -655,10 +655,11 @@ bool Gateway::Request::resolve() {
         }
       }
     }
+    // A response asked for by id names no model: locate() looks for it in every rule.
+    if (route_ == ApiRoute::kResponse) return true;
     pool_ = table->resolve(port, ex_.path(), info_.model);
   }
-  // (A response asked for by id names no model: locate() looks for it in every rule.)
-  if (pool_ || route_ == ApiRoute::kResponse) return true;
+  if (pool_) return true;
   if (!parse_error.empty()) {
     refusal_ = errors::bad_json(std::move(parse_error));
   } else {

@@ -180,10 +180,10 @@ TEST(SimResponsesApi, StreamSendsSglangsEventSequence) {
   const size_t n = ev.size();
   std::vector<std::string> expected = {"response.created", "response.in_progress",
                                        "response.output_item.added", "response.content_part.added"};
-  for (size_t i = 4; i + 4 < n; ++i) expected.push_back("response.output_text.delta");
+  for (size_t i = 4; i + 4 < n; ++i) expected.emplace_back("response.output_text.delta");
   for (const char* e : {"response.output_text.done", "response.content_part.done",
                         "response.output_item.done", "response.incomplete"}) {
-    expected.push_back(e);
+    expected.emplace_back(e);
   }
   EXPECT_EQ(names, expected);
   // The first event names the response: a gateway learns its owner from it.

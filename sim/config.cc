@@ -22,8 +22,9 @@ constexpr std::string_view kFaults =
 constexpr std::string_view kUsage = "kvgate-sim [--port PORT] [--served-model-name NAME] [options]";
 constexpr std::string_view kIntro =
     "kvgate-sim: a simulated SGLang inference server. It answers SGLang's HTTP API (/generate,\n"
-    "/v1/completions, /v1/chat/completions, /tokenize, /detokenize, /health, /get_server_info,\n"
-    "/get_load, /v1/loads, /v1/models, /metrics, /flush_cache) with deterministic pseudo-text and\n"
+    "/v1/completions, /v1/chat/completions, /v1/responses, /encode, /v1/score, /tokenize,\n"
+    "/detokenize, /health, /get_server_info, /get_load, /v1/loads, /v1/models, /metrics,\n"
+    "/flush_cache) with deterministic pseudo-text and\n"
     "a configurable timing, so a gateway cannot tell it from a real engine at the HTTP level.\n"
     "Behind the API: a paged radix prefix cache per DP rank (truthful cached_tokens), continuous\n"
     "batching with a timing model of an 8B model on one H100 (shrunk by --time-scale), KV events\n"

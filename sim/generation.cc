@@ -188,6 +188,13 @@ AbortAnswer make_abort_answer(const ParsedRequest& req, std::span<const OutputVi
   return a;
 }
 
+// A /v1/responses stream that already sent response.created and response.in_progress ends with
+// the abort's response.failed alone.
+void drop_started_events(AbortAnswer& a, Route route, bool head_started) {
+  if (route != Route::kResponses || !head_started || !a.stream) return;
+  a.body.erase(0, a.body.find("event: response.failed"));
+}
+
 // One view per prompt of an aborted request: no output, nothing cached.
 std::vector<OutputView> abort_views(std::span<const std::string> ids,
                                     std::span<const int64_t> prompt_tokens, int dp_rank,
@@ -493,6 +500,7 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
     }
   }
   if (refused) {
+    drop_started_events(*refused, req.route, head_started);
     co_await send_abort(ex, refused->status, refused->stream, refused->body, head_started);
     co_return;
   }
@@ -534,6 +542,7 @@ awaitable<void> GenerationHandler::run(http::Exchange& ex, ParsedRequest req,
         failed = abort_answer(abort_reason(500, w.error));
       }
       if (failed) {
+        drop_started_events(*failed, req.route, head_started);
         co_await send_abort(ex, failed->status, failed->stream, failed->body, head_started);
         co_return;
       }

@@ -175,7 +175,7 @@ void BM_RelayStreamEvent(benchmark::State& state) {
 BENCHMARK(BM_RelayStreamEvent)->Arg(0)->Arg(1);
 
 // The same for the output-event scan alone, on the chunk shapes it meets.
-void BM_OutputEventScan(benchmark::State& state, std::string event) {
+void BM_OutputEventScan(benchmark::State& state, const std::string& event) {
   OutputEventCounter events;
   for (auto _ : state) benchmark::DoNotOptimize(events.feed(event));
 }

@@ -103,7 +103,7 @@ std::string_view smg_endpoint(std::string_view route) {
   return "other";
 }
 
-GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets,
+GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& buckets,
                                std::vector<double> short_buckets, MetricsCompat compat)
     : requests(r.counter("kvgate_requests_total",
                          "Requests answered, by route, HTTP status, model and streaming",

@@ -46,7 +46,7 @@ struct SignalCells {
 enum class MetricsCompat { kNone, kSmg };
 
 struct GatewayMetrics {
-  GatewayMetrics(metrics::Registry& r, std::vector<double> duration_buckets,
+  GatewayMetrics(metrics::Registry& r, const std::vector<double>& duration_buckets,
                  std::vector<double> short_buckets = metrics::short_latency_buckets(),
                  MetricsCompat compat = MetricsCompat::kNone);
 

@@ -108,10 +108,11 @@ TEST(Api, MetricsPassPromtool) {
       return text.find("kvgate_requests_total{route=\"unknown\",status=\"404\"") !=
              std::string::npos;
     });
+    const std::string ok_generate =
+        "kvgate_requests_total{route=\"/generate\",status=\"200\",model=\"\",streaming="
+        "\"false\"} 5";
     for (const char* name :
-         {"kvgate_requests_total{route=\"/generate\",status=\"200\",model=\"\",streaming="
-          "\"false\"} 5",
-          "kvgate_requests_total{route=\"/generate\",status=\"400\"",
+         {ok_generate.c_str(), "kvgate_requests_total{route=\"/generate\",status=\"400\"",
           "kvgate_requests_total{route=\"unknown\",status=\"404\"",
           "kvgate_request_duration_seconds_bucket", "kvgate_worker_requests_active",
           "kvgate_worker_health", "kvgate_worker_cb_state", "kvgate_worker_reported_load",

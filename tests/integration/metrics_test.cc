@@ -121,7 +121,7 @@ std::map<std::string, Family> documented() {
     std::stringstream row(line.substr(1));
     for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
     if (cells.size() < 4) continue;
-    auto strip = [](std::string s) {
+    auto strip = [](const std::string& s) {
       std::string r;
       for (char ch : s) {
         if (ch != '`' && ch != ' ') r.push_back(ch);

@@ -1,5 +1,6 @@
 // Micro-benchmarks of the per-request hot path: body parsing, the rule table's resolve step,
-// policy selection, breaker check and pass, the retry budget, a stream's first-event check,
+// policy selection, breaker check and pass, the retry budget, a stream's first-event check, the
+// relay's work per stream event (usage, output events, inter-token latency),
 // metric cell lookup, JSON escaping, body rewrites, HTTP head parsing (kvgate's parser, and Beast's
 // for reference).
 #include <benchmark/benchmark.h>
@@ -10,9 +11,11 @@
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
 #include "gateway/knobs.h"
+#include "gateway/output_events.h"
 #include "gateway/pools.h"
 #include "gateway/retry.h"
 #include "gateway/stream_check.h"
+#include "gateway/usage_scanner.h"
 #include "http/message.h"
 #include "http/parser.h"
 #include "policy/registry.h"
@@ -136,6 +139,58 @@ void BM_FirstEventCheck(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FirstEventCheck);
+
+// The relay's work per piece of a stream (one SSE event per read, as SGLang writes each token):
+// arg 0 the usage scan alone (what a pool whose policy wants usage paid before the request
+// signals), arg 1 what every stream pays now: the usage scan, the output-event scan, a clock read
+// and an inter-token observation.
+void BM_RelayStreamEvent(benchmark::State& state) {
+  const std::string event =
+      R"(data: {"id":"3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":"chat.completion.chunk",)"
+      R"("created":1796264910,"model":"qwen3","choices":[{"index":0,"delta":{"content":)"
+      R"(" cache"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null})"
+      "\n\n";
+  metrics::Registry r;
+  GatewayMetrics m(r, metrics::latency_buckets());
+  SignalCells cells = m.signal_cells("default", "http://127.0.0.1:30001", "");
+  const bool signals = state.range(0) == 1;
+  UsageScanner usage;
+  OutputEventCounter events;
+  auto last = Clock::now();
+  for (auto _ : state) {
+    usage.feed(event);
+    if (signals) {
+      uint32_t n = events.feed(event);
+      auto now = Clock::now();
+      if (n > 0) {
+        cells.itl->observe(std::chrono::duration<double>(now - last).count());
+        cells.itl->observe_n(0, n - 1);
+        last = now;
+      }
+    }
+  }
+  benchmark::DoNotOptimize(usage.completion_tokens());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * event.size()));
+}
+BENCHMARK(BM_RelayStreamEvent)->Arg(0)->Arg(1);
+
+// The same for the output-event scan alone, on the chunk shapes it meets.
+void BM_OutputEventScan(benchmark::State& state, const std::string& event) {
+  OutputEventCounter events;
+  for (auto _ : state) benchmark::DoNotOptimize(events.feed(event));
+}
+BENCHMARK_CAPTURE(BM_OutputEventScan, chat_content,
+                  std::string(R"(data: {"id":"3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":)"
+                              R"("chat.completion.chunk","created":1796264910,"model":"qwen3",)"
+                              R"("choices":[{"index":0,"delta":{"content":" cache"},)"
+                              R"("logprobs":null,"finish_reason":null}],"usage":null})"
+                              "\n\n"));
+BENCHMARK_CAPTURE(BM_OutputEventScan, generate,
+                  std::string(R"(data: {"text":"The cache router sends tokens","output_ids":)"
+                              R"([791,6636,9457,22014,11460],"meta_info":{"id":"a1","finish_)"
+                              R"(reason":null,"prompt_tokens":48,"completion_tokens":5,)"
+                              R"("cached_tokens":32}})"
+                              "\n\n"));
 
 void BM_JsonQuote(benchmark::State& state) {
   std::string s(4096, 'a');

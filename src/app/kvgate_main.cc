@@ -248,10 +248,13 @@ int main(int argc, char** argv) {
 
   // Metrics.
   metrics::Registry registry;
-  std::vector<double> buckets;
+  std::vector<double> buckets, short_buckets;
   for (const auto& b : cfg.prometheus_duration_buckets) buckets.push_back(std::stod(b));
   if (buckets.empty()) buckets = metrics::latency_buckets();
-  GatewayMetrics gm(registry, buckets);
+  for (const auto& b : cfg.prometheus_short_duration_buckets) short_buckets.push_back(std::stod(b));
+  if (short_buckets.empty()) short_buckets = metrics::short_latency_buckets();
+  GatewayMetrics gm(registry, buckets, short_buckets,
+                    cfg.metrics_compat == "smg" ? MetricsCompat::kSmg : MetricsCompat::kNone);
 
   // Event loops: one per request thread, each with its own RequestThread state; the control loop
   // runs the pools' planes (health, policy upkeep), the metrics listener and signals.

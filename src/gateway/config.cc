@@ -53,13 +53,15 @@ std::string parse_prefill(C& c, std::span<const std::string> v) {
   return "";
 }
 
+// Bucket bounds (seconds, > 0) into `field`.
+template <std::vector<std::string> C::*field>
 std::string parse_buckets(C& c, std::span<const std::string> v) {
-  c.prometheus_duration_buckets.clear();
+  (c.*field).clear();
   for (const auto& s : v) {
     double d = 0;
     if (std::string e = flags::parse_double(s, d); !e.empty()) return e;
     if (d <= 0) return "bucket bound " + s + " must be > 0";
-    c.prometheus_duration_buckets.push_back(s);
+    (c.*field).push_back(s);
   }
   return "";
 }
@@ -722,11 +724,29 @@ const std::vector<K>& table() {
         {.name = "prometheus-duration-buckets",
          .group = kMetrics,
          .value_name = "SECS...",
-         .help = "Bucket bounds of duration histograms",
-         .custom = parse_buckets,
+         .help = "Bucket bounds of duration histograms: request duration, time to first "
+                 "token (headers, first byte, first token), end to end, admission queue",
+         .custom = parse_buckets<&C::prometheus_duration_buckets>,
          .custom_min_values = 1,
          .custom_max_values = 64,
          .default_text = "0.001 .. 1800"},
+        {.name = "prometheus-short-duration-buckets",
+         .group = kMetrics,
+         .value_name = "SECS...",
+         .help = "Bucket bounds of the short duration histograms: inter-token latency and "
+                 "upstream connect time",
+         .custom = parse_buckets<&C::prometheus_short_duration_buckets>,
+         .custom_min_values = 1,
+         .custom_max_values = 64,
+         .default_text = "0.0001 .. 10"},
+        {.name = "metrics-compat",
+         .group = kMetrics,
+         .value_name = "NAME",
+         .help = "Also export another gateway's metric names: smg = sgl-model-gateway's "
+                 "(smg_http_requests_total, smg_router_requests_total, smg_worker_*, "
+                 "smg_cache_aware_policy_branch_total), so existing dashboards keep working",
+         .field = &C::metrics_compat,
+         .choices = {"none", "smg"}},
 
         {.name = "log-level",
          .group = kLogging,

@@ -78,6 +78,8 @@ struct GatewayConfig {
   int64_t prometheus_port = 29000;
   std::string prometheus_host = "0.0.0.0";
   std::vector<std::string> prometheus_duration_buckets;
+  std::vector<std::string> prometheus_short_duration_buckets;
+  std::string metrics_compat = "none";
   // Request handling
   std::vector<std::string> request_id_headers;
   int64_t request_timeout_secs = 1800;

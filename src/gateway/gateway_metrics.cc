@@ -3,9 +3,11 @@
 
 #include <array>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace kvgate {
 
@@ -58,13 +60,57 @@ std::string_view LabelLimiter::admit_locked(std::string_view value) {
   return *seen_.emplace(value).first;
 }
 
-GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets)
+namespace {
+
+const std::vector<std::string> kSignalLabels = {"rule", "worker", "rank"};
+
+// kvgate's own endpoints (GET); every other route but "unknown" is an inference route (POST).
+bool gateway_get_route(std::string_view route) {
+  for (std::string_view r : {"/v1/models", "/health", "/liveness", "/readiness", "/get_server_info",
+                             "/server_info", "/get_model_info", "/model_info"}) {
+    if (route == r) return true;
+  }
+  return false;
+}
+
+// The method smg_http_requests_total names for kvgate_requests_total's (route, status): the
+// route's method; OTHER for a 405 (the method was the wrong one) and for unknown paths.
+std::string_view smg_method(std::string_view route, std::string_view status) {
+  if (route == "unknown" || status == "405") return "OTHER";
+  return gateway_get_route(route) ? "GET" : "POST";
+}
+
+// kvgate's cache_aware branches under the names sgl-model-gateway's dashboards know.
+std::string_view smg_cache_aware_branch(std::string_view branch) {
+  if (branch == "cache_hit") return "tree_match";
+  if (branch == "cache_miss_min_load") return "expected_wait_fallback";
+  if (branch == "imbalanced") return "load_balance";
+  return branch;
+}
+
+}  // namespace
+
+std::string_view smg_endpoint(std::string_view route) {
+  static constexpr std::pair<std::string_view, std::string_view> kEndpoints[] = {
+      {"/v1/chat/completions", "chat"},   {"/generate", "generate"},
+      {"/v1/completions", "completions"}, {"/v1/embeddings", "embeddings"},
+      {"/v1/rerank", "rerank"},           {"/v1/responses", "responses"},
+      {"/v1/messages", "messages"},       {"/v1/classify", "classify"},
+  };
+  for (const auto& [path, endpoint] : kEndpoints) {
+    if (route == path) return endpoint;
+  }
+  return "other";
+}
+
+GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& buckets,
+                               std::vector<double> short_buckets, MetricsCompat compat)
     : requests(r.counter("kvgate_requests_total",
                          "Requests answered, by route, HTTP status, model and streaming",
                          {"route", "status", "model", "streaming"})),
       duration(r.histogram("kvgate_request_duration_seconds",
                            "Time from request received to response complete, by route", {"route"},
-                           std::move(buckets))),
+                           buckets)),
       in_flight(r.gauge("kvgate_requests_in_flight", "Requests being handled now")),
       worker_active(r.gauge("kvgate_worker_requests_active",
                             "Requests in flight to each worker through this gateway", {"worker"})),
@@ -117,8 +163,96 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, std::vector<double> buckets
                                     {"worker"})),
       worker_load_poll_failures(r.counter("kvgate_worker_load_poll_failures_total",
                                           "Failed /get_load polls, by worker", {"worker"})),
+      time_to_headers(r.histogram("kvgate_time_to_response_headers_seconds",
+                                  "From request received to the serving worker's response "
+                                  "headers, by rule, worker and DP rank",
+                                  kSignalLabels, buckets)),
+      time_to_first_byte(r.histogram("kvgate_time_to_first_byte_seconds",
+                                     "From request received to the first body byte of the serving "
+                                     "worker's answer, by rule, worker and DP rank",
+                                     kSignalLabels, buckets)),
+      time_to_first_token(r.histogram("kvgate_time_to_first_token_seconds",
+                                      "Streams: from request received to the first SSE event "
+                                      "carrying output, by rule, worker and DP rank",
+                                      kSignalLabels, buckets)),
+      inter_token_latency(r.histogram("kvgate_inter_token_latency_seconds",
+                                      "Streams: time between successive SSE events carrying "
+                                      "output, as the gateway read them, by rule, worker and DP "
+                                      "rank",
+                                      kSignalLabels, short_buckets)),
+      e2e_duration(r.histogram("kvgate_e2e_request_duration_seconds",
+                               "From request received to response complete, for answers a worker "
+                               "served (status < 400), by rule, worker and DP rank",
+                               kSignalLabels, buckets)),
+      admission_queue(r.histogram("kvgate_admission_queue_seconds",
+                                  "Time admitted requests waited for a concurrency slot (0 when "
+                                  "one was free), by rule",
+                                  {"rule"}, buckets)),
+      upstream_connect(r.histogram("kvgate_upstream_connect_seconds",
+                                   "Time to open a new upstream connection (TCP, and TLS for "
+                                   "https), by rule and worker; reused connections are not "
+                                   "observed",
+                                   {"rule", "worker"}, std::move(short_buckets))),
+      prompt_tokens(r.counter("kvgate_prompt_tokens_total",
+                              "Prompt tokens the serving worker reported, by rule, worker and "
+                              "DP rank",
+                              kSignalLabels)),
+      cached_tokens(r.counter("kvgate_cached_tokens_total",
+                              "Prompt tokens the serving worker reported cached, by rule, worker "
+                              "and DP rank",
+                              kSignalLabels)),
+      generated_tokens(r.counter("kvgate_generated_tokens_total",
+                                 "Tokens the serving worker reported generated "
+                                 "(completion_tokens), by rule, worker and DP rank",
+                                 kSignalLabels)),
       in_flight_now(in_flight.with({})),
-      queue_depth_now(queue_depth.with({})) {}
+      queue_depth_now(queue_depth.with({})) {
+  if (compat != MetricsCompat::kSmg) return;
+  // sgl-model-gateway's names. Where a kvgate family holds the same series, the smg name is the
+  // same cells exposed again (an alias) or summed from them at scrape time: nothing is counted
+  // twice on the request path. Only series whose labels kvgate's own do not carry (backend_type,
+  // a selection's model) are counted a second time, and only with --metrics-compat smg.
+  r.alias(worker_active, "smg_worker_requests_active",
+          "Currently running requests per worker (kvgate_worker_requests_active)");
+  r.alias(worker_health, "smg_worker_health",
+          "Worker health status (1=healthy, 0=unhealthy) (kvgate_worker_health)");
+  r.alias(worker_cb_state, "smg_worker_cb_state",
+          "Circuit breaker state per worker (0=closed, 1=open, 2=half_open) "
+          "(kvgate_worker_cb_state)");
+  smg_router_requests = &r.counter(
+      "smg_router_requests_total",
+      "Total routed requests by router_type, backend_type, connection_mode, model, endpoint, "
+      "streaming (counted when answered)",
+      {"router_type", "backend_type", "connection_mode", "model", "endpoint", "streaming"});
+  smg_selections = &r.counter("smg_worker_selection_total",
+                              "Worker selection events by worker_type, connection_mode, model, "
+                              "policy",
+                              {"worker_type", "connection_mode", "model", "policy"});
+  smg_retries =
+      &r.counter("smg_worker_retries_total", "Total retry attempts by worker_type and endpoint",
+                 {"worker_type", "endpoint"});
+  auto& http = r.counter("smg_http_requests_total",
+                         "Total HTTP requests by method and path (kvgate_requests_total by "
+                         "route, counted when answered)",
+                         {"method", "path"});
+  auto& branch = r.counter("smg_cache_aware_policy_branch_total",
+                           "Cache-aware routing decisions by branch "
+                           "(kvgate_policy_branch_total{policy=\"cache_aware\"})",
+                           {"branch"});
+  r.add_collector([this, &http, &branch] {
+    // Sums of counters that only grow and whose cells are never removed: they only grow too.
+    std::map<std::pair<std::string_view, std::string>, uint64_t> by_path;
+    requests.for_each([&](const std::vector<std::string>& v, const metrics::Counter& c) {
+      by_path[{smg_method(v[0], v[1]), v[0]}] += c.value();
+    });
+    for (const auto& [key, n] : by_path) http.with({key.first, key.second}).mirror(n);
+    std::map<std::string, uint64_t, std::less<>> by_branch;
+    branches.for_each([&](const std::vector<std::string>& v, const metrics::Counter& c) {
+      if (v[0] == "cache_aware") by_branch[std::string(smg_cache_aware_branch(v[1]))] += c.value();
+    });
+    for (const auto& [b, n] : by_branch) branch.with({b}).mirror(n);
+  });
+}
 
 namespace {
 
@@ -173,6 +307,51 @@ metrics::Histogram& GatewayMetrics::duration_of(std::string_view route) {
   auto& cell = duration.with({route});
   cache.emplace(key, &cell);
   return cell;
+}
+
+SignalCells GatewayMetrics::signal_cells(std::string_view rule, std::string_view worker,
+                                         std::string_view rank) {
+  SignalCells c;
+  c.headers = &time_to_headers.with({rule, worker, rank});
+  c.first_byte = &time_to_first_byte.with({rule, worker, rank});
+  c.first_token = &time_to_first_token.with({rule, worker, rank});
+  c.itl = &inter_token_latency.with({rule, worker, rank});
+  c.e2e = &e2e_duration.with({rule, worker, rank});
+  c.prompt_tokens = &prompt_tokens.with({rule, worker, rank});
+  c.cached_tokens = &cached_tokens.with({rule, worker, rank});
+  c.generated_tokens = &generated_tokens.with({rule, worker, rank});
+  return c;
+}
+
+metrics::Counter* GatewayMetrics::smg_router_request(std::string_view model, std::string_view route,
+                                                     bool streaming, bool pd) {
+  if (!smg_router_requests) return nullptr;
+  thread_local CellCache<metrics::Counter> cache;
+  PtrKey key{model.data(), route.data(),
+             (streaming ? 1u : 0u) | (pd ? 2u : 0u) | (model.empty() ? 4u : 0u)};
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto& cell = smg_router_requests->with({"http", pd ? "pd" : "regular", "http", model,
+                                          smg_endpoint(route), streaming ? "true" : "false"});
+  cache.emplace(key, &cell);
+  return &cell;
+}
+
+metrics::Counter* GatewayMetrics::smg_selection(std::string_view worker_type,
+                                                std::string_view model, std::string_view policy) {
+  if (!smg_selections) return nullptr;
+  thread_local CellCache<metrics::Counter> cache;
+  PtrKey key{model.data(), policy.data(),
+             reinterpret_cast<uintptr_t>(worker_type.data()) * 2 + (model.empty() ? 1u : 0u)};
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto& cell = smg_selections->with({worker_type, "http", model, policy});
+  cache.emplace(key, &cell);
+  return &cell;
+}
+
+void GatewayMetrics::smg_retry(std::string_view worker_type, std::string_view endpoint) {
+  if (smg_retries) smg_retries->with({worker_type, endpoint}).inc();  // (a retry's path: rare)
 }
 
 metrics::Counter& GatewayMetrics::branch_counter(std::string_view policy, std::string_view branch) {

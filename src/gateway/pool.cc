@@ -170,6 +170,11 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     const bool decode_side = pd && ep.role == rules::Role::kDecode;
     const Policy& chooser = decode_side ? *pool->decode_policy_ : *pool->policy_;
     pool->selected_[w->id()] = &env.metrics->selections.with({chooser.name(), w->url()});
+    auto& signals = pool->signals_[w->id()];
+    if (!signals) {
+      signals = std::make_unique<WorkerSignals>();
+      signals->url = w->url();
+    }
     pool->sides_[w->id()] = Side{
         .role = ep.role,
         .bootstrap_port = ep.bootstrap_port.value_or(
@@ -254,6 +259,49 @@ rules::Role Pool::role(const Worker& w) const {
 int64_t Pool::bootstrap_port(const Worker& w) const {
   auto it = sides_.find(w.id());
   return it == sides_.end() ? rules::kDefaultBootstrapPort : it->second.bootstrap_port;
+}
+
+Pool::WorkerSignals::~WorkerSignals() {
+  for (auto& slot : by_rank) delete slot.load(std::memory_order_acquire);
+}
+
+const SignalCells* Pool::signals(const Worker& w, std::optional<int> rank) const {
+  auto it = signals_.find(w.id());
+  if (it == signals_.end() || !env_.metrics) return nullptr;
+  WorkerSignals& ws = *it->second;
+  const size_t slot =
+      rank && *rank >= 0 && *rank < Worker::kMaxDpRanks ? static_cast<size_t>(*rank) + 1 : 0;
+  std::atomic<SignalCells*>& cell = ws.by_rank[slot];
+  if (SignalCells* made = cell.load(std::memory_order_acquire)) return made;
+  // First use of this (worker, rank) by this pool: the families' locks, once.
+  auto fresh = std::make_unique<SignalCells>(env_.metrics->signal_cells(
+      rule_.name, ws.url, slot == 0 ? std::string() : std::to_string(slot - 1)));
+  SignalCells* expected = nullptr;
+  if (cell.compare_exchange_strong(expected, fresh.get(), std::memory_order_acq_rel)) {
+    return fresh.release();
+  }
+  return expected;  // another thread made them first (the same cells)
+}
+
+metrics::Histogram* Pool::connect_time(const Worker& w) const {
+  auto it = signals_.find(w.id());
+  if (it == signals_.end() || !env_.metrics) return nullptr;
+  WorkerSignals& ws = *it->second;
+  metrics::Histogram* h = ws.connect.load(std::memory_order_acquire);
+  if (!h) {
+    h = &env_.metrics->upstream_connect.with({rule_.name, ws.url});
+    ws.connect.store(h, std::memory_order_release);  // the same cell whoever stores it
+  }
+  return h;
+}
+
+metrics::Histogram& Pool::queue_time() const {
+  metrics::Histogram* h = queue_time_.load(std::memory_order_acquire);
+  if (!h) {
+    h = &env_.metrics->admission_queue.with({rule_.name});
+    queue_time_.store(h, std::memory_order_release);  // the same cell whoever stores it
+  }
+  return *h;
 }
 
 metrics::Counter* Pool::selected(const Worker& w) const {

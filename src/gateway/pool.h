@@ -9,9 +9,11 @@
 // request threads concurrently (the policy is thread-safe, as it always was).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -116,6 +118,17 @@ class Pool {
   bool wants_usage() const { return wants_usage_; }
   // The pool's selection counter of a worker (kvgate_worker_selected_total{policy, worker}).
   metrics::Counter* selected(const Worker& w) const;
+  // The request signals' cells of one of its workers and the rank the decision named (nullopt:
+  // none), labelled with this rule (docs/metrics.md). Made on the first request that needs them
+  // (a pool built for a dry run or a refused change makes no series), then found without a lock;
+  // null for a worker the pool does not have. They live as long as the pool: a worker's and a
+  // rule's series are removed only once no pool holds them (PoolManager).
+  const SignalCells* signals(const Worker& w, std::optional<int> rank) const;
+  // kvgate_upstream_connect_seconds{rule, worker} of one of its workers (made on first use; null
+  // for a worker the pool does not have).
+  metrics::Histogram* connect_time(const Worker& w) const;
+  // kvgate_admission_queue_seconds{rule} of this pool (made on first use).
+  metrics::Histogram& queue_time() const;
 
   // Starts health probes (and /get_load polls when the policy uses them) for its workers, and the
   // policy's upkeep. Control loop only.
@@ -148,6 +161,16 @@ class Pool {
   bool wants_usage_ = false;
   std::shared_ptr<const TokenizerFiles> tokenizer_;
   std::unordered_map<uint64_t, metrics::Counter*> selected_;
+  // Per worker id: the signal cells of each rank (slot 0: no rank; slot r + 1: rank r), made
+  // lazily and published with a compare-and-swap (the map itself never changes after build).
+  struct WorkerSignals {
+    std::string url;
+    std::array<std::atomic<SignalCells*>, Worker::kMaxDpRanks + 1> by_rank{};
+    std::atomic<metrics::Histogram*> connect{nullptr};
+    ~WorkerSignals();
+  };
+  std::unordered_map<uint64_t, std::unique_ptr<WorkerSignals>> signals_;
+  mutable std::atomic<metrics::Histogram*> queue_time_{nullptr};
   std::unique_ptr<HealthPlane> health_;
   // The upkeep loop's stop flag and timer (shared with its callbacks, which may run after stop()).
   struct Upkeep;

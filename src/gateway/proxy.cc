@@ -8,9 +8,11 @@
 #include "gateway/errors.h"
 #include "gateway/gateway.h"
 #include "gateway/knobs.h"
+#include "gateway/output_events.h"
 #include "gateway/stream_check.h"
 #include "gateway/usage_scanner.h"
 #include "http/client.h"
+#include "http/traceparent.h"
 #include "pd/pd.h"
 #include "request/body_rewrite.h"
 #include "util/json.h"
@@ -37,6 +39,10 @@ constexpr size_t kMaxMergedAnswer = 16 << 20;
 // requests still running after kWatchDelay, found by one sweep timer per thread: short requests
 // never pay for it, long ones (queued, or long generations: the ones worth cancelling) are watched.
 constexpr auto kWatchDelay = std::chrono::milliseconds(20);
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // Per-site limits of the warnings a failing worker can make on every request (a dead worker
 // under load would otherwise write thousands of lines a second; suppressed ones are counted on
@@ -447,7 +453,18 @@ class Gateway::Request {
   // A gateway error answer, recorded.
   awaitable<void> refuse(GatewayError e, const Worker* worker = nullptr);
   void client_left();
-  void record(int status) { g_.record(route_label_, status, model_, streaming_, start_); }
+  void record(int status) {
+    g_.record(route_label_, status, model_, streaming_, start_);
+    if (g_.metrics_.smg()) [[unlikely]] {
+      if (auto* c = g_.metrics_.smg_router_request(model_, route_label_, streaming_,
+                                                   pool_ && pool_->pd())) {
+        c->inc();
+      }
+    }
+  }
+  // An attempt's worker is known and its dispatch open: its signal cells, the selections counted
+  // under sgl-model-gateway's names (--metrics-compat smg).
+  void dispatched(Attempt& a);
   void list_candidates(Clock::time_point now);
   // Prefill/decode: both sides chosen, both breakers' passes, both dispatches opened.
   Next select_pd(Attempt& a);
@@ -507,6 +524,7 @@ class Gateway::Request {
 
   // select, send
   HeaderView header_view_;
+  http::TraceContext trace_;  // W3C trace context: continued or started in forward_headers
   RouteContext ctx_;
   std::string xff_, forwarded_;
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
@@ -544,6 +562,7 @@ struct Gateway::Attempt {
   // Tags a log line with the attempt (the line is written at the end of the full expression).
   log::Line& tag(log::Line&& line) const {
     return line.kv("rid", r.rid_)
+        .kv("trace_id", r.trace_.trace_id())
         .kv("worker_id", w->id())
         .kv("worker", w->url())
         .kv("attempt", r.attempts_made_);
@@ -569,6 +588,36 @@ struct Gateway::Attempt {
   // answer the client gets).
   using Prefill = PrefillHalf;
   std::optional<Prefill> prefill;
+
+  // Request signals (docs/metrics.md): the worker's cells (the decode half's with prefill/decode)
+  // and what the answer showed of its timing.
+  const SignalCells* cells = nullptr;
+  Clock::time_point headers_at{}, first_byte_at{}, last_output_at{};
+  OutputEventCounter output_events;
+  bool timing_committed = false;  // the client gets this answer (a success): headers/first byte
+  // A piece of the answer's body, as read: the first byte's time; for a stream, its output events
+  // (the first one is the time to first token, each later one an inter-token gap; events that
+  // end in the same read as the one before are gaps of 0).
+  void saw(std::string_view piece) {
+    if (piece.empty() || !cells) return;
+    const bool events = sse && status < 400;
+    if (!events && first_byte_at != Clock::time_point{}) return;
+    const auto now = Clock::now();
+    if (first_byte_at == Clock::time_point{}) {
+      first_byte_at = now;
+      if (timing_committed) cells->first_byte->observe(seconds(now - r.start_));
+    }
+    if (!events) return;
+    uint32_t n = output_events.feed(piece);
+    if (n == 0) return;
+    if (last_output_at == Clock::time_point{}) {
+      cells->first_token->observe(seconds(now - r.start_));
+    } else {
+      cells->itl->observe(seconds(now - last_output_at));
+    }
+    cells->itl->observe_n(0, n - 1);
+    last_output_at = now;
+  }
 };
 
 Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid)
@@ -683,10 +732,14 @@ void Gateway::Request::watch() {
 awaitable<bool> Gateway::Request::admit() {
   Admission& admission = g_.admission_;
   g_.metrics_.queue_depth_now.add(1);
+  const auto queued = Clock::now();
   auto r = co_await admission.acquire(ex_.executor(), &cancel_.waiter);
   g_.metrics_.queue_depth_now.add(-1);
   cancel_.waiter.reset();
-  if (r == Admission::Result::kAdmitted) slot_ = &admission;
+  if (r == Admission::Result::kAdmitted) {
+    slot_ = &admission;
+    pool_->queue_time().observe(seconds(Clock::now() - queued));
+  }
   if (r == Admission::Result::kCancelled || ex_.client_gone()) {
     client_left();
     co_return false;
@@ -838,8 +891,15 @@ awaitable<bool> Gateway::Request::locate() {
 void Gateway::Request::forward_headers() {
   const ConnectionTokens conn_tokens = ConnectionTokens::of(ex_);
   bool allow_target = g_.config_.allow_target_worker_header;
+  std::string_view traceparent;
+  int traceparents = 0;
   ex_.for_each_header([&](std::string_view name, std::string_view value) {
     auto kind = http::classify_header(name);
+    if (kind == http::HeaderKind::kTraceParent) {
+      traceparent = value;
+      ++traceparents;
+      return;
+    }
     if (kind != http::HeaderKind::kOther && kind != http::HeaderKind::kContentType) return;
     if (!conn_tokens.empty() && conn_tokens.contains(name)) return;
     if (http::iequals(name, "x-forwarded-for")) {
@@ -860,6 +920,10 @@ void Gateway::Request::forward_headers() {
   fwd_.push_back({"x-forwarded-for", xff_});
   fwd_.push_back({"forwarded", forwarded_});
   fwd_.push_back({"x-request-id", rid_});
+  // The client's trace continued, or a new one (http/traceparent.h); each upstream call gets a
+  // span id of its own (send), written into the header in place.
+  trace_.begin(traceparent, traceparents, thread_rng().next(), thread_rng().next());
+  fwd_.push_back({"traceparent", trace_.header()});
   set_ = pool_->workers();  // keeps every worker of this request alive
 }
 
@@ -895,12 +959,26 @@ std::string_view Gateway::Request::may_retry() {
 
 void Gateway::Request::retry_denied(std::string_view why) {
   g_.metrics_.retries_denied.with({why}).inc();
-  log::debug("not retrying").kv("rid", rid_).kv("why", why).kv("attempts", attempts_made_);
+  log::debug("not retrying")
+      .kv("rid", rid_)
+      .kv("trace_id", trace_.trace_id())
+      .kv("why", why)
+      .kv("attempts", attempts_made_);
 }
 
 // Phase: retry (the wait). A retry waits its backoff (or the worker's Retry-After).
 awaitable<bool> Gateway::Request::back_off() {
   g_.metrics_.retries.with({route_label_}).inc();
+  if (g_.metrics_.smg()) [[unlikely]] {
+    // sgl-model-gateway counts a prefill/decode retry on both sides.
+    const std::string_view endpoint = smg_endpoint(route_label_);
+    if (pool_->pd()) {
+      g_.metrics_.smg_retry("prefill", endpoint);
+      g_.metrics_.smg_retry("decode", endpoint);
+    } else {
+      g_.metrics_.smg_retry("regular", endpoint);
+    }
+  }
   retry_after_.reset();
   if (!backoff_timer_) {
     backoff_timer_.emplace(ex_.executor());
@@ -1232,10 +1310,12 @@ void Gateway::Request::failed_attempt(Attempt& a, int status, bool ran) {
 // may be running it). A retryable status is kept as the client's answer in case no retry works.
 awaitable<Next> Gateway::Request::send(Attempt& a) {
   http::UpstreamCall& call = *a.call;
+  dispatched(a);
   // Body rewrites (fields added, the rest forwarded byte for byte): the rank the policy chose,
   // as --dp-rank-field names it.
   std::string rewritten;
   std::string_view body = ex_.body();
+  trace_.next_span(thread_rng().next());  // (prefill/decode: the prefill half's, copied)
   if (a.prefill) {
     // Prefill/decode: both halves at once, the same body with SGLang's rendezvous fields.
     if (!start_prefill(a, rewritten)) {
@@ -1247,6 +1327,7 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
       co_return Next::kDone;
     }
     body = rewritten;
+    trace_.next_span(thread_rng().next());  // the decode half's
   } else if (a.d.dp_rank && pool_->reads_body()) {
     const BodyField rank{g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)};
     rewritten = add_fields(body, {&rank, 1});
@@ -1254,6 +1335,10 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
   }
   http::CallError e = co_await call.start(ex_.method(), ex_.target(), fwd_, body);
   a.dispatch->started_guess = call.request_sent();
+  if (e == http::CallError::kNone) a.headers_at = Clock::now();
+  if (auto connected = call.connect_time()) {
+    if (metrics::Histogram* h = pool_->connect_time(*a.w)) h->observe(seconds(*connected));
+  }
   if (a.prefill) {
     // (Before any suspension: once released, the prefill half can no longer abort the call.)
     if (e == http::CallError::kNone &&
@@ -1344,6 +1429,7 @@ awaitable<Next> Gateway::Request::first_event(Attempt& a) {
   http::CallError re = http::CallError::kNone;
   while (a.pre.size() < kFirstEventLimit && !first_event_end(a.pre)) {
     std::string_view piece = co_await call.read_view(re);
+    a.saw(piece);
     a.pre.append(piece);
     if (piece.empty() || re != http::CallError::kNone) break;
   }
@@ -1434,6 +1520,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
       case http::HeaderKind::kOther:
       case http::HeaderKind::kHost:
       case http::HeaderKind::kExpect:
+      case http::HeaderKind::kTraceParent:  // a worker's own, relayed as it always was
         if (resp_tokens.empty() || !resp_tokens.contains(name)) out.push_back({name, value});
         break;
       default:  // hop-by-hop, content-length (we frame the body), x-request-id (ours)
@@ -1481,8 +1568,17 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
                     : ran && ran_and_failed_ > 0 ? Verdict::kNeutral
                                                  : Verdict::kFailure;
   if (a.blame_prefill) verdict = Verdict::kNeutral;  // a failed KV transfer: neither side charged
+  if (a.cells && status < 400 && !a.worker_abort && !a.request_abort) {
+    // The client gets this answer: its head's (and first byte's, when read already) times count.
+    a.timing_committed = true;
+    a.cells->headers->observe(seconds(a.headers_at - start_));
+    if (a.first_byte_at != Clock::time_point{}) {
+      a.cells->first_byte->observe(seconds(a.first_byte_at - start_));
+    }
+  }
   UsageScanner usage;
-  bool scan_usage = pool_->wants_usage() && status < 400;
+  // Always read (the token counters); the policy hears it when it wants it (Outcome).
+  bool scan_usage = status < 400;
   learn_id_ = route_ == ApiRoute::kResponses && info_.store && status == 200 && !a.worker_abort;
   if (call.done() && a.pre.empty()) {  // no body (a.pre: what the first event's check read)
     bool sent = co_await ex_.respond(status, out, "");
@@ -1507,6 +1603,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
     http::CallError re = http::CallError::kNone;
     // In place in the worker connection's buffer: no relay buffer, no copy.
     std::string_view piece = co_await call.read_view(re);
+    a.saw(piece);
     if (!piece.empty() && scan_usage) usage.feed(piece);
     if (learn_id_ && !piece.empty()) scan_id(a, piece);
     if (!piece.empty()) {
@@ -1592,7 +1689,32 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
   if (route_ == ApiRoute::kResponse && final_status == 200 && ex_.method() == "DELETE") {
     g_.owners_.forget(response_id_);
   }
+  if (a.cells && final_status < 400) {
+    a.cells->e2e->observe(seconds(Clock::now() - start_));
+    // As the engine reported them (the last value in the answer: streams repeat them).
+    if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
+    if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
+    if (auto n = usage.completion_tokens(); n && *n > 0) a.cells->generated_tokens->inc(*n);
+  }
   record(final_status);
+}
+
+void Gateway::Request::dispatched(Attempt& a) {
+  a.cells = pool_->signals(*a.w, a.d.dp_rank);
+  if (!g_.metrics_.smg()) [[likely]] {
+    return;
+  }
+  // Which policy chose whom: the decode policy the decode half (prefill/decode), the rule's
+  // policy (or the doctor's pin) otherwise.
+  Policy& decider = pinned_     ? pinned_policy()
+                    : a.prefill ? pool_->decode_policy()
+                                : pool_->policy();
+  if (auto* c = g_.metrics_.smg_selection(role_label(pool_->role(*a.w)), model_, decider.name())) {
+    c->inc();
+  }
+  if (a.prefill) {
+    if (auto* c = g_.metrics_.smg_selection("prefill", model_, pool_->policy().name())) c->inc();
+  }
 }
 
 // Prefill/decode: the prefill half ends with its attempt. When the decode half served the client
@@ -1613,6 +1735,9 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   }
   if (!served || ex_.client_gone()) leg.abort();
   co_await wait_prefill(a);
+  if (auto connected = leg.connect_time()) {
+    if (metrics::Histogram* h = pool_->connect_time(*p.w)) h->observe(seconds(*connected));
+  }
   if (a.blame_prefill) {
     // The decode said the KV never came: either side may be at fault (the prefill's sender, the
     // decode's receiver, the path between). Neither is charged; this request tries another pair.
@@ -1718,6 +1843,7 @@ awaitable<void> Gateway::Request::relay_with_prompt_logprobs(Attempt& a, http::H
     if (!ok) break;
     http::CallError re = http::CallError::kNone;
     std::string_view piece = co_await call.read_view(re);
+    a.saw(piece);
     if (!piece.empty()) {
       if (pending.size() + piece.size() > kMaxMergedAnswer) {
         re = http::CallError::kProtocol;  // an event past any sane size

@@ -6,9 +6,12 @@
 namespace kvgate {
 namespace {
 
-constexpr std::string_view kCached = "\"cached_tokens\":";
-constexpr std::string_view kPrompt = "\"prompt_tokens\":";
-constexpr size_t kCarry = 40;  // longer than a key, optional spaces and a number
+// The keys' heads: each key is `"HEAD_tokens":`.
+constexpr std::string_view kCachedHead = "\"cached";
+constexpr std::string_view kPromptHead = "\"prompt";
+constexpr std::string_view kCompletionHead = "\"completion";
+constexpr std::string_view kOutputHead = "\"output";
+constexpr size_t kCarry = 40;  // longer than the longest key, optional spaces and a number
 
 // The integer after `pos` (optional spaces), or nullopt when the digits may continue past s.
 std::optional<int64_t> number_at(std::string_view s, size_t pos) {
@@ -26,22 +29,24 @@ std::optional<int64_t> number_at(std::string_view s, size_t pos) {
 }  // namespace
 
 void UsageScanner::scan(std::string_view s) {
-  // Both keys end in `_tokens":`. Anchored on '_' (a few per body) rather than on '"' (every
+  // Every key ends in `_tokens":`. Anchored on '_' (a few per body) rather than on '"' (every
   // key and string: a search from each quote cost ~4,000 instructions per response).
   constexpr std::string_view kTail = "_tokens\":";
-  constexpr size_t kHead = kCached.size() - kTail.size();  // `"cached`, `"prompt`
-  static_assert(kPrompt.size() - kTail.size() == kHead);
   for (size_t p = s.find('_'); p != std::string_view::npos; p = s.find('_', p + 1)) {
     // Most underscores start no `_tokens":` (finish_reason, tool_calls, prompt_tokens_details):
     // two bytes rule them out before the whole tail is compared.
-    if (p < kHead || p + kTail.size() > s.size() || s[p + 1] != 't' || s[p + 7] != '"' ||
-        s.compare(p, kTail.size(), kTail) != 0) {
+    if (p < kOutputHead.size() || p + kTail.size() > s.size() || s[p + 1] != 't' ||
+        s[p + 7] != '"' || s.compare(p, kTail.size(), kTail) != 0) {
       continue;
     }
-    std::string_view head = s.substr(p - kHead, kHead);
-    std::optional<int64_t>* out = head == kCached.substr(0, kHead)   ? &cached_
-                                  : head == kPrompt.substr(0, kHead) ? &prompt_
-                                                                     : nullptr;
+    auto head_is = [&](std::string_view head) {
+      return p >= head.size() && s.compare(p - head.size(), head.size(), head) == 0;
+    };
+    std::optional<int64_t>* out = head_is(kCachedHead)       ? &cached_
+                                  : head_is(kPromptHead)     ? &prompt_
+                                  : head_is(kCompletionHead) ? &completion_
+                                  : head_is(kOutputHead)     ? &completion_
+                                                             : nullptr;
     if (!out) continue;
     if (auto v = number_at(s, p + kTail.size())) *out = v;
   }

@@ -332,6 +332,7 @@ CallError UpstreamCall::malformed(ParseError e) {
 awaitable<CallError> UpstreamCall::connect() {
   conn_ = std::make_unique<Connection>(ex_);
   fresh_ = true;
+  const auto began = Clock::now();
   if (target_.endpoints.empty()) {
     detail_ = "address of " + target_.host + " is not resolved";
     co_return CallError::kConnect;
@@ -363,6 +364,7 @@ awaitable<CallError> UpstreamCall::connect() {
     if (timed_out && Clock::now() >= deadline_) co_return CallError::kTimeout;
     co_return CallError::kConnect;
   }
+  connect_time_ = Clock::now() - began;
   boost::system::error_code ignored;
   conn_->socket.set_option(tcp::no_delay(true), ignored);
   conn_->socket.non_blocking(true, ignored);  // write_now() never waits
@@ -383,6 +385,7 @@ awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_vi
 
   conn_ = pool_.take(key_);
   fresh_ = false;
+  connect_time_.reset();
   sent_ = false;
   response_started_ = false;
   for (int attempt = 0;; ++attempt) {

@@ -146,6 +146,9 @@ class UpstreamCall {
   void abort();
   bool aborted() const { return aborted_; }
   bool connected_fresh() const { return fresh_; }
+  // How long the new connection this call made took to connect (TCP, and TLS's handshake for
+  // https), when it made one that connected; nullopt when it reused a pooled connection.
+  std::optional<Clock::duration> connect_time() const { return connect_time_; }
   // True once the whole request (head and body) was handed to the worker's connection: from then
   // on the worker may be running it, and sending it again could run it twice.
   bool request_sent() const { return sent_; }
@@ -171,6 +174,7 @@ class UpstreamCall {
   bool aborted_ = false;
   CallError read_error_ = CallError::kNone;  // how reading the body failed, for every later read
   bool fresh_ = false;
+  std::optional<Clock::duration> connect_time_;
   bool sent_ = false;
   bool response_started_ = false;
 };

@@ -96,6 +96,8 @@ HeaderKind classify_header(std::string_view n) {
       return iequals_lower(n, "connection") || iequals_lower(n, "keep-alive")
                  ? HeaderKind::kHopByHop
                  : HeaderKind::kOther;
+    case 11:
+      return iequals_lower(n, "traceparent") ? HeaderKind::kTraceParent : HeaderKind::kOther;
     case 12:
       if (iequals_lower(n, "content-type")) return HeaderKind::kContentType;
       return iequals_lower(n, "x-request-id") ? HeaderKind::kRequestId : HeaderKind::kOther;

@@ -51,6 +51,9 @@ enum class HeaderKind {
   kExpect,
   kRequestId,  // x-request-id
   kDoctor,     // x-kvgate-doctor: the gateway's own probes; never forwarded either way
+  // traceparent (W3C Trace Context): the gateway sends its own upstream (http/traceparent.h),
+  // never the client's as is.
+  kTraceParent,
 };
 HeaderKind classify_header(std::string_view name);
 

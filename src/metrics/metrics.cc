@@ -60,6 +60,15 @@ void Histogram::observe(double v) {
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
 
+void Histogram::observe_n(double v, uint64_t n) {
+  if (n == 0) return;
+  const auto& b = *bounds_;
+  size_t i = static_cast<size_t>(std::lower_bound(b.begin(), b.end(), v) - b.begin());
+  counts_[i].fetch_add(n, std::memory_order_relaxed);
+  count_.fetch_add(n, std::memory_order_relaxed);
+  if (v != 0) sum_.fetch_add(v * static_cast<double>(n), std::memory_order_relaxed);
+}
+
 FamilyBase::FamilyBase(std::string name, std::string help, Type type,
                        std::vector<std::string> labels, std::vector<double> bounds)
     : name_(std::move(name)),
@@ -122,12 +131,22 @@ void FamilyBase::destroy_cells() {
   cells_.clear();
 }
 
+void FamilyBase::for_each_cell(
+    const std::function<void(const std::vector<std::string>& values, const void* cell)>& fn) const {
+  std::shared_lock lock(mu_);
+  for (const auto& [key, entry] : cells_) fn(entry.values, entry.cell);
+}
+
 void FamilyBase::expose(std::string& out) const {
+  expose_as(out, name_, help_);
+}
+
+void FamilyBase::expose_as(std::string& out, std::string_view name, std::string_view help) const {
   const char* type = type_ == Type::kCounter ? "counter"
                      : type_ == Type::kGauge ? "gauge"
                                              : "histogram";
-  out.append("# HELP ").append(name_).append(" ").append(help_).append("\n");
-  out.append("# TYPE ").append(name_).append(" ").append(type).append("\n");
+  out.append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out.append("# TYPE ").append(name).append(" ").append(type).append("\n");
   std::shared_lock lock(mu_);
   for (const auto& [key, entry] : cells_) {
     std::string labels;
@@ -137,7 +156,7 @@ void FamilyBase::expose(std::string& out) const {
       append_escaped(labels, entry.values[i]);
       labels.push_back('"');
     }
-    expose_cell(out, labels, entry.cell);
+    expose_cell(out, name, labels, entry.cell);
   }
 }
 
@@ -155,9 +174,9 @@ void* Family<Histogram>::make_cell() const {
 }
 
 template <>
-void Family<Counter>::expose_cell(std::string& out, const std::string& labels,
-                                  const void* cell) const {
-  out.append(name_);
+void Family<Counter>::expose_cell(std::string& out, std::string_view name,
+                                  const std::string& labels, const void* cell) const {
+  out.append(name);
   if (!labels.empty()) out.append("{").append(labels).append("}");
   out.push_back(' ');
   append_number(out, static_cast<double>(static_cast<const Counter*>(cell)->value()));
@@ -165,9 +184,9 @@ void Family<Counter>::expose_cell(std::string& out, const std::string& labels,
 }
 
 template <>
-void Family<Gauge>::expose_cell(std::string& out, const std::string& labels,
+void Family<Gauge>::expose_cell(std::string& out, std::string_view name, const std::string& labels,
                                 const void* cell) const {
-  out.append(name_);
+  out.append(name);
   if (!labels.empty()) out.append("{").append(labels).append("}");
   out.push_back(' ');
   append_number(out, static_cast<const Gauge*>(cell)->value());
@@ -175,15 +194,15 @@ void Family<Gauge>::expose_cell(std::string& out, const std::string& labels,
 }
 
 template <>
-void Family<Histogram>::expose_cell(std::string& out, const std::string& labels,
-                                    const void* cell) const {
+void Family<Histogram>::expose_cell(std::string& out, std::string_view name,
+                                    const std::string& labels, const void* cell) const {
   const auto* h = static_cast<const Histogram*>(cell);
   std::string sep = labels.empty() ? "" : ",";
   uint64_t cumulative = 0;
   const auto& b = h->bounds();
   for (size_t i = 0; i <= b.size(); ++i) {
     cumulative += h->bucket(i);
-    out.append(name_).append("_bucket{").append(labels).append(sep).append("le=\"");
+    out.append(name).append("_bucket{").append(labels).append(sep).append("le=\"");
     if (i < b.size())
       append_number(out, b[i]);
     else
@@ -193,10 +212,10 @@ void Family<Histogram>::expose_cell(std::string& out, const std::string& labels,
     out.push_back('\n');
   }
   std::string lb = labels.empty() ? "" : "{" + labels + "}";
-  out.append(name_).append("_sum").append(lb).push_back(' ');
+  out.append(name).append("_sum").append(lb).push_back(' ');
   append_number(out, h->sum());
   out.push_back('\n');
-  out.append(name_).append("_count").append(lb).push_back(' ');
+  out.append(name).append("_count").append(lb).push_back(' ');
   append_number(out, static_cast<double>(h->count()));
   out.push_back('\n');
 }
@@ -260,6 +279,11 @@ void Registry::add_collector(std::function<void()> fn) {
   collectors_.push_back(std::move(fn));
 }
 
+void Registry::alias(const FamilyBase& family, std::string name, std::string help) {
+  std::lock_guard lock(mu_);
+  aliases_.push_back({&family, std::move(name), std::move(help)});
+}
+
 void Registry::remove_series(std::string_view label, std::string_view value) {
   std::lock_guard lock(mu_);
   for (const auto& f : families_) f->remove_where(label, value);
@@ -271,12 +295,19 @@ std::string Registry::expose() const {
   std::lock_guard lock(mu_);
   for (const auto& c : collectors_) c();
   for (const auto& f : families_) f->expose(out);
+  for (const auto& a : aliases_) a.family->expose_as(out, a.name, a.help);
   return out;
 }
 
 std::vector<double> latency_buckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
           2.5,   5,      10,    30,   60,    120,  300, 600,  1800};
+}
+
+std::vector<double> short_latency_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015,
+          0.02,   0.025,   0.03,   0.04,  0.05,   0.075, 0.1,    0.15, 0.2,
+          0.3,    0.5,     0.75,   1,     2.5,    5,     10};
 }
 
 }  // namespace kvgate::metrics

@@ -43,6 +43,8 @@ class Histogram {
  public:
   explicit Histogram(const std::vector<double>* bounds);
   void observe(double v);
+  // `n` observations of `v` at once (one update of each atomic instead of n).
+  void observe_n(double v, uint64_t n);
   const std::vector<double>& bounds() const { return *bounds_; }
   uint64_t bucket(size_t i) const { return counts_[i].load(std::memory_order_relaxed); }
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
@@ -67,6 +69,12 @@ class FamilyBase {
   Type type() const { return type_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
   void expose(std::string& out) const;
+  // The same cells under another name and help (an alias: a second name for the same series).
+  void expose_as(std::string& out, std::string_view name, std::string_view help) const;
+  // Calls fn(label values, cell) for every cell, under the family's shared lock (collectors
+  // summing a family at scrape time; fn must not touch this family).
+  void for_each_cell(const std::function<void(const std::vector<std::string>& values,
+                                              const void* cell)>& fn) const;
   // Drops the cell with these label values (e.g. a removed worker). Cell references die with it.
   void remove(std::initializer_list<std::string_view> values);
   // Drops every cell whose label `label` has `value` (a removed worker's series of every kind).
@@ -78,7 +86,8 @@ class FamilyBase {
   void* find_or_create(std::initializer_list<std::string_view> values);
   virtual void* make_cell() const = 0;
   virtual void delete_cell(void* cell) const = 0;
-  virtual void expose_cell(std::string& out, const std::string& labels, const void* cell) const = 0;
+  virtual void expose_cell(std::string& out, std::string_view name, const std::string& labels,
+                           const void* cell) const = 0;
 
   std::string name_;
   std::string help_;
@@ -103,11 +112,19 @@ class Family final : public FamilyBase {
   Cell& with(std::initializer_list<std::string_view> values) {
     return *static_cast<Cell*>(find_or_create(values));
   }
+  // Calls fn(label values, cell) for every cell (see FamilyBase::for_each_cell).
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    for_each_cell([&](const std::vector<std::string>& values, const void* cell) {
+      fn(values, *static_cast<const Cell*>(cell));
+    });
+  }
 
  private:
   void* make_cell() const override;
   void delete_cell(void* cell) const override { delete static_cast<Cell*>(cell); }
-  void expose_cell(std::string& out, const std::string& labels, const void* cell) const override;
+  void expose_cell(std::string& out, std::string_view name, const std::string& labels,
+                   const void* cell) const override;
 };
 
 using CounterFamily = Family<Counter>;
@@ -120,6 +137,9 @@ class Registry {
   GaugeFamily& gauge(std::string name, std::string help, std::vector<std::string> labels = {});
   HistogramFamily& histogram(std::string name, std::string help, std::vector<std::string> labels,
                              std::vector<double> bounds);
+  // Exposes `family` a second time under `name` (same labels, same cells: nothing is counted
+  // twice and a series removed from the family leaves the alias too), after every family.
+  void alias(const FamilyBase& family, std::string name, std::string help);
   // Runs `fn` before every exposition (to copy values kept elsewhere into gauges and counters).
   // `fn` must not call back into the registry's family creation.
   void add_collector(std::function<void()> fn);
@@ -136,10 +156,19 @@ class Registry {
   mutable std::mutex mu_;
   std::vector<std::function<void()>> collectors_;
   std::vector<std::unique_ptr<FamilyBase>> families_;
+  struct Alias {
+    const FamilyBase* family;
+    std::string name;
+    std::string help;
+  };
+  std::vector<Alias> aliases_;
 };
 
-// Buckets for request latencies in seconds: 1 ms .. 30 min.
+// Buckets for request latencies in seconds: 1 ms .. 30 min (time to first token, end to end,
+// admission queue).
 std::vector<double> latency_buckets();
+// Buckets for short latencies in seconds: 100 us .. 10 s (inter-token latency, upstream connect).
+std::vector<double> short_latency_buckets();
 
 // Escapes a label value for the text format (backslash, double quote, newline).
 void append_escaped(std::string& out, std::string_view v);

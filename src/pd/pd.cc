@@ -195,6 +195,7 @@ awaitable<void> PrefillLeg::exchange(std::string method, std::string target,
 
   http::CallError e = co_await call.start(method, target, list, body);
   sent_ = call.request_sent();
+  connect_time_ = call.connect_time();
   if (e != http::CallError::kNone) {
     call_error_ = e;
     error_ = aborted_ ? std::string("aborted: the attempt ended first")

@@ -116,6 +116,8 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   // What the prefill server reported of the prompt (meta_info / usage).
   const UsageScanner& usage() const { return usage_; }
   const WorkerPtr& worker() const { return worker_; }
+  // The prefill call's connect time when it made a new connection (UpstreamCall::connect_time).
+  std::optional<Clock::duration> connect_time() const { return connect_time_; }
 
  private:
   awaitable<void> run(std::shared_ptr<PrefillLeg> self, std::string method, std::string target,
@@ -138,6 +140,7 @@ class PrefillLeg : public std::enable_shared_from_this<PrefillLeg> {
   bool keep_ = false;
   bool aborted_decode_ = false;
   bool request_error_ = false;
+  std::optional<Clock::duration> connect_time_;
   std::string kept_;
   bool sent_ = false;
   int status_ = 0;

@@ -42,6 +42,10 @@ void copy_knob(const Knob& k, const GatewayConfig& from, GatewayConfig& to) {
     to.prometheus_duration_buckets = from.prometheus_duration_buckets;
     return;
   }
+  if (k.name == "prometheus-short-duration-buckets") {
+    to.prometheus_short_duration_buckets = from.prometheus_short_duration_buckets;
+    return;
+  }
   std::visit(
       [&](auto member) {
         if constexpr (!std::is_same_v<decltype(member), std::monostate>) {

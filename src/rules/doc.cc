@@ -761,11 +761,14 @@ std::string knob_json(const flags::Knob<GatewayConfig>& k, const GatewayConfig& 
     }
     return list.dump(-1, ' ', false, Json::error_handler_t::replace);
   }
-  if (k.name == "prometheus-duration-buckets") {
+  if (k.name == "prometheus-duration-buckets" || k.name == "prometheus-short-duration-buckets") {
+    const auto& bounds = k.name == "prometheus-duration-buckets"
+                             ? c.prometheus_duration_buckets
+                             : c.prometheus_short_duration_buckets;
     std::string out = "[";
-    for (size_t i = 0; i < c.prometheus_duration_buckets.size(); ++i) {
+    for (size_t i = 0; i < bounds.size(); ++i) {
       double x = 0;
-      flags::parse_double(c.prometheus_duration_buckets[i], x);
+      flags::parse_double(bounds[i], x);
       out.append(i ? ", " : "").append(Json(x).dump());
     }
     return out + "]";

@@ -78,7 +78,8 @@ bool set_knob(const flags::Knob<GatewayConfig>& knob, GatewayConfig& config, con
 void check_knob(const flags::Knob<GatewayConfig>& knob, const GatewayConfig& config,
                 const std::string& field, std::vector<FieldError>& errors, int line = 0);
 // The knob's value in `config` as JSON text ("0.3", "\"random\"", "[\"a\", \"b\"]", "true").
-// Custom knobs: --prefill as [[URL, PORT|null], ...], --prometheus-duration-buckets as numbers.
+// Custom knobs: --prefill as [[URL, PORT|null], ...], --prometheus-duration-buckets and
+// --prometheus-short-duration-buckets as numbers.
 std::string knob_json(const flags::Knob<GatewayConfig>& knob, const GatewayConfig& config);
 
 // Typed reads of a value for `field`: each returns false and appends "expected X, got Y" (with a

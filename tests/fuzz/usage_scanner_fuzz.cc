@@ -1,8 +1,9 @@
-// Fuzz target: UsageScanner (gateway/usage_scanner), which reads cached_tokens and prompt_tokens
-// out of worker response bodies (untrusted) as they are relayed, in whatever pieces reads deliver.
-// The first byte seeds the piece sizes. Checks: values are non-negative; fed in pieces, the scanner
-// finds what it finds in the whole body, for every value short enough for its carry (a key,
-// spaces and digits within 40 bytes: SGLang and OpenAI write `"cached_tokens":123`).
+// Fuzz target: UsageScanner (gateway/usage_scanner), which reads cached_tokens, prompt_tokens and
+// completion_tokens (or output_tokens) out of worker response bodies (untrusted) as they are
+// relayed, in whatever pieces reads deliver. The first byte seeds the piece sizes. Checks: values
+// are non-negative; fed in pieces, the scanner finds what it finds in the whole body, for every
+// value short enough for its carry (a key, spaces and digits within 40 bytes: SGLang and OpenAI
+// write `"cached_tokens":123`).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -15,7 +16,8 @@ namespace {
 // Whether every key in `s` is followed by its number (spaces, at most 18 digits that count) within
 // 40 bytes of the key's start: the scanner's carry then holds the key until the number ends.
 bool fits_carry(std::string_view s) {
-  for (std::string_view key : {"\"cached_tokens\":", "\"prompt_tokens\":"}) {
+  for (std::string_view key : {"\"cached_tokens\":", "\"prompt_tokens\":", "\"completion_tokens\":",
+                               "\"output_tokens\":"}) {
     for (size_t k = s.find(key); k != std::string_view::npos; k = s.find(key, k + 1)) {
       size_t p = k + key.size();
       while (p < s.size() && s[p] == ' ') ++p;
@@ -43,6 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   whole.feed(body);
   int64_t cached = checked(whole.cached_tokens());
   int64_t prompt = checked(whole.prompt_tokens());
+  int64_t completion = checked(whole.completion_tokens());
 
   kvgate::UsageScanner pieces;
   uint32_t seed = data[0] | 1u;
@@ -56,6 +59,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   int64_t cached_pieces = checked(pieces.cached_tokens());
   int64_t prompt_pieces = checked(pieces.prompt_tokens());
-  if (fits_carry(body) && (cached_pieces != cached || prompt_pieces != prompt)) __builtin_trap();
+  int64_t completion_pieces = checked(pieces.completion_tokens());
+  if (fits_carry(body) &&
+      (cached_pieces != cached || prompt_pieces != prompt || completion_pieces != completion)) {
+    __builtin_trap();
+  }
   return 0;
 }

@@ -89,31 +89,54 @@ TEST(Api, RequestIdIsKeptOrGenerated) {
   EXPECT_EQ(r.header("x-request-id").size(), 32u);  // errors carry one too
 }
 
+// The exposition passes promtool, with sgl-model-gateway's names too (--metrics-compat smg).
 TEST(Api, MetricsPassPromtool) {
-  Cluster c(2, kFast, {"--policy", "power_of_two", "--load-check-interval-ms", "100"});
-  HttpClient client(c.port());
-  for (int i = 0; i < 5; ++i) client.post("/generate", kGenerate);
-  client.post("/generate", "{bad");
-  client.get("/nope");
-  // A request is counted once its answer is written: the client can read the 404 before kvgate
-  // has counted it.
-  std::string text;
-  wait_until([&] {
-    text = c.metrics();
-    return text.find("kvgate_requests_total{route=\"unknown\",status=\"404\"") != std::string::npos;
-  });
-  for (const char* name :
-       {"kvgate_requests_total{route=\"/generate\",status=\"200\",model=\"\",streaming=\"false\"} "
-        "5",
-        "kvgate_requests_total{route=\"/generate\",status=\"400\"",
-        "kvgate_requests_total{route=\"unknown\",status=\"404\"",
-        "kvgate_request_duration_seconds_bucket", "kvgate_worker_requests_active",
-        "kvgate_worker_health", "kvgate_worker_cb_state", "kvgate_worker_reported_load",
-        "kvgate_worker_selection_total", "kvgate_policy_branch_total{policy=\"power_of_two\""}) {
-    EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
+  for (bool smg : {false, true}) {
+    SCOPED_TRACE(smg ? "--metrics-compat smg" : "kvgate's names only");
+    std::vector<std::string> args = {"--policy", "power_of_two", "--load-check-interval-ms", "100"};
+    if (smg) args.insert(args.end(), {"--metrics-compat", "smg"});
+    Cluster c(2, kFast, args);
+    HttpClient client(c.port());
+    for (int i = 0; i < 5; ++i) client.post("/generate", kGenerate);
+    client.post("/generate", "{bad");
+    client.get("/nope");
+    // A request is counted once its answer is written: the client can read the 404 before
+    // kvgate has counted it.
+    std::string text;
+    wait_until([&] {
+      text = c.metrics();
+      return text.find("kvgate_requests_total{route=\"unknown\",status=\"404\"") !=
+             std::string::npos;
+    });
+    const std::string ok_generate =
+        "kvgate_requests_total{route=\"/generate\",status=\"200\",model=\"\",streaming="
+        "\"false\"} 5";
+    for (const char* name :
+         {ok_generate.c_str(), "kvgate_requests_total{route=\"/generate\",status=\"400\"",
+          "kvgate_requests_total{route=\"unknown\",status=\"404\"",
+          "kvgate_request_duration_seconds_bucket", "kvgate_worker_requests_active",
+          "kvgate_worker_health", "kvgate_worker_cb_state", "kvgate_worker_reported_load",
+          "kvgate_worker_selection_total", "kvgate_policy_branch_total{policy=\"power_of_two\"",
+          "kvgate_e2e_request_duration_seconds_bucket{rule=\"default\"",
+          "kvgate_time_to_first_byte_seconds_bucket{rule=\"default\""}) {
+      EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
+    }
+    const char* smg_names[] = {
+        "smg_http_requests_total{method=\"POST\",path=\"/generate\"} 6",
+        "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\","
+        "connection_mode=\"http\",model=\"\",endpoint=\"generate\",streaming=\"false\"} 6",
+        "smg_worker_requests_active{worker=",
+        "smg_worker_health{worker=",
+        "smg_worker_cb_state{worker=",
+        "smg_worker_selection_total{worker_type=\"regular\",connection_mode=\"http\",model=\"\","
+        "policy=\"power_of_two\"} 5"};
+    for (const char* name : smg_names) {
+      EXPECT_EQ(text.find(name) != std::string::npos, smg) << name << "\n" << text;
+    }
+    EXPECT_EQ(text.find("smg_") != std::string::npos, smg);
+    auto r = run("/usr/bin/promtool", {"check", "metrics"}, text);
+    EXPECT_EQ(r.status, 0) << r.output;
   }
-  auto r = run("/usr/bin/promtool", {"check", "metrics"}, text);
-  EXPECT_EQ(r.status, 0) << r.output;
 }
 
 }  // namespace

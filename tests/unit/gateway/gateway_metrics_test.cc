@@ -1,4 +1,5 @@
-// Unit tests: gateway/gateway_metrics's LabelLimiter (bounded label values, cached per thread).
+// Unit tests: gateway/gateway_metrics: LabelLimiter (bounded label values, cached per thread), the
+// request signal cells and the --metrics-compat smg series.
 #include "gateway/gateway_metrics.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +55,101 @@ TEST(LabelLimiter, ThreadsAgreeOnTheLimit) {
   t.join();
   EXPECT_EQ(limiter.admit("main"), "other");
   EXPECT_EQ(limiter.admit("t1"), "t1");
+}
+
+}  // namespace
+}  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+bool has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
+TEST(GatewayMetrics, WithoutCompatThereIsNoSmgSeries) {
+  metrics::Registry r;
+  GatewayMetrics m(r, metrics::latency_buckets());
+  EXPECT_FALSE(m.smg());
+  EXPECT_EQ(m.smg_router_request("", "/generate", false, false), nullptr);
+  EXPECT_EQ(m.smg_selection("regular", "", "round_robin"), nullptr);
+  m.smg_retry("regular", "generate");
+  EXPECT_EQ(r.expose().find("smg_"), std::string::npos);
+}
+
+TEST(GatewayMetrics, SmgSeriesMirrorKvgatesOwnCells) {
+  metrics::Registry r;
+  GatewayMetrics m(r, metrics::latency_buckets(), metrics::short_latency_buckets(),
+                   MetricsCompat::kSmg);
+  ASSERT_TRUE(m.smg());
+  m.request_counter("/generate", 200, "", false).inc(3);
+  m.request_counter("/generate", 503, "", true).inc(1);
+  m.request_counter("/generate", 405, "", false).inc(1);
+  m.request_counter("/health", 200, "", false).inc(2);
+  m.request_counter("unknown", 404, "", false).inc(1);
+  m.branch_counter("cache_aware", "cache_hit").inc(4);
+  m.branch_counter("cache_aware", "cache_miss_min_load").inc(1);
+  m.branch_counter("round_robin", "next").inc(9);
+  m.worker_health.with({"http://w:1"}).set(1);
+  m.worker_cb_state.with({"http://w:1"}).set(2);
+  m.worker_active.with({"http://w:1"}).set(5);
+  m.smg_router_request("m", "/v1/chat/completions", true, false)->inc();
+  m.smg_router_request("m", "/v1/chat/completions", true, false)->inc();
+  m.smg_selection("decode", "m", "cache_aware")->inc();
+  m.smg_retry("regular", "chat");
+  std::string text = r.expose();
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"POST\",path=\"/generate\"} 4\n"));
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"OTHER\",path=\"/generate\"} 1\n"));
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"GET\",path=\"/health\"} 2\n"));
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"OTHER\",path=\"unknown\"} 1\n"));
+  EXPECT_TRUE(has(text, "smg_cache_aware_policy_branch_total{branch=\"tree_match\"} 4\n"));
+  EXPECT_TRUE(
+      has(text, "smg_cache_aware_policy_branch_total{branch=\"expected_wait_fallback\"} 1\n"));
+  EXPECT_FALSE(has(text, "smg_cache_aware_policy_branch_total{branch=\"next\"}"));
+  EXPECT_TRUE(has(text, "smg_worker_health{worker=\"http://w:1\"} 1\n"));
+  EXPECT_TRUE(has(text, "smg_worker_cb_state{worker=\"http://w:1\"} 2\n"));
+  EXPECT_TRUE(has(text, "smg_worker_requests_active{worker=\"http://w:1\"} 5\n"));
+  EXPECT_TRUE(
+      has(text,
+          "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\","
+          "connection_mode=\"http\",model=\"m\",endpoint=\"chat\",streaming=\"true\"} 2\n"));
+  EXPECT_TRUE(has(text,
+                  "smg_worker_selection_total{worker_type=\"decode\",connection_mode=\"http\","
+                  "model=\"m\",policy=\"cache_aware\"} 1\n"));
+  EXPECT_TRUE(has(text, "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1\n"));
+  // Scraped again after more traffic: the sums follow.
+  m.request_counter("/generate", 200, "", false).inc(2);
+  text = r.expose();
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"POST\",path=\"/generate\"} 6\n"));
+}
+
+TEST(GatewayMetrics, SignalCellsCarryRuleWorkerAndRank) {
+  metrics::Registry r;
+  GatewayMetrics m(r, metrics::latency_buckets());
+  SignalCells c = m.signal_cells("chat", "http://w:1", "3");
+  c.first_token->observe(0.2);
+  c.generated_tokens->inc(7);
+  SignalCells none = m.signal_cells("chat", "http://w:1", "");
+  EXPECT_NE(none.first_token, c.first_token);
+  std::string text = r.expose();
+  EXPECT_TRUE(has(text,
+                  "kvgate_time_to_first_token_seconds_count{rule=\"chat\",worker=\"http://"
+                  "w:1\",rank=\"3\"} 1\n"));
+  EXPECT_TRUE(has(text,
+                  "kvgate_generated_tokens_total{rule=\"chat\",worker=\"http://w:1\","
+                  "rank=\"3\"} 7\n"));
+  // A worker's removal takes its signal series too (remove_worker_metrics: label "worker").
+  r.remove_series("worker", "http://w:1");
+  EXPECT_FALSE(has(r.expose(), "http://w:1"));
+}
+
+TEST(SmgEndpoint, NamesTheRoutesAsSglModelGatewayDoes) {
+  EXPECT_EQ(smg_endpoint("/v1/chat/completions"), "chat");
+  EXPECT_EQ(smg_endpoint("/generate"), "generate");
+  EXPECT_EQ(smg_endpoint("/v1/completions"), "completions");
+  EXPECT_EQ(smg_endpoint("/v1/embeddings"), "embeddings");
+  EXPECT_EQ(smg_endpoint("/v1/rerank"), "rerank");
+  EXPECT_EQ(smg_endpoint("/health"), "other");
 }
 
 }  // namespace

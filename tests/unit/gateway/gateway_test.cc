@@ -14,11 +14,13 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "gateway/knobs.h"
 #include "http/client.h"
 #include "http/server.h"
+#include "http/traceparent.h"
 #include "support/http_client.h"
 #include "support/process.h"
 
@@ -262,7 +264,7 @@ TEST(GatewayHooks, ClientAbortMidStreamCompletesOnce) {
     c.stream("POST", "/generate", R"({"text":"hi","stream":true})", {},
              [&](std::string_view) { return ++pieces < 3; });
   }
-  ASSERT_TRUE(wait_until([&] { return h.policy->snapshot().size() == 2; }));
+  ASSERT_TRUE(testing::wait_until([&] { return h.policy->snapshot().size() == 2; }));
   auto ev = h.policy->snapshot();
   EXPECT_EQ(ev[1].outcome.status, 499);
   EXPECT_TRUE(h.policy->balanced());
@@ -603,7 +605,7 @@ TEST(GatewayBreaker, HalfOpenSendsOneTrialWhileOthersGoElsewhere) {
   ASSERT_EQ(h.worker(0).breaker().state(), BreakerState::kOpen);
   failing = false;
   int before = flaky.requests.load();
-  ASSERT_TRUE(wait_until([&] { return h.worker(0).available(Clock::now()); }));
+  ASSERT_TRUE(testing::wait_until([&] { return h.worker(0).available(Clock::now()); }));
   std::vector<std::future<testing::Response>> burst;
   for (int i = 0; i < 8; ++i) {
     burst.push_back(std::async(std::launch::async, [&] {
@@ -630,7 +632,7 @@ TEST(GatewayPools, ARequestCompletesOnThePoolItResolvedAfterItsRuleChanged) {
     HttpClient c(h.port());
     return c.post("/generate", kBody);
   });
-  ASSERT_TRUE(wait_until([&] { return held.requests.load() == 1; }));
+  ASSERT_TRUE(testing::wait_until([&] { return held.requests.load() == 1; }));
   rules::Rule next;
   next.name = "default";
   next.mode = 4;
@@ -742,7 +744,7 @@ TEST(GatewayAdmission, ClientLeavingTheQueueFreesItsPlace) {
     HttpClient c(h.port());
     return c.post("/generate", kBody);
   });
-  ASSERT_TRUE(wait_until([&] { return h.admission().active() == 1; }));
+  ASSERT_TRUE(testing::wait_until([&] { return h.admission().active() == 1; }));
   {
     HttpClient queued(h.port());
     queued.set_timeout(200ms);
@@ -768,13 +770,134 @@ TEST(GatewayShutdown, SuspendedRequestsAreCompletedWhenTheirLoopIsDestroyed) {
     c.set_timeout(15s);
     return c.post("/generate", kBody);
   });
-  ASSERT_TRUE(wait_until([&] { return reached.load(); }));
+  ASSERT_TRUE(testing::wait_until([&] { return reached.load(); }));
   RecordingPolicy* policy = h->policy;
   auto& worker = h->worker(0);
   h->shutdown();
   EXPECT_TRUE(policy->balanced());
   EXPECT_EQ(worker.inflight(), 0);
   EXPECT_EQ(pending.get().status, 0);  // the connection went away with the gateway
+}
+
+// W3C trace context: the worker sees the client's trace-id with a span id of the gateway's (a new
+// one per attempt), one traceparent field, tracestate as sent; a request without a valid one
+// starts a trace.
+TEST(GatewayTrace, TraceparentContinuedPerAttemptOrStarted) {
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::string> traceparents, tracestates;
+    std::vector<int> counts;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto record = [seen](http::Exchange& ex) {
+    int n = 0;
+    ex.for_each_header([&](std::string_view name, std::string_view) {
+      if (http::iequals(name, "traceparent")) ++n;
+    });
+    std::lock_guard lock(seen->mu);
+    seen->traceparents.emplace_back(ex.header("traceparent"));
+    seen->tracestates.emplace_back(ex.header("tracestate"));
+    seen->counts.push_back(n);
+  };
+  FakeWorker refusing([record](http::Exchange& ex) -> awaitable<void> {
+    record(ex);
+    const http::Header h[] = {{"content-type", "application/json"}};
+    co_await ex.respond(503, h, "{}");
+  });
+  FakeWorker good([record](http::Exchange& ex) -> awaitable<void> {
+    record(ex);
+    const http::Header h[] = {{"content-type", "application/json"}};
+    co_await ex.respond(200, h, R"({"text":"ok"})");
+  });
+  Harness h({refusing.url(), good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  const std::string parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  auto r = c.post("/generate", kBody, {{"traceparent", parent}, {"tracestate", "vendor=abc"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  {
+    std::lock_guard lock(seen->mu);
+    ASSERT_EQ(seen->traceparents.size(), 2u);
+    std::set<std::string> spans;
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string& tp = seen->traceparents[i];
+      auto parsed = http::parse_traceparent(tp);
+      ASSERT_TRUE(parsed) << tp;
+      EXPECT_EQ(tp.substr(0, 36), parent.substr(0, 36)) << "same version and trace-id";
+      EXPECT_NE(tp.substr(36, 16), "00f067aa0ba902b7") << "the gateway's span, not the client's";
+      EXPECT_TRUE(tp.ends_with("-01"));
+      EXPECT_EQ(seen->counts[i], 1);
+      EXPECT_EQ(seen->tracestates[i], "vendor=abc");
+      spans.insert(tp.substr(36, 16));
+    }
+    EXPECT_EQ(spans.size(), 2u) << "one span per attempt";
+    seen->traceparents.clear();
+  }
+  // Invalid (uppercase): a new trace, marked sampled.
+  h.policy->preference = {2};
+  r = c.post("/generate", kBody,
+             {{"traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"}});
+  EXPECT_EQ(r.status, 200);
+  // None at all: a new trace too.
+  r = c.post("/generate", kBody);
+  EXPECT_EQ(r.status, 200);
+  std::lock_guard lock(seen->mu);
+  ASSERT_EQ(seen->traceparents.size(), 2u);
+  for (const auto& tp : seen->traceparents) {
+    auto parsed = http::parse_traceparent(tp);
+    ASSERT_TRUE(parsed) << tp;
+    EXPECT_NE(tp.substr(3, 32), "4bf92f3577b34da6a3ce929d0e0e4736");
+    EXPECT_EQ(parsed->flags, 1);
+  }
+  EXPECT_NE(seen->traceparents[0].substr(3, 32), seen->traceparents[1].substr(3, 32));
+}
+
+// The request signals of a streamed answer: headers, first byte, first token (not the role-only
+// chunk), one inter-token gap per later output event, end to end, the tokens its usage reported.
+TEST(GatewaySignals, AStreamObservesItsTimesAndTokens) {
+  FakeWorker streaming([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, h, std::nullopt);
+    co_await ex.write_body(
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+    co_await pause(ex, std::chrono::milliseconds(5));
+    co_await ex.write_body("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+    co_await pause(ex, std::chrono::milliseconds(5));
+    co_await ex.write_body(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\"c\"}}]}\n\n");
+    co_await ex.write_body(
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n");
+    co_await ex.end_body();
+  });
+  Harness h({streaming.url()});
+  h.policy->preference = {1};
+  HttpClient c(h.port());
+  auto r = c.post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  const std::string labels = "{rule=\"default\",worker=\"" + streaming.url() + "\",rank=\"\"}";
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return h.metric("kvgate_e2e_request_duration_seconds_count" + labels) == 1; }));
+  EXPECT_EQ(h.metric("kvgate_time_to_response_headers_seconds_count" + labels), 1);
+  EXPECT_EQ(h.metric("kvgate_time_to_first_byte_seconds_count" + labels), 1);
+  EXPECT_EQ(h.metric("kvgate_time_to_first_token_seconds_count" + labels), 1);
+  // Three output events: two gaps (the third came in the same read as the second, or after it).
+  EXPECT_EQ(h.metric("kvgate_inter_token_latency_seconds_count" + labels), 2);
+  EXPECT_EQ(h.metric("kvgate_prompt_tokens_total" + labels), 11);
+  EXPECT_EQ(h.metric("kvgate_cached_tokens_total" + labels), 8);
+  EXPECT_EQ(h.metric("kvgate_generated_tokens_total" + labels), 3);
+  const std::string conn = "{rule=\"default\",worker=\"" + streaming.url() + "\"}";
+  EXPECT_EQ(h.metric("kvgate_upstream_connect_seconds_count" + conn), 1);
+  // A second request reuses the pooled connection: no connect observed.
+  r = c.post("/v1/chat/completions",
+             R"({"messages":[{"role":"user","content":"hi"}],"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return h.metric("kvgate_e2e_request_duration_seconds_count" + labels) == 2; }));
+  EXPECT_EQ(h.metric("kvgate_upstream_connect_seconds_count" + conn), 1);
+  EXPECT_EQ(h.metric("kvgate_time_to_first_token_seconds_count" + labels), 2);
 }
 
 }  // namespace

@@ -69,11 +69,12 @@ bool change(const flags::Knob<GatewayConfig>& k, GatewayConfig& c) {
 const std::set<std::string, std::less<>> kReadDirectly = {
     "worker-urls", "log-dir", "log-level", "config", "admin-host", "admin-port", "admin-api-key",
     "admin-api-key-file", "expose-server-info", "prometheus-port", "prometheus-host",
-    "prometheus-duration-buckets", "request-id-headers", "request-timeout-secs",
-    "shutdown-grace-period-secs", "api-key", "api-key-file", "allow-target-worker-header",
-    "max-connections", "worker-ca-cert-path", "worker-client-cert-path", "worker-client-key-path",
-    "tokenizer-path", "model-path", "tokenizer-cache-bytes", "debug-headers", "threads",
-    "max-concurrent-requests", "queue-size", "queue-timeout-secs", "backend", "dp-rank-field",
+    "prometheus-duration-buckets", "prometheus-short-duration-buckets", "metrics-compat",
+    "request-id-headers", "request-timeout-secs", "shutdown-grace-period-secs", "api-key",
+    "api-key-file", "allow-target-worker-header", "max-connections", "worker-ca-cert-path",
+    "worker-client-cert-path", "worker-client-key-path", "tokenizer-path", "model-path",
+    "tokenizer-cache-bytes", "debug-headers", "threads", "max-concurrent-requests", "queue-size",
+    "queue-timeout-secs", "backend", "dp-rank-field",
     // the gateway's response-owner table (gateway/response_owners.h)
     "max-response-owners", "response-owner-ttl-secs",
     // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields

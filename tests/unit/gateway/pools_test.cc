@@ -135,6 +135,43 @@ TEST_F(PoolsTest, RetiredPoolLivesWhileARequestHoldsItThenItsWorkersSeriesGo) {
   EXPECT_TRUE(exposes("worker=\"http://127.0.0.1:2\""));
 }
 
+TEST_F(PoolsTest, SignalCellsAreMadeOnFirstUseAndGoWithTheWorkerAndTheRule) {
+  ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
+  auto pool = pools_->table()->pools[0];
+  const Worker& w = *pool->workers()->workers[0];
+  EXPECT_FALSE(exposes("kvgate_time_to_first_token_seconds_count{"));  // none until used
+  const SignalCells* none = pool->signals(w, std::nullopt);
+  const SignalCells* rank2 = pool->signals(w, 2);
+  ASSERT_NE(none, nullptr);
+  ASSERT_NE(rank2, nullptr);
+  EXPECT_NE(none, rank2);
+  EXPECT_EQ(pool->signals(w, 2), rank2);   // made once
+  EXPECT_EQ(pool->signals(w, 999), none);  // a rank past the bound: unranked
+  rank2->first_token->observe(0.1);
+  pool->connect_time(w)->observe(0.001);
+  pool->queue_time().observe(0);
+  EXPECT_TRUE(
+      exposes("kvgate_time_to_first_token_seconds_count{rule=\"a\",worker=\"http://"
+              "127.0.0.1:1\",rank=\"2\"} 1"));
+  EXPECT_TRUE(
+      exposes("kvgate_time_to_first_token_seconds_count{rule=\"a\",worker=\"http://"
+              "127.0.0.1:1\",rank=\"\"} 0"));
+  EXPECT_TRUE(
+      exposes("kvgate_upstream_connect_seconds_count{rule=\"a\",worker=\"http://"
+              "127.0.0.1:1\"} 1"));
+  EXPECT_TRUE(exposes("kvgate_admission_queue_seconds_count{rule=\"a\"} 1"));
+  // A worker the pool does not have has no cells.
+  Worker stranger(999, http::Target{}, BreakerConfig{});
+  EXPECT_EQ(pool->signals(stranger, std::nullopt), nullptr);
+  EXPECT_EQ(pool->connect_time(stranger), nullptr);
+  // The rule deleted, its last request done: the series go (the worker's, and the rule's).
+  pool.reset();
+  ASSERT_TRUE(pools_->remove("a"));
+  pools_->set_recent_workers_ttl(std::chrono::milliseconds(0));
+  EXPECT_EQ(pools_->retire(), 0u);
+  EXPECT_FALSE(exposes("rule=\"a\""));
+}
+
 TEST_F(PoolsTest, ARuleDeletedAndCreatedAgainTakesItsWorkersBack) {
   ASSERT_TRUE(pools_->apply({make_rule("a", {"http://127.0.0.1:1"})}).empty());
   WorkerPtr w = pools_->table()->pools[0]->workers()->workers[0];

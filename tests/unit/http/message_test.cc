@@ -14,6 +14,8 @@ TEST(ClassifyHeader, KnowsItsNamesInAnyCase) {
   EXPECT_EQ(classify_header("content-type"), HeaderKind::kContentType);
   EXPECT_EQ(classify_header("X-Request-Id"), HeaderKind::kRequestId);
   EXPECT_EQ(classify_header("Expect"), HeaderKind::kExpect);
+  EXPECT_EQ(classify_header("TraceParent"), HeaderKind::kTraceParent);
+  EXPECT_EQ(classify_header("tracestate"), HeaderKind::kOther);  // forwarded as is
   for (const char* h : {"Connection", "keep-alive", "TE", "Trailer", "Upgrade", "Proxy-Connection",
                         "Transfer-Encoding", "Proxy-Authenticate", "proxy-authorization"}) {
     EXPECT_EQ(classify_header(h), HeaderKind::kHopByHop) << h;
@@ -25,6 +27,7 @@ TEST(ClassifyHeader, OtherNamesOfTheSameLengthAreOther) {
   EXPECT_EQ(classify_header("hist"), HeaderKind::kOther);
   EXPECT_EQ(classify_header("content-typo"), HeaderKind::kOther);
   EXPECT_EQ(classify_header("x-request-ix"), HeaderKind::kOther);
+  EXPECT_EQ(classify_header("traceparenx"), HeaderKind::kOther);
   EXPECT_EQ(classify_header(""), HeaderKind::kOther);
   // A control character is never a letter's other case: CR | 0x20 is '-', yet no match.
   EXPECT_EQ(classify_header("keep\ralive"), HeaderKind::kOther);

@@ -45,6 +45,52 @@ TEST(Metrics, RemoveDropsTheSeries) {
   EXPECT_NE(text.find("worker=\"b\""), std::string::npos);
 }
 
+TEST(Metrics, ObserveNCountsNObservationsAtOnce) {
+  Registry r;
+  auto& h = r.histogram("n_seconds", "n", {}, {0.001, 1});
+  h.with({}).observe_n(0, 3);
+  h.with({}).observe_n(2, 2);
+  h.with({}).observe_n(5, 0);
+  const Histogram& cell = h.with({});
+  EXPECT_EQ(cell.count(), 5u);
+  EXPECT_EQ(cell.bucket(0), 3u);
+  EXPECT_EQ(cell.bucket(2), 2u);
+  EXPECT_DOUBLE_EQ(cell.sum(), 4);
+}
+
+TEST(Metrics, AnAliasExposesTheSameCellsUnderItsNameAndLosesWhatTheFamilyLoses) {
+  Registry r;
+  auto& g = r.gauge("w_active", "Active", {"worker"});
+  r.alias(g, "other_active", "Active (w_active)");
+  g.with({"a"}).set(2);
+  g.with({"b"}).set(1);
+  std::string text = r.expose();
+  EXPECT_NE(text.find("# TYPE other_active gauge\n"), std::string::npos);
+  EXPECT_NE(text.find("# HELP other_active Active (w_active)\n"), std::string::npos);
+  EXPECT_NE(text.find("other_active{worker=\"a\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("w_active{worker=\"a\"} 2\n"), std::string::npos);
+  r.remove_series("worker", "a");
+  text = r.expose();
+  EXPECT_EQ(text.find("other_active{worker=\"a\"}"), std::string::npos);
+  EXPECT_NE(text.find("other_active{worker=\"b\"} 1\n"), std::string::npos);
+}
+
+TEST(Metrics, ForEachVisitsEveryCellWithItsLabels) {
+  Registry r;
+  auto& c = r.counter("e_total", "e", {"route", "status"});
+  c.with({"/a", "200"}).inc(2);
+  c.with({"/a", "500"}).inc(3);
+  uint64_t sum = 0;
+  int cells = 0;
+  c.for_each([&](const std::vector<std::string>& v, const Counter& cell) {
+    EXPECT_EQ(v[0], "/a");
+    sum += cell.value();
+    ++cells;
+  });
+  EXPECT_EQ(cells, 2);
+  EXPECT_EQ(sum, 5u);
+}
+
 TEST(Metrics, SameLabelsSameCell) {
   Registry r;
   auto& c = r.counter("y_total", "y", {"k"});

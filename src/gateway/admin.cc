@@ -91,35 +91,8 @@ Json history_json(const RuleHistory& h) {
   return Json{{"rule", h.name}, {"current", h.current()}, {"versions", std::move(versions)}};
 }
 
-std::string percent_decode(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
-      i += 2;
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
-std::string_view query_param(std::string_view target, std::string_view name) {
-  size_t q = target.find('?');
-  if (q == std::string_view::npos) return {};
-  std::string_view rest = target.substr(q + 1);
-  while (!rest.empty()) {
-    size_t amp = rest.find('&');
-    std::string_view kv = rest.substr(0, amp);
-    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
-    size_t eq = kv.find('=');
-    if (kv.substr(0, eq) == name) {
-      return eq == std::string_view::npos ? std::string_view{} : kv.substr(eq + 1);
-    }
-  }
-  return {};
-}
+using http::percent_decode;
+using http::query_param;
 
 // Whether JSON text nests deeper than `limit` (arrays and objects, outside strings). Checked before
 // nlohmann parses or prints a body: printing recurses once per level.

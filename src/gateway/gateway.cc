@@ -62,8 +62,7 @@ constexpr RouteEntry kRoutes[] = {
     {"/model_info", std::nullopt, kGet},
 };
 constexpr RouteEntry kResponseRoute{"/v1/responses/{id}", ApiRoute::kResponse, "GET or DELETE"};
-constexpr RouteEntry kResponseCancelRoute{"/v1/responses/{id}/cancel", ApiRoute::kResponse,
-                                          kPost};
+constexpr RouteEntry kResponseCancelRoute{"/v1/responses/{id}/cancel", ApiRoute::kResponse, kPost};
 
 // The id in /v1/responses/{id} or /v1/responses/{id}/cancel.
 std::string_view response_id_of(std::string_view path) {
@@ -92,18 +91,35 @@ bool allows(std::string_view methods, std::string_view method) {
 
 // SGLang's control routes: the admin listener's (some it answers, the rest are not proxied).
 bool admin_only(std::string_view path) {
-  static constexpr std::string_view kAdmin[] = {
-      "/flush_cache",         "/update_weights",        "/get_load",
-      "/get_loads",           "/v1/loads",              "/abort_request",
-      "/start_profile",       "/stop_profile",          "/workers",
-      "/v1/rules",            "/v1/config",             "/release_memory_occupation",
-      "/resume_memory_occupation", "/set_internal_state", "/get_internal_state",
-      "/pause_generation",    "/continue_generation",
-      "/start_expert_distribution_record", "/stop_expert_distribution_record",
-      "/dump_expert_distribution_record", "/configure_logging", "/load_lora_adapter",
-      "/unload_lora_adapter", "/init_weights_update_group", "/update_weights_from_disk",
-      "/update_weights_from_distributed", "/update_weights_from_tensor",
-      "/get_weights_by_name", "/slow_down"};
+  static constexpr std::string_view kAdmin[] = {"/flush_cache",
+                                                "/update_weights",
+                                                "/get_load",
+                                                "/get_loads",
+                                                "/v1/loads",
+                                                "/abort_request",
+                                                "/start_profile",
+                                                "/stop_profile",
+                                                "/workers",
+                                                "/v1/rules",
+                                                "/v1/config",
+                                                "/release_memory_occupation",
+                                                "/resume_memory_occupation",
+                                                "/set_internal_state",
+                                                "/get_internal_state",
+                                                "/pause_generation",
+                                                "/continue_generation",
+                                                "/start_expert_distribution_record",
+                                                "/stop_expert_distribution_record",
+                                                "/dump_expert_distribution_record",
+                                                "/configure_logging",
+                                                "/load_lora_adapter",
+                                                "/unload_lora_adapter",
+                                                "/init_weights_update_group",
+                                                "/update_weights_from_disk",
+                                                "/update_weights_from_distributed",
+                                                "/update_weights_from_tensor",
+                                                "/get_weights_by_name",
+                                                "/slow_down"};
   for (std::string_view a : kAdmin) {
     if (path == a || (path.starts_with(a) && path.size() > a.size() && path[a.size()] == '/')) {
       return true;
@@ -209,14 +225,13 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
   std::string_view method = ex.method();
   const RouteEntry* route = find_route(path);
   if (!route) {
-    GatewayError e = admin_only(path) ? errors::admin_route(method, path)
-                                      : errors::not_found(method, path);
+    GatewayError e =
+        admin_only(path) ? errors::admin_route(method, path) : errors::not_found(method, path);
     co_await fail(ex, e, rid);
     record("unknown", 404, "", false, start);
     co_return;
   }
-  if (route->api == ApiRoute::kResponse &&
-      !ResponseOwners::valid_id(response_id_of(path))) {
+  if (route->api == ApiRoute::kResponse && !ResponseOwners::valid_id(response_id_of(path))) {
     GatewayError bad{404, "invalid_request_error", "not_found",
                      std::string(method) + " " + std::string(path.substr(0, 256)) +
                          ": not a response id (they read resp_ and letters, digits, _ or -)"};
@@ -438,6 +453,32 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
     co_await proxy(ex, route, rid);
     co_return;
   }
+  // Tokenizing and rendering cost CPU in proportion to the body: admitted like a proxied request.
+  struct Slot {
+    Admission* held = nullptr;
+    Slot() = default;
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    ~Slot() {
+      if (held) held->release();
+    }
+  } slot;
+  if (admission_.enabled()) {
+    metrics_.queue_depth_now.add(1);
+    auto admitted = co_await admission_.acquire(ex.executor());
+    metrics_.queue_depth_now.add(-1);
+    if (admitted != Admission::Result::kAdmitted) {
+      const bool full = admitted == Admission::Result::kQueueFull;
+      metrics_.admission_rejected.with({full ? "queue_full" : "timeout"}).inc();
+      GatewayError e = full ? errors::queue_full(admission_.queue_size())
+                            : errors::queue_timeout(static_cast<long>(config_.queue_timeout_secs));
+      int status = e.status;
+      co_await fail(ex, e, rid);
+      record(label, status, "", false, start);
+      co_return;
+    }
+    slot.held = &admission_;
+  }
   auto bad = [&](std::string why) {
     return GatewayError{400, "invalid_request_error", "invalid_request", std::move(why)};
   };
@@ -491,8 +532,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
       std::string text, why;
       if (!tmpl) {
         error = bad("rule '" + pool->name() + "' has no chat template to render `messages` with");
-      } else if (!tmpl->render_request_json(simdjson::minify(messages), "", true, "", text,
-                                            why)) {
+      } else if (!tmpl->render_request_json(simdjson::minify(messages), "", true, "", text, why)) {
         error = bad("the chat template rejected the messages: " + why);
       } else {
         seqs.push_back(tok->encode(text, false));
@@ -546,12 +586,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
 awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
                                     Clock::time_point start) {
   auto table = pools_.table();
-  std::string model;
-  std::string_view target = ex.target();
-  if (size_t q = target.find("model="); q != std::string_view::npos) {
-    std::string_view v = target.substr(q + 6);
-    model = v.substr(0, v.find('&'));
-  }
+  std::string model = http::percent_decode(http::query_param(ex.target(), "model"));
   const Pool* pool = nullptr;
   if (model.empty()) {
     pool = table->pools.empty() ? nullptr : table->pools[0].get();
@@ -568,19 +603,23 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
     }
   }
   if (!chosen) {
-    GatewayError e =
-        !model.empty() && !pool
-            ? errors::model_not_found(model)
-            : GatewayError{503, "server_error", "no_available_workers",
-                           pool ? "no healthy worker in rule '" + pool->name() + "'"
-                                : std::string("no rule is configured")};
+    GatewayError e = !model.empty() && !pool
+                         ? errors::model_not_found(model)
+                         : GatewayError{503, "server_error", "no_available_workers",
+                                        pool ? "no healthy worker in rule '" + pool->name() + "'"
+                                             : std::string("no rule is configured")};
     int status = e.status;
     co_await fail(ex, e, rid);
     record("/get_model_info", status, "", false, start);
     co_return;
   }
-  auto r = co_await http::fetch(ex.executor(), chosen->target(), "GET", "/get_model_info",
-                                std::chrono::seconds(config_.health_check_timeout_secs));
+  // The client's credentials go with it: an engine run with --api-key asks for them.
+  const std::string auth(ex.header("authorization"));
+  const http::Header auth_header[] = {{"authorization", auth}};
+  const http::HeaderList headers(auth_header, auth.empty() ? 0 : 1);
+  auto r =
+      co_await http::fetch(ex.executor(), chosen->target(), "GET", "/get_model_info",
+                           std::chrono::seconds(config_.health_check_timeout_secs), {}, headers);
   if (r.error != http::CallError::kNone) {
     GatewayError e = errors::upstream_no_answer(chosen->id());
     int status = e.status;

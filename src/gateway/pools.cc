@@ -101,6 +101,10 @@ std::shared_ptr<Pool> RuleTable::resolve(uint16_t port, std::string_view path,
   return any ? *any : nullptr;
 }
 
+bool RuleTable::serves(const Pool& pool, uint16_t port, std::string_view path) {
+  return port_matches(pool.rule(), port) && path_matches(pool.rule(), path);
+}
+
 const Pool* RuleTable::find(std::string_view name) const {
   for (const auto& p : pools) {
     if (p->name() == name) return p.get();

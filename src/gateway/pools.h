@@ -40,6 +40,9 @@ struct RuleTable {
   // the most specific catch-all. Null when none does.
   std::shared_ptr<Pool> resolve(uint16_t port, std::string_view path, std::string_view model) const;
   const Pool* find(std::string_view name) const;
+  // Whether a request on listener `port` for `path` may reach `pool` (its rule's port and path
+  // prefix match), whichever model it names.
+  static bool serves(const Pool& pool, uint16_t port, std::string_view path);
   // Healthy workers / all workers, over every pool (a worker in two pools counts once per pool).
   size_t healthy_workers() const;
   size_t total_workers() const;

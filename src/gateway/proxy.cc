@@ -272,6 +272,8 @@ thread_local int tl_owner_lookups = 0;
 constexpr int kMaxOwnerLookups = 16;
 constexpr size_t kMaxOwnerLookupWorkers = 64;
 constexpr auto kOwnerLookupTimeout = std::chrono::seconds(5);
+// A lookup reads no more of a worker's answer than this (the status is what it asks).
+constexpr size_t kOwnerLookupBodyLimit = 16 << 10;
 // The beginning of a /v1/responses answer searched for the response's id.
 constexpr size_t kResponseIdScanLimit = 16384;
 
@@ -513,6 +515,7 @@ class Gateway::Request {
   // /v1/responses: the response the request names, and the worker (URL) holding it once known.
   std::string response_id_;
   std::string owner_;
+  int owner_rank_ = -1;  // the data-parallel rank that made the response (-1: none known)
   // /v1/responses answered 200: the answer's beginning, until the new response's id is in it.
   bool learn_id_ = false;
   std::string id_scan_;
@@ -691,14 +694,23 @@ bool Gateway::Request::resolve() {
       response_id_ = id;
     } else if (route_ == ApiRoute::kResponses) {
       response_id_ = info_.previous_response_id;
+      if (!response_id_.empty() && !ResponseOwners::valid_id(response_id_)) {
+        // It goes into the lookup's request line (locate): only an id's characters may.
+        refusal_ = errors::invalid_request(
+            "'previous_response_id' is not a response id: response ids are 'resp_' followed by "
+            "1 to 128 letters, digits, '-' or '_' (as the engine makes them)");
+        return false;
+      }
     }
     if (!response_id_.empty()) {
       if (auto owner = g_.owners_.find(response_id_)) {
+        // The rule that holds it, if this listener and path may reach that rule at all.
         for (const auto& p : table->pools) {
-          if (p->name() == owner->rule) pool_ = p;
+          if (p->name() == owner->rule && RuleTable::serves(*p, port, ex_.path())) pool_ = p;
         }
         if (pool_) {
           owner_ = std::move(owner->worker);
+          owner_rank_ = owner->dp_rank;
           g_.owners_.count("owner");
           return true;
         }
@@ -738,7 +750,8 @@ awaitable<bool> Gateway::Request::admit() {
   cancel_.waiter.reset();
   if (r == Admission::Result::kAdmitted) {
     slot_ = &admission;
-    pool_->queue_time().observe(seconds(Clock::now() - queued));
+    // (A response asked for by id has no rule until locate() finds its owner.)
+    if (pool_) pool_->queue_time().observe(seconds(Clock::now() - queued));
   }
   if (r == Admission::Result::kCancelled || ex_.client_gone()) {
     client_left();
@@ -790,6 +803,7 @@ bool Gateway::Request::parse() {
 // when some worker did not answer and may hold it): never sent where it cannot be.
 awaitable<bool> Gateway::Request::locate() {
   if (!owner_.empty()) co_return true;
+  if (pool_ && pool_->pd()) co_return true;  // select_pd refuses /v1/responses with why
   if (tl_owner_lookups >= kMaxOwnerLookups) {
     g_.owners_.count("lookup_busy");
     refusal_ = GatewayError{503, "server_error", "response_lookup_busy",
@@ -798,10 +812,6 @@ awaitable<bool> Gateway::Request::locate() {
                                 "running; retry shortly"};
     co_return false;
   }
-  ++tl_owner_lookups;
-  struct Done {
-    ~Done() { --tl_owner_lookups; }
-  } done;
   struct Candidate {
     std::shared_ptr<Pool> pool;
     WorkerPtr worker;
@@ -809,6 +819,7 @@ awaitable<bool> Gateway::Request::locate() {
   std::vector<Candidate> candidates;
   std::set<std::string_view> seen;
   auto table = g_.pools_.table();
+  const uint16_t port = ex_.local_port();
   auto add = [&](const std::shared_ptr<Pool>& p) {
     if (p->pd()) return;  // a prefill/decode pool does not serve /v1/responses
     for (const auto& w : p->workers()->workers) {
@@ -819,7 +830,10 @@ awaitable<bool> Gateway::Request::locate() {
   if (pool_) {
     add(pool_);
   } else {
-    for (const auto& p : table->pools) add(p);
+    // Only the rules this listener and path may reach (a rule kept to another port is not).
+    for (const auto& p : table->pools) {
+      if (RuleTable::serves(*p, port, ex_.path())) add(p);
+    }
   }
   if (candidates.empty()) {
     refusal_ = GatewayError{503, "server_error", "no_available_workers",
@@ -828,10 +842,19 @@ awaitable<bool> Gateway::Request::locate() {
                                 "be asked for it"};
     co_return false;
   }
+  // Shared with the calls, which may outlive this request (it goes on at the first 200); the
+  // lookup counts against this thread's bound until the last call ends.
   struct Join {
-    Join(const Executor& ex, size_t n) : status(n, 0), left(n), timer(ex) {}
+    Join(const Executor& ex, size_t n) : status(n, 0), bodies(n), left(n), timer(ex) {
+      ++tl_owner_lookups;
+    }
+    ~Join() { --tl_owner_lookups; }
+    Join(const Join&) = delete;
+    Join& operator=(const Join&) = delete;
     std::vector<int> status;  // -1: no answer
+    std::vector<std::string> bodies;
     size_t left;
+    int found = -1;  // the first candidate that answered 200
     Timer timer;
   };
   auto join = std::make_shared<Join>(ex_.executor(), candidates.size());
@@ -840,49 +863,72 @@ awaitable<bool> Gateway::Request::locate() {
   for (size_t i = 0; i < candidates.size(); ++i) {
     asio::co_spawn(
         ex_.executor(),
-        [join, i, path, auth, w = candidates[i].worker,
-         ex = ex_.executor()]() -> awaitable<void> {
+        [join, i, path, auth, w = candidates[i].worker, ex = ex_.executor()]() -> awaitable<void> {
           const http::Header headers[] = {{"authorization", *auth}};
           const size_t n = auth->empty() ? 0 : 1;
+          // Only the status matters (and a refusal's message): the body is not kept whole.
           auto r = co_await http::fetch(ex, w->target(), "GET", *path, kOwnerLookupTimeout, {},
-                                        http::HeaderList(headers, n));
-          join->status[i] = r.error == http::CallError::kNone ? r.status : -1;
-          if (--join->left == 0) join->timer.cancel();
+                                        http::HeaderList(headers, n), false, kOwnerLookupBodyLimit);
+          join->status[i] = r.status > 0 ? r.status : -1;
+          if (r.status != 200) join->bodies[i] = std::move(r.body);
+          const bool first = r.status == 200 && join->found < 0;
+          if (first) join->found = static_cast<int>(i);
+          if (--join->left == 0 || first) join->timer.cancel();
         },
         asio::detached);
   }
-  if (join->left > 0) {
+  if (join->left > 0 && join->found < 0) {
     join->timer.expires_at(Clock::time_point::max());
     co_await join->timer.async_wait(asio::as_tuple(use_awaitable));
   }
-  size_t silent = 0;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (join->status[i] == 200) {
-      pool_ = candidates[i].pool;
-      owner_ = candidates[i].worker->url();
-      g_.owners_.learn(response_id_, pool_->name(), owner_);
-      g_.owners_.count("found");
-      co_return true;
-    }
-    if (join->status[i] < 0 || join->status[i] >= 500) ++silent;
+  if (join->found >= 0) {
+    const auto& c = candidates[static_cast<size_t>(join->found)];
+    pool_ = c.pool;
+    owner_ = c.worker->url();
+    if (!g_.owners_.learn(response_id_, pool_->name(), owner_)) g_.owners_.count("conflict");
+    g_.owners_.count("found");
+    co_return true;
   }
+  size_t silent = 0;
+  int refused = 0;  // the status every worker answered, when all gave the same 4xx but 404
+  bool same = true;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    int st = join->status[i];
+    if (st < 0 || st >= 500) ++silent;
+    if (refused == 0) refused = st;
+    same = same && st == refused;
+  }
+  if (!(same && refused >= 400 && refused < 500 && refused != 404)) refused = 0;
   if (ex_.client_gone()) {
     client_left();
     co_return false;
   }
+  std::string asked =
+      std::to_string(candidates.size()) + " worker" + (candidates.size() == 1 ? "" : "s");
+  if (refused != 0) {
+    // Every worker refused the lookup the same way (the engines' response store is off: 400;
+    // the client's credentials: 401/403): that is the client's answer, not "not found".
+    g_.owners_.count("refused");
+    std::string said = join->bodies[0].substr(0, 300);
+    std::replace_if(
+        said.begin(), said.end(), [](char ch) { return ch < 0x20; }, ' ');
+    refusal_ = GatewayError{refused, "invalid_request_error", "response_lookup_refused",
+                            "response " + response_id_ + " could not be looked up: each of the " +
+                                asked + " that could hold it answered HTTP " +
+                                std::to_string(refused) + ": " + said};
+    co_return false;
+  }
   g_.owners_.count("not_found");
-  std::string asked = std::to_string(candidates.size()) + " worker" +
-                      (candidates.size() == 1 ? "" : "s");
-  refusal_ = silent > 0
-                 ? GatewayError{503, "server_error", "response_owner_unavailable",
-                                "response " + response_id_ + " was not found; " +
-                                    std::to_string(silent) + " of the " + asked +
-                                    " asked did not answer and may hold it; retry later"}
-                 : GatewayError{404, "invalid_request_error", "response_not_found",
-                                "response " + response_id_ + " was not found on any of the " +
-                                    asked + " that could hold it (SGLang keeps responses in "
-                                    "the memory of the server that made them: a restart loses "
-                                    "them; store=false keeps none)"};
+  refusal_ = silent > 0 ? GatewayError{503, "server_error", "response_owner_unavailable",
+                                       "response " + response_id_ + " was not found; " +
+                                           std::to_string(silent) + " of the " + asked +
+                                           " asked did not answer and may hold it; retry later"}
+                        : GatewayError{
+                              404, "invalid_request_error", "response_not_found",
+                              "response " + response_id_ + " was not found on any of the " + asked +
+                                  " that could hold it (SGLang keeps responses in "
+                                  "the memory of the server that made them: a restart loses "
+                                  "them; store=false keeps none)"};
   co_return false;
 }
 
@@ -953,6 +999,12 @@ std::string_view Gateway::Request::may_retry() {
   next_delay_ = wait;
   list_candidates(now);
   if (candidates_.empty()) return "no_worker";
+  if (!owner_.empty()) {
+    // Only the response's owner can run it: no other worker is a retry.
+    bool owner_left = false;
+    for (Worker* w : candidates_.workers()) owner_left = owner_left || w->url() == owner_;
+    if (!owner_left) return "no_worker";
+  }
   if (!budget_slot_.acquire()) return "budget";
   return "";
 }
@@ -1018,17 +1070,22 @@ Next Gateway::Request::select(Attempt& a) {
   } else if (owned) {
     // The worker holding the response: no other has its conversation.
     a.d = Decision{.branch = "owner"};
+    if (owner_rank_ >= 0) a.d.dp_rank = owner_rank_;  // where its prefix is cached
     for (Worker* w : candidates_.workers()) {
       if (w->url() == owner_) a.d.worker = w;
     }
     if (a.d.worker == nullptr) {
       g_.owners_.count("owner_unavailable");
+      bool in_rule = false;
+      for (const auto& w : set_->workers) in_rule = in_rule || w->url() == owner_;
+      // Its worker left the rule: the entry is stale (the next request asks the workers again).
+      if (!in_rule) g_.owners_.forget(response_id_);
       if (attempts_made_ > 0) return Next::kGiveUp;
-      refusal_ = GatewayError{503, "server_error", "response_owner_unavailable",
-                              "response " + std::string(response_id_) + " is held by worker " +
-                                  owner_ +
-                                  ", which cannot take requests now (unhealthy, its breaker "
-                                  "open, or it failed this request); no other worker has it"};
+      refusal_ =
+          GatewayError{503, "server_error", "response_owner_unavailable",
+                       "response " + std::string(response_id_) + " is held by worker " + owner_ +
+                           ", which cannot take requests now (unhealthy, its breaker "
+                           "open, or it failed this request); no other worker has it"};
       return Next::kRefuse;
     }
   } else {
@@ -1530,7 +1587,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   out.push_back({"x-request-id", rid_});
   std::string route_header, attempts_header, rank_header, prefill_route, prefill_rank;
   if (g_.config_.debug_headers || doctor_) {
-    Policy& decider = pinned_          ? pinned_policy()
+    Policy& decider = pinned_           ? pinned_policy()
                       : !owner_.empty() ? owner_policy()
                       : a.prefill       ? pool_->decode_policy()
                                         : pool_->policy();
@@ -1664,7 +1721,9 @@ void Gateway::Request::scan_id(const Attempt& a, std::string_view piece) {
     id = ResponseOwners::find_id(id_scan_);
   }
   if (!id.empty()) {
-    g_.owners_.learn(id, pool_->name(), a.w->url());
+    if (!g_.owners_.learn(id, pool_->name(), a.w->url(), a.d.dp_rank.value_or(-1))) {
+      g_.owners_.count("conflict");
+    }
   } else if (id_scan_.size() < kResponseIdScanLimit) {
     return;  // not yet: the id may be in the next piece
   }

@@ -26,15 +26,15 @@ void ResponseOwners::attach_metrics(metrics::Registry& registry) {
       "kvgate_response_owner_routes_total",
       "Requests naming a response (previous_response_id, GET/DELETE/cancel of one), by how they "
       "were routed: owner (remembered), found (the workers were asked), not_found, "
-      "owner_unavailable",
+      "owner_unavailable, lookup_busy, refused, conflict",
       {"result"});
 }
 
 bool ResponseOwners::valid_id(std::string_view id) {
   if (!id.starts_with("resp_") || id.size() <= 5 || id.size() > 133) return false;
   return std::all_of(id.begin() + 5, id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
   });
 }
 
@@ -67,17 +67,21 @@ void ResponseOwners::erase_locked(Shard& s, std::unordered_map<std::string, Entr
   if (entries_) entries_->add(-1);
 }
 
-void ResponseOwners::learn(std::string_view id, std::string_view rule, std::string_view worker,
-                           Clock::time_point now) {
-  if (!valid_id(id)) return;
+bool ResponseOwners::learn(std::string_view id, std::string_view rule, std::string_view worker,
+                           int dp_rank, Clock::time_point now) {
+  if (!valid_id(id)) return true;
   Shard& s = shard(id);
   std::lock_guard lock(s.mu);
-  if (auto it = s.map.find(std::string(id)); it != s.map.end()) erase_locked(s, it);
+  if (auto it = s.map.find(std::string(id)); it != s.map.end()) {
+    const Owner& held = it->second.owner;
+    if (it->second.expires > now && (held.worker != worker || held.rule != rule)) return false;
+    erase_locked(s, it);
+  }
   while (s.map.size() >= per_shard_) erase_locked(s, s.map.find(s.order.front()));
   s.order.emplace_back(id);
   auto order = std::prev(s.order.end());
   s.map.emplace(std::string(id),
-                Entry{Owner{std::string(rule), std::string(worker)}, now + ttl_, order});
+                Entry{Owner{std::string(rule), std::string(worker), dp_rank}, now + ttl_, order});
   if (entries_) entries_->add(1);
   // The oldest entries expire first (one TTL for all): those at the front that have, go.
   while (!s.order.empty()) {
@@ -85,6 +89,7 @@ void ResponseOwners::learn(std::string_view id, std::string_view rule, std::stri
     if (front->second.expires > now) break;
     erase_locked(s, front);
   }
+  return true;
 }
 
 std::optional<ResponseOwners::Owner> ResponseOwners::find(std::string_view id,

@@ -31,6 +31,7 @@ class ResponseOwners {
   struct Owner {
     std::string rule;    // the rule (pool) whose worker created it
     std::string worker;  // the worker's URL
+    int dp_rank = -1;    // the data-parallel rank that ran it (-1: not rank-aware)
   };
 
   ResponseOwners(size_t max_entries, std::chrono::seconds ttl);
@@ -48,7 +49,11 @@ class ResponseOwners {
   // the answer's beginning; an id cut at its end is not returned.
   static std::string_view find_id(std::string_view text);
 
-  void learn(std::string_view id, std::string_view rule, std::string_view worker,
+  // False (and nothing changed) when `id` is held, unexpired, by another worker: the first owner
+  // keeps it. An engine takes a client's request_id as the response's id, so a second worker can
+  // make a response with an id already in use; letting it take the id over would let anyone who
+  // knows another client's response id send that conversation's next turns elsewhere.
+  bool learn(std::string_view id, std::string_view rule, std::string_view worker, int dp_rank = -1,
              Clock::time_point now = Clock::now());
   std::optional<Owner> find(std::string_view id, Clock::time_point now = Clock::now());
   void forget(std::string_view id);
@@ -56,7 +61,8 @@ class ResponseOwners {
 
   // How a request naming a response was routed (the metric's `result` label): "owner" (known),
   // "found" (asked the workers, one had it), "not_found" (none had it), "owner_unavailable"
-  // (its worker is down, or no longer in the rule).
+  // (its worker is down, or no longer in the rule), "conflict" (a second worker answered with
+  // an id another holds).
   void count(std::string_view result);
 
  private:

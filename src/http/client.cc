@@ -373,6 +373,14 @@ awaitable<CallError> UpstreamCall::connect() {
 
 awaitable<CallError> UpstreamCall::start(std::string_view method, std::string_view path,
                                          HeaderList headers, std::string_view body) {
+  // A request line cannot hold a space or a control character: a path carrying one (built from
+  // something a client sent) would split it, and what followed would be a second request.
+  for (char ch : path) {
+    if (static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f) {
+      detail_ = "the request path holds a space or a control character; not sent";
+      co_return CallError::kProtocol;
+    }
+  }
   head_.clear();
   head_.append(method).append(" ").append(target_.base_path).append(path).append(" HTTP/1.1\r\n");
   append_header(head_, "host", target_.host_header);
@@ -615,7 +623,8 @@ void UpstreamCall::abort() {
 
 awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
                              std::string_view path, std::chrono::milliseconds timeout,
-                             std::string_view body, HeaderList headers, bool keep_headers) {
+                             std::string_view body, HeaderList headers, bool keep_headers,
+                             size_t max_body) {
   ConnectionPool pool;  // private: a probe always opens a new connection
   FetchResult r;
   UpstreamCall call(ex, pool, target, 0);
@@ -628,7 +637,7 @@ awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view
         r.headers.emplace_back(name, value);
       });
     }
-    r.error = co_await call.read_all(r.body, 16 << 20);
+    r.error = co_await call.read_all(r.body, max_body);
   }
   if (r.error != CallError::kNone) r.detail = call.error_detail();
   co_return r;

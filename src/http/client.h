@@ -191,9 +191,10 @@ struct FetchResult {
   std::string_view header(std::string_view name) const;
 };
 // `keep_headers`: fill FetchResult::headers (the doctor reads the gateway's debug headers).
+// A body longer than `max_body` is an error (status still set: the head was read).
 awaitable<FetchResult> fetch(Executor ex, const Target& target, std::string_view method,
                              std::string_view path, std::chrono::milliseconds timeout,
                              std::string_view body = {}, HeaderList headers = {},
-                             bool keep_headers = false);
+                             bool keep_headers = false, size_t max_body = 16 << 20);
 
 }  // namespace kvgate::http

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 
@@ -157,6 +158,36 @@ void append_content_length(std::string& out, uint64_t n) {
   char buf[24];
   auto r = std::to_chars(buf, buf + sizeof buf, n);
   out.append("content-length: ").append(buf, r.ptr).append("\r\n");
+}
+
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::string_view query_param(std::string_view target, std::string_view name) {
+  size_t q = target.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view kv = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+    size_t eq = kv.find('=');
+    if (kv.substr(0, eq) == name) {
+      return eq == std::string_view::npos ? std::string_view{} : kv.substr(eq + 1);
+    }
+  }
+  return {};
 }
 
 }  // namespace kvgate::http

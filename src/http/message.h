@@ -89,4 +89,9 @@ class HeaderBuffer {
 // Simdjson reads request bodies in place: bodies keep this many spare bytes past their end.
 inline constexpr size_t kBodyPadding = 64;
 
+// `%XX` escapes decoded (a malformed one is kept as it is).
+std::string percent_decode(std::string_view s);
+// The raw (still escaped) value of query parameter `name` in a request target, or "".
+std::string_view query_param(std::string_view target, std::string_view name);
+
 }  // namespace kvgate::http

@@ -88,6 +88,10 @@ void check_model(const std::string& model) {
   size_t identical = 0, failures = 0;
   for (size_t i = 0; i < answers.size(); ++i) {
     const size_t k = i % expected.size();
+    if (answers[i] == expected[k]) {  // the same bytes (the common case: no JSON to parse)
+      ++identical;
+      continue;
+    }
     const char* pass = i < expected.size() ? "" : " (second pass: piece cache warm)";
     auto want = nlohmann::json::parse(expected[k]);
     auto have = nlohmann::json::parse(answers[i], nullptr, false);

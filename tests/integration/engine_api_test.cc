@@ -4,8 +4,8 @@
 // each response, /v1/models one entry per model, and control routes kept off the inference
 // listener.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "support/cluster.h"
@@ -77,11 +77,11 @@ TEST(EngineApi, TokenizeThroughTheGatewayIsTheEnginesIds) {
     ASSERT_EQ(dbs, 200) << db.dump();
     EXPECT_EQ(db["text"], json({"Hello", "world"}));
     // A chat: the ids of the prompt the chat template renders, as kv_exact routes on.
-    auto [ms, m] = call(gw, "/v1/tokenize",
-                        {{"messages", {{{"role", "user"}, {"content", "Hi there"}}}}});
+    auto [ms, m] =
+        call(gw, "/v1/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi there"}}}}});
     ASSERT_EQ(ms, 200) << m.dump();
-    auto [rs, rendered] = call(gw, "/v1/detokenize",
-                               {{"tokens", m["tokens"]}, {"skip_special_tokens", false}});
+    auto [rs, rendered] =
+        call(gw, "/v1/detokenize", {{"tokens", m["tokens"]}, {"skip_special_tokens", false}});
     ASSERT_EQ(rs, 200);
     EXPECT_NE(rendered["text"].get<std::string>().find("Hi there"), std::string::npos);
     EXPECT_GT(m["count"].get<int>(), 3);
@@ -111,7 +111,8 @@ TEST(EngineApi, TokenizeWithoutATokenizerIsTheEnginesAnswer) {
     ASSERT_EQ(gs, 200) << path << " " << g.dump();
     EXPECT_EQ(g, e) << path;
   }
-  auto [ds, d] = call(gw, "/detokenize", {{"tokens", call(engine, "/tokenize", req).second["tokens"]}});
+  auto [ds, d] =
+      call(gw, "/detokenize", {{"tokens", call(engine, "/tokenize", req).second["tokens"]}});
   ASSERT_EQ(ds, 200) << d.dump();
   EXPECT_EQ(d["text"], "Hello world");
 }
@@ -159,10 +160,10 @@ TEST(EngineApi, ModelsAreOneEntryPerServedModel) {
 
 struct Turn {
   int status = 0;
-  std::string id;       // the response's id
-  std::string worker;   // x-kvgate-worker
-  std::string route;    // x-kvgate-route
-  int cached = -1;      // usage.input_tokens_details.cached_tokens
+  std::string id;      // the response's id
+  std::string worker;  // x-kvgate-worker
+  std::string route;   // x-kvgate-route
+  int cached = -1;     // usage.input_tokens_details.cached_tokens
   std::string body;
 };
 
@@ -196,7 +197,8 @@ Turn respond(HttpClient& c, const json& body) {
 
 std::string words(int turn) {
   std::string s;
-  for (int i = 0; i < 40; ++i) s += "turn" + std::to_string(turn) + " word" + std::to_string(i) + " ";
+  for (int i = 0; i < 40; ++i)
+    s += "turn" + std::to_string(turn) + " word" + std::to_string(i) + " ";
   return s;
 }
 
@@ -208,16 +210,20 @@ TEST(EngineApi, ResponsesChainLandsOnTheirOwnerEveryTurn) {
   HttpClient gw(c.port());
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "stream" : "whole");
-    Turn first = respond(gw, {{"input", words(0)}, {"instructions", "Be brief."},
-                              {"stream", stream}, {"max_output_tokens", 8}});
+    Turn first = respond(gw, {{"input", words(0)},
+                              {"instructions", "Be brief."},
+                              {"stream", stream},
+                              {"max_output_tokens", 8}});
     ASSERT_EQ(first.status, 200) << first.body;
     ASSERT_TRUE(first.id.starts_with("resp_")) << first.body;
     ASSERT_FALSE(first.worker.empty());
     std::string prev = first.id;
     int last_cached = -1;
     for (int turn = 1; turn <= 5; ++turn) {
-      Turn t = respond(gw, {{"input", words(turn)}, {"previous_response_id", prev},
-                            {"stream", stream}, {"max_output_tokens", 8}});
+      Turn t = respond(gw, {{"input", words(turn)},
+                            {"previous_response_id", prev},
+                            {"stream", stream},
+                            {"max_output_tokens", 8}});
       ASSERT_EQ(t.status, 200) << t.body;
       EXPECT_EQ(t.worker, first.worker) << "turn " << turn;
       EXPECT_EQ(t.route, "response_owner/owner") << "turn " << turn;
@@ -258,8 +264,8 @@ TEST(EngineApi, ResponsesForgottenAreLookedForOnTheWorkers) {
   std::set<std::string> workers;
   for (const Turn& f : firsts) {
     workers.insert(f.worker);
-    Turn t = respond(gw, {{"input", "and then?"}, {"previous_response_id", f.id},
-                          {"max_output_tokens", 4}});
+    Turn t = respond(
+        gw, {{"input", "and then?"}, {"previous_response_id", f.id}, {"max_output_tokens", 4}});
     ASSERT_EQ(t.status, 200) << t.body;
     EXPECT_EQ(t.worker, f.worker);
   }
@@ -297,6 +303,37 @@ TEST(EngineApi, ResponsesWhoseOwnerIsDownFailVisibly) {
   EXPECT_NE(t.body.find(first.worker), std::string::npos) << t.body;
 }
 
+// What a client names as previous_response_id goes into the lookup's request line: only an id's
+// characters may (an id carrying CR LF would append a request of the client's choosing to every
+// worker). Engines without a response store refuse every lookup: that refusal is the answer, not
+// "not found". A response asked for by id under admission (no rule until it is found) is answered.
+TEST(EngineApi, ResponseIdsAreCheckedAndLookupRefusalsRelayed) {
+  Cluster c(2, kFast,
+            {"--policy", "round_robin", "--max-concurrent-requests", "8", "--queue-size", "8"});
+  HttpClient gw(c.port());
+  const std::string smuggled =
+      "resp_a HTTP/1.1\r\nHost: w\r\n\r\nPOST /flush_cache HTTP/1.1\r\nHost: w\r\n\r\n";
+  // (JSON-escaped in the body; the parsed id holds real CR LF.)
+  Response bad =
+      gw.post("/v1/responses", json{{"input", "x"}, {"previous_response_id", smuggled}}.dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("previous_response_id"), std::string::npos) << bad.body;
+  for (std::string result : {"found", "not_found", "refused", "owner_unavailable"}) {
+    std::string series = "kvgate_response_owner_routes_total{result=\"" + result + "\"}";
+    EXPECT_LE(c.metric(series), 0) << result << ": no worker was asked";
+  }
+  // The sims run without --enable-response-store: each refuses the lookup with SGLang's 400.
+  Turn t = respond(
+      gw, {{"input", "x"}, {"previous_response_id", "resp_0000000000000000000000000000beef"}});
+  EXPECT_EQ(t.status, 400) << t.body;
+  EXPECT_NE(t.body.find("response_lookup_refused"), std::string::npos) << t.body;
+  EXPECT_NE(t.body.find("enable-response-store"), std::string::npos) << t.body;
+  Response g = gw.get("/v1/responses/resp_0000000000000000000000000000beef");
+  EXPECT_EQ(g.status, 400) << g.body;
+  EXPECT_EQ(c.metric(R"(kvgate_response_owner_routes_total{result="refused"})"), 2);
+  EXPECT_EQ(gw.get("/health").status, 200);  // and the gateway is still up
+}
+
 // The pooling and scoring routes reach an engine, routed like the other routes.
 TEST(EngineApi, PoolingAndScoringRoutesReachAnEngine) {
   Cluster c(2, kFast, {"--policy", "cache_aware", "--debug-headers"});
@@ -315,8 +352,10 @@ TEST(EngineApi, PoolingAndScoringRoutesReachAnEngine) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_NE(r.body.find("scores"), std::string::npos) << r.body;
   // Requests sharing a prefix go where it is (cache_aware), whichever route.
-  std::string w1 = gw.post("/encode", R"({"text":"a long shared prefix for routing, one"})").header("x-kvgate-worker");
-  std::string w2 = gw.post("/encode", R"({"text":"a long shared prefix for routing, two"})").header("x-kvgate-worker");
+  std::string w1 = gw.post("/encode", R"({"text":"a long shared prefix for routing, one"})")
+                       .header("x-kvgate-worker");
+  std::string w2 = gw.post("/encode", R"({"text":"a long shared prefix for routing, two"})")
+                       .header("x-kvgate-worker");
   EXPECT_EQ(w1, w2);
 }
 

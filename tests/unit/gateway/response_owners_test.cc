@@ -24,15 +24,16 @@ TEST(ResponseOwners, ValidIds) {
 
 TEST(ResponseOwners, FindsTheResponseIdNotOthers) {
   // A whole answer: the top-level id comes first.
-  EXPECT_EQ(ResponseOwners::find_id(
-                R"({"id":"resp_abc","object":"response","output":[{"id":"msg_1"}],)"
-                R"("previous_response_id":"resp_old"})"),
-            "resp_abc");
+  EXPECT_EQ(
+      ResponseOwners::find_id(R"({"id":"resp_abc","object":"response","output":[{"id":"msg_1"}],)"
+                              R"("previous_response_id":"resp_old"})"),
+      "resp_abc");
   // A stream's first event: the response object inside response.created.
-  EXPECT_EQ(ResponseOwners::find_id(
-                "event: response.created\ndata: {\"type\":\"response.created\","
-                "\"sequence_number\":0,\"response\":{\"id\": \"resp_s1\",\"status\":\"in_progress\"}}"),
-            "resp_s1");
+  EXPECT_EQ(
+      ResponseOwners::find_id(
+          "event: response.created\ndata: {\"type\":\"response.created\","
+          "\"sequence_number\":0,\"response\":{\"id\": \"resp_s1\",\"status\":\"in_progress\"}}"),
+      "resp_s1");
   // Another key ending in id is not the id; an id-like string value is not a key.
   EXPECT_EQ(ResponseOwners::find_id(R"({"previous_response_id":"resp_old","x":"id"})"), "");
   EXPECT_EQ(ResponseOwners::find_id(R"({"text":"say \"id\": \"resp_fake\""})"), "");
@@ -51,8 +52,11 @@ TEST(ResponseOwners, LearnsFindsForgets) {
   ASSERT_TRUE(o);
   EXPECT_EQ(o->rule, "rule1");
   EXPECT_EQ(o->worker, "http://w1");
-  owners.learn("resp_a", "rule1", "http://w2");  // learned again: the latest wins
-  EXPECT_EQ(owners.find("resp_a")->worker, "http://w2");
+  // Another worker answering with an id in use (a client's request_id reused) does not take it.
+  EXPECT_FALSE(owners.learn("resp_a", "rule1", "http://w2"));
+  EXPECT_EQ(owners.find("resp_a")->worker, "http://w1");
+  EXPECT_TRUE(owners.learn("resp_a", "rule1", "http://w1", 3));  // the same worker: refreshed
+  EXPECT_EQ(owners.find("resp_a")->dp_rank, 3);
   EXPECT_EQ(owners.size(), 1u);
   owners.forget("resp_a");
   EXPECT_FALSE(owners.find("resp_a"));
@@ -70,8 +74,7 @@ TEST(ResponseOwners, BoundedOldestForgottenFirst) {
   EXPECT_TRUE(owners.find("resp_49999"));
   EXPECT_FALSE(owners.find("resp_0"));
   std::string text = registry.expose();
-  EXPECT_NE(text.find("kvgate_response_owners " + std::to_string(owners.size())),
-            std::string::npos)
+  EXPECT_NE(text.find("kvgate_response_owners " + std::to_string(owners.size())), std::string::npos)
       << text;
 }
 
@@ -85,12 +88,12 @@ TEST(ResponseOwners, SmallTablesAreExact) {
 TEST(ResponseOwners, Expire) {
   ResponseOwners owners(100, std::chrono::seconds(10));
   auto t0 = Clock::now();
-  owners.learn("resp_old", "r", "w", t0);
+  owners.learn("resp_old", "r", "w", -1, t0);
   EXPECT_TRUE(owners.find("resp_old", t0 + std::chrono::seconds(9)));
   EXPECT_FALSE(owners.find("resp_old", t0 + std::chrono::seconds(10)));
   // Expired entries at the front go when something is learned.
-  for (int i = 0; i < 64; ++i) owners.learn("resp_x" + std::to_string(i), "r", "w", t0);
-  owners.learn("resp_new", "r", "w", t0 + std::chrono::seconds(11));
+  for (int i = 0; i < 64; ++i) owners.learn("resp_x" + std::to_string(i), "r", "w", -1, t0);
+  owners.learn("resp_new", "r", "w", -1, t0 + std::chrono::seconds(11));
   EXPECT_LE(owners.size(), 64u);
   EXPECT_TRUE(owners.find("resp_new", t0 + std::chrono::seconds(11)));
 }

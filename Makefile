@@ -69,7 +69,7 @@ fuzz:
 
 # CI's bounded fuzzing: every libFuzzer target (clang, ASan+UBSan, build-fuzz/) for FUZZ_SMOKE_SECS
 # seconds from its committed corpus. make test already replays each corpus in the GCC builds.
-FUZZ_SMOKE_SECS ?= 20
+FUZZ_SMOKE_SECS ?= 10
 fuzz-smoke: setup
 	@FUZZ_SECS=$(FUZZ_SMOKE_SECS) scripts/fuzz
 

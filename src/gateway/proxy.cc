@@ -452,6 +452,12 @@ class Gateway::Request {
 
  private:
   friend struct Gateway::Attempt;
+  // Tags a log line with the request: its rid and trace_id (every line about a request carries
+  // them; the line is written at the end of the full expression).
+  log::Line& tag(log::Line&& line) const {
+    return line.kv("rid", rid_).kv("trace_id", trace_.trace_id());
+  }
+  void begin_trace();
   // A gateway error answer, recorded.
   awaitable<void> refuse(GatewayError e, const Worker* worker = nullptr);
   void client_left();
@@ -527,7 +533,9 @@ class Gateway::Request {
 
   // select, send
   HeaderView header_view_;
-  http::TraceContext trace_;  // W3C trace context: continued or started in forward_headers
+  http::TraceContext trace_;     // W3C trace context: continued or started (begin_trace)
+  std::string_view tracestate_;  // the client's tracestate to forward ("": none) ...
+  std::string tracestate_buf_;   // ... when combined from several fields or truncated
   RouteContext ctx_;
   std::string xff_, forwarded_;
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
@@ -564,8 +572,7 @@ struct Gateway::Attempt {
 
   // Tags a log line with the attempt (the line is written at the end of the full expression).
   log::Line& tag(log::Line&& line) const {
-    return line.kv("rid", r.rid_)
-        .kv("trace_id", r.trace_.trace_id())
+    return r.tag(std::move(line))
         .kv("worker_id", w->id())
         .kv("worker", w->url())
         .kv("attempt", r.attempts_made_);
@@ -640,6 +647,7 @@ Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::s
   ctx_.request = &info_;
   ctx_.header_fn = &header_of;
   ctx_.header_self = &header_view_;
+  begin_trace();
 }
 
 Gateway::Request::~Request() {
@@ -649,11 +657,13 @@ Gateway::Request::~Request() {
 
 awaitable<void> Gateway::Request::refuse(GatewayError e, const Worker* worker) {
   int status = e.status;
+  tag(log::debug("request refused")).kv("status", status).kv("code", e.code);
   co_await g_.fail(ex_, std::move(e), rid_, worker);
   record(status);
 }
 
 void Gateway::Request::client_left() {
+  tag(log::debug("client went away"));
   g_.metrics_.client_disconnects.with({}).inc();
   record(kClientClosedStatus);
 }
@@ -932,22 +942,53 @@ awaitable<bool> Gateway::Request::locate() {
   co_return false;
 }
 
-// Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
-// upstream call sets; X-Forwarded-For and Forwarded extended with this client.
-void Gateway::Request::forward_headers() {
-  const ConnectionTokens conn_tokens = ConnectionTokens::of(ex_);
-  bool allow_target = g_.config_.allow_target_worker_header;
+// The request's trace, before anything is logged about it (http/traceparent.h). A valid
+// traceparent (the only one) is continued: forwarded as the client sent it, with the client's
+// tracestate (its fields combined in order with commas, RFC 9110 5.3; truncated past 512
+// characters as Trace Context says). Else kvgate starts the trace, without the client's
+// tracestate (it belongs to a trace not continued). A future span exporter would make kvgate a
+// span of the trace: then each attempt would get a parent-id of its own here and in send().
+void Gateway::Request::begin_trace() {
   std::string_view traceparent;
-  int traceparents = 0;
+  int traceparents = 0, tracestates = 0;
   ex_.for_each_header([&](std::string_view name, std::string_view value) {
     auto kind = http::classify_header(name);
     if (kind == http::HeaderKind::kTraceParent) {
       traceparent = value;
       ++traceparents;
-      return;
+    } else if (kind == http::HeaderKind::kOther && !value.empty() &&
+               http::iequals(name, "tracestate")) {
+      if (++tracestates == 2) tracestate_buf_.assign(tracestate_);
+      if (tracestates >= 2) tracestate_buf_.append(",").append(value);
+      tracestate_ = tracestates == 1 ? value : std::string_view(tracestate_buf_);
     }
+  });
+  if (!trace_.continue_from(traceparent, traceparents)) {
+    Rng& rng = thread_rng();
+    const uint64_t hi = rng.next(), lo = rng.next(), parent = rng.next();
+    trace_.start(hi, lo, parent);
+    tracestate_ = {};
+    return;
+  }
+  if (tracestate_.empty()) return;
+  if (ConnectionTokens::of(ex_).contains("tracestate")) {  // hop-by-hop, then
+    tracestate_ = {};
+  } else if (tracestate_.size() > http::kMaxTraceState) {
+    tracestate_buf_ = http::truncate_tracestate(tracestate_);
+    tracestate_ = tracestate_buf_;
+  }
+}
+
+// Request headers forwarded upstream: not hop-by-hop (nor named in Connection), not those the
+// upstream call sets; X-Forwarded-For and Forwarded extended with this client.
+void Gateway::Request::forward_headers() {
+  const ConnectionTokens conn_tokens = ConnectionTokens::of(ex_);
+  bool allow_target = g_.config_.allow_target_worker_header;
+  ex_.for_each_header([&](std::string_view name, std::string_view value) {
+    auto kind = http::classify_header(name);
     if (kind != http::HeaderKind::kOther && kind != http::HeaderKind::kContentType) return;
     if (!conn_tokens.empty() && conn_tokens.contains(name)) return;
+    if (http::iequals(name, "tracestate")) return;  // as begin_trace decided, below
     if (http::iequals(name, "x-forwarded-for")) {
       xff_.append(value).append(", ");
       return;
@@ -966,10 +1007,10 @@ void Gateway::Request::forward_headers() {
   fwd_.push_back({"x-forwarded-for", xff_});
   fwd_.push_back({"forwarded", forwarded_});
   fwd_.push_back({"x-request-id", rid_});
-  // The client's trace continued, or a new one (http/traceparent.h); each upstream call gets a
-  // span id of its own (send), written into the header in place.
-  trace_.begin(traceparent, traceparents, thread_rng().next(), thread_rng().next());
+  // Every upstream call of the request (each attempt, both halves of prefill/decode) carries the
+  // same traceparent: kvgate exports no spans, so it has no span ids to give them (begin_trace).
   fwd_.push_back({"traceparent", trace_.header()});
+  if (!tracestate_.empty()) fwd_.push_back({"tracestate", tracestate_});
   set_ = pool_->workers();  // keeps every worker of this request alive
 }
 
@@ -1011,11 +1052,7 @@ std::string_view Gateway::Request::may_retry() {
 
 void Gateway::Request::retry_denied(std::string_view why) {
   g_.metrics_.retries_denied.with({why}).inc();
-  log::debug("not retrying")
-      .kv("rid", rid_)
-      .kv("trace_id", trace_.trace_id())
-      .kv("why", why)
-      .kv("attempts", attempts_made_);
+  tag(log::debug("not retrying")).kv("why", why).kv("attempts", attempts_made_);
 }
 
 // Phase: retry (the wait). A retry waits its backoff (or the worker's Retry-After).
@@ -1372,7 +1409,6 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
   // as --dp-rank-field names it.
   std::string rewritten;
   std::string_view body = ex_.body();
-  trace_.next_span(thread_rng().next());  // (prefill/decode: the prefill half's, copied)
   if (a.prefill) {
     // Prefill/decode: both halves at once, the same body with SGLang's rendezvous fields.
     if (!start_prefill(a, rewritten)) {
@@ -1384,7 +1420,6 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
       co_return Next::kDone;
     }
     body = rewritten;
-    trace_.next_span(thread_rng().next());  // the decode half's
   } else if (a.d.dp_rank && pool_->reads_body()) {
     const BodyField rank{g_.config_.dp_rank_field, std::to_string(*a.d.dp_rank)};
     rewritten = add_fields(body, {&rank, 1});

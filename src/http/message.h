@@ -51,8 +51,8 @@ enum class HeaderKind {
   kExpect,
   kRequestId,  // x-request-id
   kDoctor,     // x-kvgate-doctor: the gateway's own probes; never forwarded either way
-  // traceparent (W3C Trace Context): the gateway sends its own upstream (http/traceparent.h),
-  // never the client's as is.
+  // traceparent (W3C Trace Context): forwarded upstream by the gateway only after checking it
+  // (the client's when valid and alone, else one the gateway starts: http/traceparent.h).
   kTraceParent,
 };
 HeaderKind classify_header(std::string_view name);

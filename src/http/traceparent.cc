@@ -1,7 +1,9 @@
 // http/traceparent: see traceparent.h.
 #include "http/traceparent.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace kvgate::http {
 namespace {
@@ -57,32 +59,70 @@ std::optional<TraceParent> parse_traceparent(std::string_view v) {
   return out;
 }
 
-void TraceContext::begin(std::string_view incoming, int header_count, uint64_t rand_hi,
-                         uint64_t rand_lo) {
-  std::optional<TraceParent> parent;
-  if (header_count == 1) parent = parse_traceparent(incoming);
-  std::memcpy(value_, "00-", 3);
-  value_[35] = '-';
-  value_[52] = '-';
-  uint8_t flags = kSampled;
-  if (parent) {
-    std::memcpy(value_ + 3, parent->trace_id, 32);
-    std::memcpy(client_span_, parent->parent_id, 16);
-    flags = parent->flags;
-    continued_ = true;
-  } else {
-    if (rand_hi == 0 && rand_lo == 0) rand_lo = 1;  // an all-zero trace-id is invalid
-    write_hex(value_ + 3, rand_hi, 16);
-    write_hex(value_ + 19, rand_lo, 16);
-    continued_ = false;
-  }
-  write_hex(value_ + 53, flags, 2);
-  next_span(rand_lo ^ (rand_hi << 1) ^ 0x5bd1e995);
+bool TraceContext::continue_from(std::string_view incoming, int header_count) {
+  if (header_count != 1) return false;
+  std::optional<TraceParent> parent = parse_traceparent(incoming);
+  if (!parent) return false;
+  // Version 00: the same 55 characters as the client's (parse_traceparent accepted nothing else).
+  write(parent->trace_id, parent->parent_id, parent->flags);
+  continued_ = true;
+  return true;
 }
 
-void TraceContext::next_span(uint64_t rand) {
-  if (rand == 0) rand = 1;  // an all-zero span id is invalid
-  write_hex(value_ + 36, rand, 16);
+void TraceContext::start(uint64_t trace_hi, uint64_t trace_lo, uint64_t parent) {
+  if (trace_hi == 0 && trace_lo == 0) trace_lo = 1;  // an all-zero trace-id is invalid
+  if (parent == 0) parent = 1;                       // so is an all-zero parent-id
+  char trace_id[32], parent_id[16];
+  write_hex(trace_id, trace_hi, 16);
+  write_hex(trace_id + 16, trace_lo, 16);
+  write_hex(parent_id, parent, 16);
+  write(trace_id, parent_id, kSampled);
+  continued_ = false;
+}
+
+void TraceContext::write(const char* trace_id, const char* parent_id, uint8_t flags) {
+  std::memcpy(value_, "00-", 3);
+  std::memcpy(value_ + 3, trace_id, 32);
+  value_[35] = '-';
+  std::memcpy(value_ + 36, parent_id, 16);
+  value_[52] = '-';
+  write_hex(value_ + 53, flags, 2);
+}
+
+std::string truncate_tracestate(std::string_view combined) {
+  std::vector<std::string_view> members;
+  size_t joined = 0;  // the members' size joined with commas
+  auto add = [&](std::string_view m) {
+    joined += m.size() + (members.empty() ? 0 : 1);
+    members.push_back(m);
+  };
+  for (size_t pos = 0; pos <= combined.size();) {
+    size_t comma = std::min(combined.find(',', pos), combined.size());
+    std::string_view m = combined.substr(pos, comma - pos);
+    while (!m.empty() && (m.front() == ' ' || m.front() == '\t')) m.remove_prefix(1);
+    while (!m.empty() && (m.back() == ' ' || m.back() == '\t')) m.remove_suffix(1);
+    if (!m.empty()) add(m);
+    pos = comma + 1;
+  }
+  if (joined > kMaxTraceState) {
+    std::vector<std::string_view> all = std::move(members);
+    members.clear();
+    joined = 0;
+    for (std::string_view m : all) {
+      if (m.size() <= kMaxTraceStateMember) add(m);
+    }
+  }
+  while (joined > kMaxTraceState) {
+    joined -= members.back().size() + (members.size() > 1 ? 1 : 0);
+    members.pop_back();
+  }
+  std::string out;
+  out.reserve(joined);
+  for (std::string_view m : members) {
+    if (!out.empty()) out.push_back(',');
+    out.append(m);
+  }
+  return out;
 }
 
 }  // namespace kvgate::http

@@ -3,9 +3,13 @@
 // traceparent fields the request is said to carry (0, 1 or 2) and seeds the random ids. Checks:
 // a parsed value has 32 + 16 lowercase hex digits that are not all zeros and came from the input;
 // whatever the input, the header sent upstream is a valid version-00 traceparent, continuing the
-// input's trace-id exactly when the input was valid and alone.
+// input's trace exactly when the input was valid and alone (a version-00 input: sent unchanged).
+// The same bytes are also truncated as a tracestate: the result fits in 512 characters, and
+// every member kept came from the input.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "http/traceparent.h"
@@ -42,15 +46,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   kvgate::http::TraceContext t;
   const uint64_t seed = data[0] * 0x9e3779b97f4a7c15ull;
-  t.begin(value, count, seed, seed >> 7);
-  t.next_span(seed ^ 0x5555);
+  if (!t.continue_from(value, count)) t.start(seed, seed >> 7, seed ^ 0x5555);
   auto sent = kvgate::http::parse_traceparent(t.header());
   check(sent.has_value());
   check(t.header().starts_with("00-"));
   check(t.continued() == (parsed.has_value() && count == 1));
   if (t.continued()) {
     check(t.trace_id() == std::string_view(parsed->trace_id, 32));
+    check(t.parent_id() == std::string_view(parsed->parent_id, 16));
     check(sent->flags == parsed->flags);
+    if (value.starts_with("00")) check(t.header() == value);
+  } else {
+    check(sent->flags == kvgate::http::TraceContext::kSampled);
+  }
+  std::string kept = kvgate::http::truncate_tracestate(value);
+  check(kept.size() <= kvgate::http::kMaxTraceState);
+  for (size_t pos = 0; pos < kept.size();) {
+    size_t comma = std::min(kept.find(',', pos), kept.size());
+    std::string_view member = std::string_view(kept).substr(pos, comma - pos);
+    check(!member.empty() && value.find(member) != std::string_view::npos);
+    pos = comma + 1;
   }
   return 0;
 }

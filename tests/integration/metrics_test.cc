@@ -4,10 +4,12 @@
 // traffic on every path); the request's trace id is in kvgate's log lines.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "support/cluster.h"
 #include "support/http_client.h"
@@ -344,17 +346,32 @@ TEST(Metrics, DocumentedSeriesAreTheExposedOnes) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
-// The trace id of a request is on its log lines (here: the warning of an attempt that failed).
+// The trace id of a request is on each of its log lines: the warning of the attempt that failed,
+// and (debug) the gateway's refusal that followed it.
 TEST(Metrics, TraceIdIsInTheRequestsLogLines) {
-  Cluster c(1, kFast, {"--policy", "round_robin", "--disable-retries"});
+  Cluster c(1, kFast, {"--policy", "round_robin", "--disable-retries", "--log-level", "debug"});
   c.sim(0).kill();
   HttpClient client(c.port());
   const std::string trace = "0af7651916cd43dd8448eb211c80319c";
   auto r = client.post("/generate", R"({"text":"hi","sampling_params":{"max_new_tokens":2}})",
                        {{"traceparent", "00-" + trace + "-b7ad6b7169203331-01"}});
   EXPECT_GE(r.status, 500);
+  auto line_has_trace = [&](std::string_view msg) {
+    const std::string log = c.gateway().log();
+    for (size_t pos = 0; pos < log.size();) {
+      size_t end = std::min(log.find('\n', pos), log.size());
+      std::string_view line = std::string_view(log).substr(pos, end - pos);
+      if (line.find(msg) != std::string_view::npos &&
+          line.find("trace_id=" + trace) != std::string_view::npos) {
+        return true;
+      }
+      pos = end + 1;
+    }
+    return false;
+  };
   EXPECT_TRUE(wait_until([&] {
-    return c.gateway().log().find("trace_id=" + trace) != std::string::npos;
+    return line_has_trace("msg=\"upstream attempt failed\"") &&
+           line_has_trace("msg=\"request refused\"");
   })) << c.gateway().log();
 }
 

@@ -8,9 +8,12 @@
 #include "gateway/gateway.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
+#include <cstdio>
 #include <future>
 #include <map>
 #include <mutex>
@@ -23,6 +26,7 @@
 #include "http/traceparent.h"
 #include "support/http_client.h"
 #include "support/process.h"
+#include "util/log.h"
 
 namespace kvgate {
 namespace {
@@ -779,77 +783,223 @@ TEST(GatewayShutdown, SuspendedRequestsAreCompletedWhenTheirLoopIsDestroyed) {
   EXPECT_EQ(pending.get().status, 0);  // the connection went away with the gateway
 }
 
-// W3C trace context: the worker sees the client's trace-id with a span id of the gateway's (a new
-// one per attempt), one traceparent field, tracestate as sent; a request without a valid one
-// starts a trace.
-TEST(GatewayTrace, TraceparentContinuedPerAttemptOrStarted) {
-  struct Seen {
-    std::mutex mu;
-    std::vector<std::string> traceparents, tracestates;
-    std::vector<int> counts;
-  };
-  auto seen = std::make_shared<Seen>();
-  auto record = [seen](http::Exchange& ex) {
-    int n = 0;
+// What a worker saw of the trace context of each request it got.
+struct TraceSeen {
+  std::mutex mu;
+  std::vector<std::string> traceparents, tracestates;
+  std::vector<int> traceparent_fields, tracestate_fields;
+  void record(http::Exchange& ex) {
+    int parents = 0, states = 0;
     ex.for_each_header([&](std::string_view name, std::string_view) {
-      if (http::iequals(name, "traceparent")) ++n;
+      if (http::iequals(name, "traceparent")) ++parents;
+      if (http::iequals(name, "tracestate")) ++states;
     });
-    std::lock_guard lock(seen->mu);
-    seen->traceparents.emplace_back(ex.header("traceparent"));
-    seen->tracestates.emplace_back(ex.header("tracestate"));
-    seen->counts.push_back(n);
-  };
-  FakeWorker refusing([record](http::Exchange& ex) -> awaitable<void> {
-    record(ex);
+    std::lock_guard lock(mu);
+    traceparents.emplace_back(ex.header("traceparent"));
+    tracestates.emplace_back(ex.header("tracestate"));
+    traceparent_fields.push_back(parents);
+    tracestate_fields.push_back(states);
+  }
+  void clear() {
+    std::lock_guard lock(mu);
+    traceparents.clear();
+    tracestates.clear();
+    traceparent_fields.clear();
+    tracestate_fields.clear();
+  }
+};
+
+// A worker answering 503 (retried elsewhere) and one answering 200, both recording the trace
+// context they got; the policy tries the refusing one first.
+struct TraceWorkers {
+  std::shared_ptr<TraceSeen> seen = std::make_shared<TraceSeen>();
+  FakeWorker refusing{[seen = seen](http::Exchange& ex) -> awaitable<void> {
+    seen->record(ex);
     const http::Header h[] = {{"content-type", "application/json"}};
     co_await ex.respond(503, h, "{}");
-  });
-  FakeWorker good([record](http::Exchange& ex) -> awaitable<void> {
-    record(ex);
+  }};
+  FakeWorker good{[seen = seen](http::Exchange& ex) -> awaitable<void> {
+    seen->record(ex);
     const http::Header h[] = {{"content-type", "application/json"}};
     co_await ex.respond(200, h, R"({"text":"ok"})");
-  });
-  Harness h({refusing.url(), good.url()});
+  }};
+};
+
+constexpr std::string_view kClientTraceparent =
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// kvgate exports no spans: a valid traceparent reaches the engine exactly as the client sent it
+// (no parent-id of kvgate's, which no tracing backend would receive), on every attempt, with the
+// client's tracestate (several fields combined, in order).
+TEST(GatewayTrace, ValidTraceparentIsForwardedUnchangedOnEveryAttempt) {
+  TraceWorkers w;
+  Harness h({w.refusing.url(), w.good.url()});
   h.policy->preference = {1, 2};
   HttpClient c(h.port());
-  const std::string parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const std::string parent(kClientTraceparent);
   auto r = c.post("/generate", kBody, {{"traceparent", parent}, {"tracestate", "vendor=abc"}});
   EXPECT_EQ(r.status, 200) << r.body;
   {
-    std::lock_guard lock(seen->mu);
-    ASSERT_EQ(seen->traceparents.size(), 2u);
-    std::set<std::string> spans;
+    std::lock_guard lock(w.seen->mu);
+    ASSERT_EQ(w.seen->traceparents.size(), 2u) << "the 503, then the retry";
     for (size_t i = 0; i < 2; ++i) {
-      const std::string& tp = seen->traceparents[i];
-      auto parsed = http::parse_traceparent(tp);
-      ASSERT_TRUE(parsed) << tp;
-      EXPECT_EQ(tp.substr(0, 36), parent.substr(0, 36)) << "same version and trace-id";
-      EXPECT_NE(tp.substr(36, 16), "00f067aa0ba902b7") << "the gateway's span, not the client's";
-      EXPECT_TRUE(tp.ends_with("-01"));
-      EXPECT_EQ(seen->counts[i], 1);
-      EXPECT_EQ(seen->tracestates[i], "vendor=abc");
-      spans.insert(tp.substr(36, 16));
+      EXPECT_EQ(w.seen->traceparents[i], parent) << "attempt " << i;
+      EXPECT_EQ(w.seen->traceparent_fields[i], 1);
+      EXPECT_EQ(w.seen->tracestates[i], "vendor=abc");
+      EXPECT_EQ(w.seen->tracestate_fields[i], 1);
     }
-    EXPECT_EQ(spans.size(), 2u) << "one span per attempt";
-    seen->traceparents.clear();
   }
-  // Invalid (uppercase): a new trace, marked sampled.
+  w.seen->clear();
+  // Not sampled: the flags as they came too; two tracestate fields are one list.
   h.policy->preference = {2};
+  const std::string unsampled = parent.substr(0, 53) + "00";
   r = c.post("/generate", kBody,
-             {{"traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"}});
-  EXPECT_EQ(r.status, 200);
-  // None at all: a new trace too.
-  r = c.post("/generate", kBody);
-  EXPECT_EQ(r.status, 200);
-  std::lock_guard lock(seen->mu);
-  ASSERT_EQ(seen->traceparents.size(), 2u);
-  for (const auto& tp : seen->traceparents) {
+             {{"traceparent", unsampled}, {"tracestate", "a=1"}, {"tracestate", "b=2"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::lock_guard lock(w.seen->mu);
+  ASSERT_EQ(w.seen->traceparents.size(), 1u);
+  EXPECT_EQ(w.seen->traceparents[0], unsampled);
+  EXPECT_EQ(w.seen->tracestates[0], "a=1,b=2");
+  EXPECT_EQ(w.seen->tracestate_fields[0], 1);
+}
+
+// Without a valid traceparent (none, invalid, two fields) kvgate starts the trace: a new
+// trace-id and parent-id, sampled, the same on a retry; the client's tracestate (of a trace not
+// continued) is dropped.
+TEST(GatewayTrace, StartedTraceDropsTracestateAndIsTheSameOnARetry) {
+  TraceWorkers w;
+  Harness h({w.refusing.url(), w.good.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  const std::string parent(kClientTraceparent);
+  const std::vector<testing::Headers> requests = {
+      {{"tracestate", "vendor=abc"}},
+      {{"traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"},
+       {"tracestate", "vendor=abc"}},
+      {{"traceparent", parent}, {"traceparent", parent}, {"tracestate", "vendor=abc"}},
+  };
+  std::set<std::string> traces;
+  for (const auto& headers : requests) {
+    w.seen->clear();
+    auto r = c.post("/generate", kBody, headers);
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::lock_guard lock(w.seen->mu);
+    ASSERT_EQ(w.seen->traceparents.size(), 2u);
+    const std::string& tp = w.seen->traceparents[0];
     auto parsed = http::parse_traceparent(tp);
     ASSERT_TRUE(parsed) << tp;
+    EXPECT_TRUE(tp.starts_with("00-"));
     EXPECT_NE(tp.substr(3, 32), "4bf92f3577b34da6a3ce929d0e0e4736");
-    EXPECT_EQ(parsed->flags, 1);
+    EXPECT_NE(tp.substr(36, 16), "00f067aa0ba902b7");
+    EXPECT_EQ(parsed->flags, http::TraceContext::kSampled);
+    EXPECT_EQ(w.seen->traceparents[1], tp) << "the retry carries the same traceparent";
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(w.seen->traceparent_fields[i], 1);
+      EXPECT_EQ(w.seen->tracestate_fields[i], 0) << "tracestate dropped with the client's trace";
+    }
+    traces.insert(tp.substr(3, 32));
   }
-  EXPECT_NE(seen->traceparents[0].substr(3, 32), seen->traceparents[1].substr(3, 32));
+  EXPECT_EQ(traces.size(), requests.size()) << "a new trace each";
+}
+
+// A tracestate past 512 characters is truncated as Trace Context says (whole members, the
+// longest over 128 characters first, then from the end); one that fits goes on as it came.
+TEST(GatewayTrace, LongTracestateIsTruncated) {
+  TraceWorkers w;
+  Harness h({w.good.url()});
+  HttpClient c(h.port());
+  const std::string member(100, 'v'), big(300, 'x');
+  std::string state;
+  for (char k = 'a'; k <= 'e'; ++k) state += std::string(1, k) + "=" + member + ",";
+  state += "z=" + big;  // 5 x 102 + 5 commas + 302
+  auto r = c.post("/generate", kBody,
+                  {{"traceparent", std::string(kClientTraceparent)}, {"tracestate", state}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::lock_guard lock(w.seen->mu);
+  ASSERT_EQ(w.seen->tracestates.size(), 1u);
+  std::string expected;
+  for (char k = 'a'; k <= 'e'; ++k) {
+    if (!expected.empty()) expected += ",";
+    expected += std::string(1, k) + "=" + member;
+  }
+  EXPECT_EQ(w.seen->tracestates[0], expected.substr(0, 4 * 103 - 1)) << "z first, then e";
+  EXPECT_EQ(w.seen->traceparents[0], kClientTraceparent);
+}
+
+// Reads what the log writes while it lives (the level set to debug).
+class LogCapture {
+ public:
+  LogCapture() : file_(std::tmpfile()) {
+    old_level_ = log::level();
+    log::set_level(log::Level::kDebug);
+    old_fd_ = log::set_fd_for_testing(::fileno(file_));
+  }
+  ~LogCapture() {
+    log::set_fd_for_testing(old_fd_);
+    log::set_level(old_level_);
+    std::fclose(file_);
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  // The lines written so far.
+  std::vector<std::string> lines() {
+    log::flush();
+    std::string text;
+    char buf[4096];
+    off_t at = 0;
+    for (ssize_t n; (n = ::pread(::fileno(file_), buf, sizeof buf, at)) > 0; at += n) {
+      text.append(buf, static_cast<size_t>(n));
+    }
+    std::vector<std::string> out;
+    for (size_t pos = 0; pos < text.size();) {
+      size_t nl = std::min(text.find('\n', pos), text.size());
+      out.push_back(text.substr(pos, nl - pos));
+      pos = nl + 1;
+    }
+    return out;
+  }
+
+ private:
+  std::FILE* file_;
+  int old_fd_;
+  log::Level old_level_;
+};
+
+// Every line about a request carries its rid and trace_id: here the refusal of a request no
+// healthy worker can take (no attempt, so no attempt warning), and a departed client's.
+TEST(GatewayTrace, RequestLinesCarryRidAndTraceId) {
+  FakeWorker hanging([](http::Exchange& ex) -> awaitable<void> {
+    co_await pause(ex, 10s);
+    co_await ex.respond(200, {}, "{}");
+  });
+  Harness h({hanging.url()});
+  LogCapture log;
+  const std::string parent(kClientTraceparent);
+  const std::string trace = parent.substr(3, 32);
+  auto line_with = [&](std::string_view msg, std::string_view rid) {
+    for (const auto& l : log.lines()) {
+      if (l.find(msg) != std::string::npos &&
+          l.find("rid=" + std::string(rid)) != std::string::npos &&
+          l.find("trace_id=" + trace) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  h.worker(0).set_healthy(false);
+  HttpClient c(h.port());
+  auto r = c.post("/generate", kBody, {{"traceparent", parent}, {"x-request-id", "no-worker-1"}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_TRUE(line_with("msg=\"request refused\"", "no-worker-1"));
+  // A client that leaves while its request runs.
+  h.worker(0).set_healthy(true);
+  {
+    HttpClient gone(h.port());
+    gone.set_timeout(200ms);
+    r = gone.post("/generate", kBody, {{"traceparent", parent}, {"x-request-id", "gone-1"}});
+    EXPECT_EQ(r.status, 0);
+  }
+  EXPECT_TRUE(wait_until([&] { return line_with("msg=\"client went away\"", "gone-1"); }));
 }
 
 // The request signals of a streamed answer: headers, first byte, first token (not the role-only

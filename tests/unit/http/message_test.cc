@@ -15,7 +15,7 @@ TEST(ClassifyHeader, KnowsItsNamesInAnyCase) {
   EXPECT_EQ(classify_header("X-Request-Id"), HeaderKind::kRequestId);
   EXPECT_EQ(classify_header("Expect"), HeaderKind::kExpect);
   EXPECT_EQ(classify_header("TraceParent"), HeaderKind::kTraceParent);
-  EXPECT_EQ(classify_header("tracestate"), HeaderKind::kOther);  // forwarded as is
+  EXPECT_EQ(classify_header("tracestate"), HeaderKind::kOther);  // proxy.cc picks it by name
   for (const char* h : {"Connection", "keep-alive", "TE", "Trailer", "Upgrade", "Proxy-Connection",
                         "Transfer-Encoding", "Proxy-Authenticate", "proxy-authorization"}) {
     EXPECT_EQ(classify_header(h), HeaderKind::kHopByHop) << h;

@@ -46,42 +46,70 @@ TEST(TraceParent, LaterVersionsAreReadAsVersionZero) {
       parse_traceparent("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-ever"));
 }
 
-TEST(TraceContext, ContinuesAValidTraceWithANewSpanPerCall) {
+// kvgate exports no spans: a valid traceparent goes on exactly as it came (no span id of kvgate's
+// that no tracing backend would ever receive).
+TEST(TraceContext, ContinuesAValidTraceUnchanged) {
   TraceContext t;
-  t.begin(kValid, 1, 7, 9);
+  ASSERT_TRUE(t.continue_from(kValid, 1));
   EXPECT_TRUE(t.continued());
+  EXPECT_EQ(t.header(), kValid);
   EXPECT_EQ(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
-  EXPECT_EQ(t.client_span_id(), "00f067aa0ba902b7");
-  t.next_span(0x1234);
-  EXPECT_EQ(t.header(), "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000001234-01");
-  ASSERT_TRUE(parse_traceparent(t.header()));
-  t.next_span(0xabcdef0123456789ull);
-  EXPECT_EQ(t.span_id(), "abcdef0123456789");
-  // Flags travel as received; a later version goes on as version 00.
+  EXPECT_EQ(t.parent_id(), "00f067aa0ba902b7");
+  // Flags travel as received (here: not sampled).
+  constexpr std::string_view kUnsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+  TraceContext v;
+  ASSERT_TRUE(v.continue_from(kUnsampled, 1));
+  EXPECT_EQ(v.header(), kUnsampled);
+  // A later version goes on as version 00 with its trace-id, parent-id and flags (level 1).
   TraceContext u;
-  u.begin("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-more", 1, 1, 2);
-  EXPECT_TRUE(u.continued());
-  EXPECT_TRUE(u.header().starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
-  EXPECT_TRUE(u.header().ends_with("-00"));
+  ASSERT_TRUE(u.continue_from("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03-more", 1));
+  EXPECT_EQ(u.header(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03");
 }
 
 TEST(TraceContext, StartsANewTraceWhenAbsentInvalidOrRepeated) {
   for (auto [value, count] :
        {std::pair<std::string_view, int>{"", 0}, {"00-nonsense", 1}, {kValid, 2}}) {
     TraceContext t;
-    t.begin(value, count, 0x0123456789abcdefull, 0xfedcba9876543210ull);
+    EXPECT_FALSE(t.continue_from(value, count)) << value;
+    EXPECT_FALSE(t.started()) << "nothing written: start() it";
+    t.start(0x0123456789abcdefull, 0xfedcba9876543210ull, 0x1234);
     EXPECT_FALSE(t.continued()) << value;
+    EXPECT_TRUE(t.started());
+    EXPECT_EQ(t.header(), "00-0123456789abcdeffedcba9876543210-0000000000001234-01");
     EXPECT_EQ(t.trace_id(), "0123456789abcdeffedcba9876543210");
-    EXPECT_EQ(t.client_span_id(), "");
+    EXPECT_EQ(t.parent_id(), "0000000000001234");
     auto parsed = parse_traceparent(t.header());
     ASSERT_TRUE(parsed) << t.header();
     EXPECT_EQ(parsed->flags, TraceContext::kSampled);
   }
   // Never all zeros, whatever the random source said.
   TraceContext z;
-  z.begin("", 0, 0, 0);
-  z.next_span(0);
+  z.start(0, 0, 0);
   EXPECT_TRUE(parse_traceparent(z.header())) << z.header();
+}
+
+// A tracestate past 512 characters, truncated as Trace Context level 1 says: white space and
+// empty members do not count; then members over 128 characters go; then members from the end.
+TEST(TraceState, TruncatedAsTheSpecificationSays) {
+  const std::string a(100, 'a'), b(100, 'b'), big(200, 'x'), c(100, 'c');
+  auto m = [](char k, const std::string& v) { return std::string(1, k) + "=" + v; };
+  // 5 members of 102 characters and 4 commas: 514, too long; padded with white space and an empty
+  // member, which go first.
+  std::string five =
+      m('a', a) + ",,  " + m('b', b) + " ,\t" + m('c', c) + "," + m('d', a) + "," + m('e', b);
+  EXPECT_EQ(truncate_tracestate(five),
+            m('a', a) + "," + m('b', b) + "," + m('c', c) + "," + m('d', a));
+  // The long member goes first, even from the front; the rest then fits.
+  std::string with_big =
+      m('x', big) + "," + m('a', a) + "," + m('b', b) + "," + m('c', c) + "," + m('d', a);
+  EXPECT_EQ(truncate_tracestate(with_big),
+            m('a', a) + "," + m('b', b) + "," + m('c', c) + "," + m('d', a));
+  // Only white space over the limit: the members, trimmed, all kept.
+  std::string spaced = m('a', a) + std::string(500, ' ') + "," + m('b', b);
+  EXPECT_EQ(truncate_tracestate(spaced), m('a', a) + "," + m('b', b));
+  // Nothing left.
+  EXPECT_EQ(truncate_tracestate(std::string(600, ',')), "");
+  EXPECT_EQ(truncate_tracestate(std::string(600, 'z')), "");
 }
 
 }  // namespace

@@ -17,16 +17,6 @@ namespace {
 constexpr http::Header kJson[] = {{"content-type", "application/json"}};
 constexpr std::string_view kDefaultModelName = "default";  // protocol.DEFAULT_MODEL_NAME
 
-std::string random_hex32() {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(32, '0');
-  auto& rng = thread_rng();
-  for (size_t half = 0; half < 2; ++half) {
-    uint64_t v = rng.next();
-    for (size_t i = 0; i < 16; ++i) id[half * 16 + i] = kHex[(v >> (4 * i)) & 0xf];
-  }
-  return id;
-}
 
 // Submits every request and waits until each one's prefill is done (max_new_tokens 0: a sequence
 // finishes at its prefill). False when the client went away first (the sequences are cancelled).
@@ -215,7 +205,7 @@ awaitable<void> EncodeHandler::encode(http::Exchange& ex, bool classify) {
   std::vector<GenerationRequest> reqs;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     GenerationRequest g{std::move(req.prompts[i]), SamplingParams{.max_new_tokens = 0},
-                        req.rids[i].empty() ? random_hex32() : req.rids[i], req.routed_dp_rank};
+                        req.rids[i].empty() ? random_hex() : req.rids[i], req.routed_dp_rank};
     g.ns = req.cache_namespace(i);
     reqs.push_back(std::move(g));
   }
@@ -275,7 +265,7 @@ awaitable<void> EncodeHandler::score(http::Exchange& ex) {
   const bool softmax = flag(o, "apply_softmax");
   std::vector<GenerationRequest> reqs;
   for (auto& p : prompts) {
-    GenerationRequest g{std::move(p), SamplingParams{.max_new_tokens = 0}, random_hex32(),
+    GenerationRequest g{std::move(p), SamplingParams{.max_new_tokens = 0}, random_hex(),
                         std::nullopt};
     // score_request asks the next token's logprobs of the labels (logprob_start_len -1).
     g.logprob = LogprobParams{.return_logprob = true, .token_ids = labels};

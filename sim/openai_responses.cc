@@ -17,16 +17,6 @@ constexpr std::string_view kStoreDisabled =
     "Response store is disabled. Stateful Responses require --enable-response-store on a "
     "standalone server; response storage is unavailable in PD mode.";
 
-std::string random_hex32() {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(32, '0');
-  auto& rng = thread_rng();
-  for (size_t half = 0; half < 2; ++half) {
-    uint64_t v = rng.next();
-    for (size_t i = 0; i < 16; ++i) id[half * 16 + i] = kHex[(v >> (4 * i)) & 0xf];
-  }
-  return id;
-}
 
 ResponsesError error(int status, std::string_view message,
                      std::optional<std::string_view> param = std::nullopt,
@@ -485,7 +475,7 @@ std::string responses_error_body(std::string_view message, std::string_view type
 }
 
 std::string new_message_id() {
-  return "msg_" + random_hex32();
+  return "msg_" + random_hex();
 }
 
 ResponsesError parse_responses_request(std::string& body, const ResponsesOptions& opt,
@@ -630,7 +620,7 @@ ResponsesError parse_responses_request(std::string& body, const ResponsesOptions
   // The request id is the response id and the engine's rid.
   ctx->id = o.contains("request_id") && o["request_id"].is_string()
                 ? o["request_id"].get<std::string>()
-                : "resp_" + random_hex32();
+                : "resp_" + random_hex();
 
   // A chat request for the engine, with the routing fields GenerateReqInput gets.
   Json chat;

@@ -119,8 +119,9 @@ void append_prompt(std::string& out, element v, bool& token_ids) {
   }
 }
 
-// The text of a chat message's content: a string, or the text parts of a list.
-void append_content(std::string& out, element content) {
+// The text of a message's content: a string, or the text parts of a list (a chat message's
+// "text" parts; with `responses`, a Responses API item's input_text, output_text and text).
+void append_content(std::string& out, element content, bool responses = false) {
   std::string_view s;
   if (!content.get_string().get(s)) {
     out.append(s);
@@ -130,8 +131,8 @@ void append_content(std::string& out, element content) {
   if (content.get_array().get(parts)) return;
   for (element part : parts) {
     std::string_view type, text;
-    if (!part["type"].get_string().get(type) && type == "text" &&
-        !part["text"].get_string().get(text)) {
+    if (part["type"].get_string().get(type) || part["text"].get_string().get(text)) continue;
+    if (type == "text" || (responses && (type == "input_text" || type == "output_text"))) {
       out.append(text);
     }
   }
@@ -186,25 +187,6 @@ bool render_chat(const tokenizer::ChatTemplate& tmpl, simdjson::dom::object obj,
                                   out.text, err);
 }
 
-// The text of a Responses API content: a string, or the text of its parts (input_text,
-// output_text, text).
-void append_response_content(std::string& out, element content) {
-  std::string_view s;
-  if (!content.get_string().get(s)) {
-    out.append(s);
-    return;
-  }
-  simdjson::dom::array parts;
-  if (content.get_array().get(parts)) return;
-  for (element part : parts) {
-    std::string_view type, text;
-    if (!part["type"].get_string().get(type) &&
-        (type == "input_text" || type == "output_text" || type == "text") &&
-        !part["text"].get_string().get(text)) {
-      out.append(text);
-    }
-  }
-}
 
 // /v1/responses as SGLang's serving_responses builds its chat messages (_construct_input_messages,
 // without a previous response: the gateway sends those to the engine that holds it): the
@@ -226,7 +208,7 @@ void for_each_response_message(simdjson::dom::object obj, Add&& add) {
       element content;
       if (item["role"].get_string().get(role) || item["content"].get(content)) continue;
       text.clear();
-      append_response_content(text, content);
+      append_content(text, content, true);
       add(role, std::string_view(text));
     }
   }

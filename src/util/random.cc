@@ -13,4 +13,16 @@ Rng& thread_rng() {
   return rng;
 }
 
+std::string random_hex(size_t digits) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(digits, '0');
+  Rng& rng = thread_rng();
+  uint64_t v = 0;
+  for (size_t i = 0; i < digits; ++i) {
+    if (i % 16 == 0) v = rng.next();
+    id[i] = kHex[(v >> (4 * (i % 16))) & 0xf];
+  }
+  return id;
+}
+
 }  // namespace kvgate

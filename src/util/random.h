@@ -2,7 +2,9 @@
 // Not for secrets. Policies take a seed so tests are reproducible.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace kvgate {
 
@@ -44,5 +46,8 @@ class Rng {
 
 // A generator private to the calling thread, seeded from the OS once per thread.
 Rng& thread_rng();
+
+// `digits` random lowercase hex digits (ids: SGLang's are uuid4().hex, 32 of them).
+std::string random_hex(size_t digits = 32);
 
 }  // namespace kvgate

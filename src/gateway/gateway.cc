@@ -171,9 +171,12 @@ Gateway::Gateway(const GatewayConfig& config, PoolManager& pools, GatewayMetrics
 
 Gateway::~Gateway() = default;
 
-void Gateway::record(std::string_view route, int status, std::string_view model, bool streaming,
-                     Clock::time_point start) {
+void Gateway::record(const http::Exchange& ex, std::string_view route, int status,
+                     std::string_view model, bool streaming, Clock::time_point start) {
   metrics_.request_counter(route, status, model, streaming).inc();
+  if (metrics::Counter* c = metrics_.smg_http_request(ex.method(), route)) [[unlikely]] {
+    c->inc();
+  }
   std::chrono::duration<double> d = Clock::now() - start;
   metrics_.duration_of(route).observe(d.count());
 }
@@ -228,7 +231,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     GatewayError e =
         admin_only(path) ? errors::admin_route(method, path) : errors::not_found(method, path);
     co_await fail(ex, e, rid);
-    record("unknown", 404, "", false, start);
+    record(ex, "unknown", 404, "", false, start);
     co_return;
   }
   if (route->api == ApiRoute::kResponse && !ResponseOwners::valid_id(response_id_of(path))) {
@@ -236,18 +239,18 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
                      std::string(method) + " " + std::string(path.substr(0, 256)) +
                          ": not a response id (they read resp_ and letters, digits, _ or -)"};
     co_await fail(ex, bad, rid);
-    record(route->path, 404, "", false, start);
+    record(ex, route->path, 404, "", false, start);
     co_return;
   }
   bool probe = path == "/health" || path == "/liveness" || path == "/readiness";
   if (!allows(route->methods, method)) {
     co_await fail(ex, errors::method_not_allowed(method, path, route->methods), rid);
-    record(route->path, 405, "", false, start);
+    record(ex, route->path, 405, "", false, start);
     co_return;
   }
   if (!probe && !api_key_.matches(ex.header("authorization"))) {
     co_await fail(ex, errors::unauthorized(), rid);
-    record(route->path, 401, "", false, start);
+    record(ex, route->path, 401, "", false, start);
     co_return;
   }
   if (path == "/v1/tokenize" || path == "/v1/detokenize") {
@@ -261,7 +264,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
 
   if (path == "/v1/models") {
     co_await list_models(ex, rid);
-    record(route->path, 200, "", false, start);
+    record(ex, route->path, 200, "", false, start);
     co_return;
   }
   if (path == "/readiness") {
@@ -278,7 +281,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
                               " is answered on the admin listener (--admin-port); "
                               "--expose-server-info answers it here too"};
       co_await fail(ex, hidden, rid);
-      record(route->path, 404, "", false, start);
+      record(ex, route->path, 404, "", false, start);
       co_return;
     }
     if (path == "/get_model_info" || path == "/model_info") {
@@ -287,11 +290,11 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     }
     co_await answer_worker_info(ex, pools_.table(), "",
                                 std::chrono::seconds(config_.health_check_timeout_secs));
-    record(route->path, 200, "", false, start);
+    record(ex, route->path, 200, "", false, start);
     co_return;
   }
   co_await answer(ex, 200, R"({"status":"ok"})", rid);
-  record(route->path, 200, "", false, start);
+  record(ex, route->path, 200, "", false, start);
 }
 
 // Ready when some rule has a healthy worker (as sgl-model-gateway: one model's servers booting or
@@ -334,7 +337,7 @@ awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
   body += "}";
   int status = ready ? 200 : 503;
   co_await answer(ex, status, body, rid);
-  record("/readiness", status, "", false, start);
+  record(ex, "/readiness", status, "", false, start);
 }
 
 awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
@@ -434,7 +437,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
   const std::string& body = ex.body();
   if (parser.parse(body).get(doc) || doc.get_object().get(obj)) {
     co_await fail(ex, errors::bad_json("request body must be a JSON object"), rid);
-    record(label, 400, "", false, start);
+    record(ex, label, 400, "", false, start);
     co_return;
   }
   if (obj["model"].get_string().get(model)) model = "";
@@ -443,7 +446,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
   if (!pool) {
     GatewayError e = model.empty() ? errors::no_rule(ex.path()) : errors::model_not_found(model);
     co_await fail(ex, e, rid);
-    record(label, e.status, "", false, start);
+    record(ex, label, e.status, "", false, start);
     co_return;
   }
   const tokenizer::Tokenizer* tok = pool->parse_options().tokenizer;
@@ -575,11 +578,11 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
   if (error) {
     int status = error->status;
     co_await fail(ex, *error, rid);
-    record(label, status, "", false, start);
+    record(ex, label, status, "", false, start);
     co_return;
   }
   co_await answer(ex, 200, out, rid);
-  record(label, 200, "", false, start);
+  record(ex, label, 200, "", false, start);
 }
 
 // The engine's /get_model_info for the model the query names, else for the first rule's model.
@@ -610,7 +613,7 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
                                              : std::string("no rule is configured")};
     int status = e.status;
     co_await fail(ex, e, rid);
-    record("/get_model_info", status, "", false, start);
+    record(ex, "/get_model_info", status, "", false, start);
     co_return;
   }
   // The client's credentials go with it: an engine run with --api-key asks for them.
@@ -624,12 +627,12 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
     GatewayError e = errors::upstream_no_answer(chosen->id());
     int status = e.status;
     co_await fail(ex, e, rid, chosen);
-    record("/get_model_info", status, "", false, start);
+    record(ex, "/get_model_info", status, "", false, start);
     co_return;
   }
   const http::Header h[] = {kJsonType, {"x-request-id", rid}};
   co_await ex.respond(r.status, h, r.body);
-  record("/get_model_info", r.status, "", false, start);
+  record(ex, "/get_model_info", r.status, "", false, start);
 }
 
 }  // namespace kvgate

@@ -123,8 +123,10 @@ class Gateway {
   // A gateway error answer; with --debug-headers it names the worker involved, if any.
   awaitable<void> fail(http::Exchange& ex, GatewayError e, std::string_view rid,
                        const Worker* worker = nullptr);
-  void record(std::string_view route, int status, std::string_view model, bool streaming,
-              Clock::time_point start);
+  // A request answered: kvgate_requests_total, its duration (and with --metrics-compat smg,
+  // smg_http_requests_total by the request's method).
+  void record(const http::Exchange& ex, std::string_view route, int status, std::string_view model,
+              bool streaming, Clock::time_point start);
 
   const GatewayConfig& config_;
   PoolManager& pools_;

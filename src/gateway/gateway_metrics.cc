@@ -64,28 +64,25 @@ namespace {
 
 const std::vector<std::string> kSignalLabels = {"rule", "worker", "rank"};
 
-// kvgate's own endpoints (GET); every other route but "unknown" is an inference route (POST).
-bool gateway_get_route(std::string_view route) {
-  for (std::string_view r : {"/v1/models", "/health", "/liveness", "/readiness", "/get_server_info",
-                             "/server_info", "/get_model_info", "/model_info"}) {
-    if (route == r) return true;
+// The method label of smg_http_requests_total: sgl-model-gateway's bounded set (v1.11.0:
+// GET, POST, PUT, DELETE, PATCH, HEAD, OPTIONS; any other method is OTHER), as static strings
+// (the cell cache keys on their addresses).
+std::string_view smg_method(std::string_view method) {
+  for (std::string_view m : {"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}) {
+    if (method == m) return m;
   }
-  return false;
+  return "OTHER";
 }
 
-// The method smg_http_requests_total names for kvgate_requests_total's (route, status): the
-// route's method; OTHER for a 405 (the method was the wrong one) and for unknown paths.
-std::string_view smg_method(std::string_view route, std::string_view status) {
-  if (route == "unknown" || status == "405") return "OTHER";
-  return gateway_get_route(route) ? "GET" : "POST";
-}
-
-// kvgate's cache_aware branches under the names sgl-model-gateway's dashboards know.
+// kvgate's cache_aware branches under the names of sgl-model-gateway's tree-mode branches
+// (smg v1.11.0, model_gateway/src/policies/cache_aware.rs: tree_match, spill,
+// expected_wait_fallback, first_healthy_fallback); "" for a branch it has no name for and does not
+// count. `imbalanced` (the load is imbalanced: affinity set aside, the least loaded worker) is
+// such a decision: smg counts no decision made while imbalance suspends affinity.
 std::string_view smg_cache_aware_branch(std::string_view branch) {
   if (branch == "cache_hit") return "tree_match";
   if (branch == "cache_miss_min_load") return "expected_wait_fallback";
-  if (branch == "imbalanced") return "load_balance";
-  return branch;
+  return "";
 }
 
 }  // namespace
@@ -231,24 +228,20 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& 
   smg_retries =
       &r.counter("smg_worker_retries_total", "Total retry attempts by worker_type and endpoint",
                  {"worker_type", "endpoint"});
-  auto& http = r.counter("smg_http_requests_total",
-                         "Total HTTP requests by method and path (kvgate_requests_total by "
-                         "route, counted when answered)",
-                         {"method", "path"});
+  smg_http_requests = &r.counter("smg_http_requests_total",
+                                 "Total HTTP requests by method and path (kvgate_requests_total "
+                                 "by route and the request's method, counted when answered)",
+                                 {"method", "path"});
   auto& branch = r.counter("smg_cache_aware_policy_branch_total",
                            "Cache-aware routing decisions by branch "
                            "(kvgate_policy_branch_total{policy=\"cache_aware\"})",
                            {"branch"});
-  r.add_collector([this, &http, &branch] {
+  r.add_collector([this, &branch] {
     // Sums of counters that only grow and whose cells are never removed: they only grow too.
-    std::map<std::pair<std::string_view, std::string>, uint64_t> by_path;
-    requests.for_each([&](const std::vector<std::string>& v, const metrics::Counter& c) {
-      by_path[{smg_method(v[0], v[1]), v[0]}] += c.value();
-    });
-    for (const auto& [key, n] : by_path) http.with({key.first, key.second}).mirror(n);
-    std::map<std::string, uint64_t, std::less<>> by_branch;
+    std::map<std::string_view, uint64_t, std::less<>> by_branch;
     branches.for_each([&](const std::vector<std::string>& v, const metrics::Counter& c) {
-      if (v[0] == "cache_aware") by_branch[std::string(smg_cache_aware_branch(v[1]))] += c.value();
+      if (v[0] != "cache_aware") return;
+      if (std::string_view b = smg_cache_aware_branch(v[1]); !b.empty()) by_branch[b] += c.value();
     });
     for (const auto& [b, n] : by_branch) branch.with({b}).mirror(n);
   });
@@ -333,6 +326,19 @@ metrics::Counter* GatewayMetrics::smg_router_request(std::string_view model, std
   if (it != cache.end()) return it->second;
   auto& cell = smg_router_requests->with({"http", pd ? "pd" : "regular", "http", model,
                                           smg_endpoint(route), streaming ? "true" : "false"});
+  cache.emplace(key, &cell);
+  return &cell;
+}
+
+metrics::Counter* GatewayMetrics::smg_http_request(std::string_view method,
+                                                   std::string_view route) {
+  if (!smg_http_requests) return nullptr;
+  thread_local CellCache<metrics::Counter> cache;
+  const std::string_view m = smg_method(method);
+  PtrKey key{m.data(), route.data(), route.size()};
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto& cell = smg_http_requests->with({m, route});
   cache.emplace(key, &cell);
   return &cell;
 }

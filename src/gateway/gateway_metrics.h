@@ -66,6 +66,9 @@ struct GatewayMetrics {
   // LabelLimiter results). `route`: kvgate's route label (smg's endpoint is made from it).
   metrics::Counter* smg_router_request(std::string_view model, std::string_view route,
                                        bool streaming, bool pd);
+  // smg_http_requests_total: `method` the request's (any string: the label is one of
+  // sgl-model-gateway's methods or OTHER), `route` kvgate's route label (static storage).
+  metrics::Counter* smg_http_request(std::string_view method, std::string_view route);
   metrics::Counter* smg_selection(std::string_view worker_type, std::string_view model,
                                   std::string_view policy);
   void smg_retry(std::string_view worker_type, std::string_view endpoint);
@@ -105,6 +108,7 @@ struct GatewayMetrics {
   metrics::CounterFamily& generated_tokens;
   // --metrics-compat smg (null without it).
   metrics::CounterFamily* smg_router_requests = nullptr;
+  metrics::CounterFamily* smg_http_requests = nullptr;
   metrics::CounterFamily* smg_selections = nullptr;
   metrics::CounterFamily* smg_retries = nullptr;
   LabelLimiter models{64};

@@ -19,6 +19,8 @@ constexpr std::array<OutputKey, 6> kKeys = {{{"content", false},
                                              {"delta", false},
                                              {"tool_calls", true}}};
 constexpr size_t kMaxSpaces = 8;
+// kResponses: the longest "type" value read (the Responses API's event types are at most ~45).
+constexpr size_t kMaxType = 48;
 
 enum class Value { kNo, kYes, kCut };
 
@@ -57,9 +59,46 @@ bool key_is(std::string_view s, size_t p, std::string_view name) {
   return s.compare(open + 1, name.size(), name) == 0;
 }
 
+// kResponses: whether the value after the colon at `colon` is a string of at most kMaxType
+// characters, without escapes, that ends in ".delta"; kCut when `s` ends before that can be told.
+Value delta_type_after(std::string_view s, size_t colon) {
+  size_t q = colon + 1;
+  size_t spaces = 0;
+  while (q < s.size() && s[q] == ' ') {
+    if (++spaces > kMaxSpaces) return Value::kNo;
+    ++q;
+  }
+  if (q >= s.size()) return Value::kCut;
+  if (s[q] != '"') return Value::kNo;
+  for (size_t i = q + 1; i <= q + 1 + kMaxType; ++i) {
+    if (i >= s.size()) return Value::kCut;
+    if (s[i] == '\\') return Value::kNo;
+    if (s[i] == '"')
+      return s.substr(q + 1, i - q - 1).ends_with(".delta") ? Value::kYes : Value::kNo;
+  }
+  return Value::kNo;  // longer than any event type
+}
+
 }  // namespace
 
+void OutputEventCounter::scan_responses(std::string_view s) {
+  for (size_t p = s.find(':'); p != std::string_view::npos && !output_; p = s.find(':', p + 1)) {
+    if (p < 3 || s[p - 1] != '"' || s[p - 2] == '\\') continue;
+    const char last = s[p - 2];
+    if (last == 'a' && !delta_ && key_is(s, p, "delta")) {
+      if (value_after(s, p, false) == Value::kYes) delta_ = true;
+    } else if (last == 'e' && !delta_type_ && key_is(s, p, "type")) {
+      if (delta_type_after(s, p) == Value::kYes) delta_type_ = true;
+    }
+    output_ = delta_ && delta_type_;
+  }
+}
+
 void OutputEventCounter::scan(std::string_view s) {
+  if (format_ == Format::kResponses) {
+    scan_responses(s);
+    return;
+  }
   for (size_t p = s.find(':'); p != std::string_view::npos && !output_; p = s.find(':', p + 1)) {
     if (p < 3 || s[p - 1] != '"' || s[p - 2] == '\\') continue;
     const char last = s[p - 2];  // a key's last letter
@@ -110,7 +149,7 @@ uint32_t OutputEventCounter::feed(std::string_view piece) {
       scan_segment(piece.substr(from, i - from));
       ++events_;
       if (output_) ++count;
-      output_ = false;
+      output_ = delta_ = delta_type_ = false;
       carry_.clear();
       from = i + 1;
     }

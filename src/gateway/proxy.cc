@@ -462,7 +462,7 @@ class Gateway::Request {
   awaitable<void> refuse(GatewayError e, const Worker* worker = nullptr);
   void client_left();
   void record(int status) {
-    g_.record(route_label_, status, model_, streaming_, start_);
+    g_.record(ex_, route_label_, status, model_, streaming_, start_);
     if (g_.metrics_.smg()) [[unlikely]] {
       if (auto* c = g_.metrics_.smg_router_request(model_, route_label_, streaming_,
                                                    pool_ && pool_->pd())) {
@@ -473,6 +473,10 @@ class Gateway::Request {
   // An attempt's worker is known and its dispatch open: its signal cells, the selections counted
   // under sgl-model-gateway's names (--metrics-compat smg).
   void dispatched(Attempt& a);
+  // Which policy chose the attempt's worker (select() asked it): the doctor's pin, the owner of
+  // the response the request names (/v1/responses), the decode policy for the decode half
+  // (prefill/decode), the rule's policy otherwise.
+  Policy& decider(const Attempt& a) const;
   void list_candidates(Clock::time_point now);
   // Prefill/decode: both sides chosen, both breakers' passes, both dispatches opened.
   Next select_pd(Attempt& a);
@@ -561,7 +565,11 @@ class Gateway::Request {
 
 // One attempt on one worker: its decision, its dispatch (closed exactly once), its upstream call.
 struct Gateway::Attempt {
-  explicit Attempt(Request& r) : r(r) {}
+  explicit Attempt(Request& r)
+      : r(r),
+        output_events(r.route_ == ApiRoute::kResponses || r.route_ == ApiRoute::kResponse
+                          ? OutputEventCounter::Format::kResponses
+                          : OutputEventCounter::Format::kDefault) {}
   ~Attempt() {
     r.cancel_.call = nullptr;
     r.cancel_.prefill = nullptr;
@@ -600,14 +608,18 @@ struct Gateway::Attempt {
   std::optional<Prefill> prefill;
 
   // Request signals (docs/metrics.md): the worker's cells (the decode half's with prefill/decode)
-  // and what the answer showed of its timing.
+  // and what the answer showed of its timing. Its times are the worker's: from `sent_at`, when
+  // this attempt began (a connection taken or opened, the request written), not from the
+  // request's arrival (admission, an owner lookup, attempts at other workers are not this
+  // worker's doing).
   const SignalCells* cells = nullptr;
-  Clock::time_point headers_at{}, first_byte_at{}, last_output_at{};
+  Clock::time_point sent_at{}, headers_at{}, first_byte_at{}, last_output_at{};
   OutputEventCounter output_events;
   bool timing_committed = false;  // the client gets this answer (a success): headers/first byte
   // A piece of the answer's body, as read: the first byte's time; for a stream, its output events
   // (the first one is the time to first token, each later one an inter-token gap; events that
-  // end in the same read as the one before are gaps of 0).
+  // end in the same read as the one before are gaps of 0). Output events are observed as they
+  // arrive, whatever happens to the stream later: the worker produced them at those times.
   void saw(std::string_view piece) {
     if (piece.empty() || !cells) return;
     const bool events = sse && status < 400;
@@ -615,13 +627,13 @@ struct Gateway::Attempt {
     const auto now = Clock::now();
     if (first_byte_at == Clock::time_point{}) {
       first_byte_at = now;
-      if (timing_committed) cells->first_byte->observe(seconds(now - r.start_));
+      if (timing_committed) cells->first_byte->observe(seconds(now - sent_at));
     }
     if (!events) return;
     uint32_t n = output_events.feed(piece);
     if (n == 0) return;
     if (last_output_at == Clock::time_point{}) {
-      cells->first_token->observe(seconds(now - r.start_));
+      cells->first_token->observe(seconds(now - sent_at));
     } else {
       cells->itl->observe(seconds(now - last_output_at));
     }
@@ -1425,6 +1437,7 @@ awaitable<Next> Gateway::Request::send(Attempt& a) {
     rewritten = add_fields(body, {&rank, 1});
     if (!rewritten.empty()) body = rewritten;
   }
+  a.sent_at = Clock::now();
   http::CallError e = co_await call.start(ex_.method(), ex_.target(), fwd_, body);
   a.dispatch->started_guess = call.request_sent();
   if (e == http::CallError::kNone) a.headers_at = Clock::now();
@@ -1622,11 +1635,7 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   out.push_back({"x-request-id", rid_});
   std::string route_header, attempts_header, rank_header, prefill_route, prefill_rank;
   if (g_.config_.debug_headers || doctor_) {
-    Policy& decider = pinned_           ? pinned_policy()
-                      : !owner_.empty() ? owner_policy()
-                      : a.prefill       ? pool_->decode_policy()
-                                        : pool_->policy();
-    route_header = std::string(decider.name()) + "/" + std::string(a.d.branch);
+    route_header = std::string(decider(a).name()) + "/" + std::string(a.d.branch);
     if (a.prefill) {
       // Prefill/decode: x-kvgate-worker and x-kvgate-route are the decode half's.
       const Attempt::Prefill& p = *a.prefill;
@@ -1663,9 +1672,9 @@ awaitable<void> Gateway::Request::relay(Attempt& a) {
   if (a.cells && status < 400 && !a.worker_abort && !a.request_abort) {
     // The client gets this answer: its head's (and first byte's, when read already) times count.
     a.timing_committed = true;
-    a.cells->headers->observe(seconds(a.headers_at - start_));
+    a.cells->headers->observe(seconds(a.headers_at - a.sent_at));
     if (a.first_byte_at != Clock::time_point{}) {
-      a.cells->first_byte->observe(seconds(a.first_byte_at - start_));
+      a.cells->first_byte->observe(seconds(a.first_byte_at - a.sent_at));
     }
   }
   UsageScanner usage;
@@ -1784,7 +1793,7 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
     g_.owners_.forget(response_id_);
   }
   if (a.cells && final_status < 400) {
-    a.cells->e2e->observe(seconds(Clock::now() - start_));
+    a.cells->e2e->observe(seconds(Clock::now() - a.sent_at));
     // As the engine reported them (the last value in the answer: streams repeat them).
     if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
     if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
@@ -1793,17 +1802,19 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
   record(final_status);
 }
 
+Policy& Gateway::Request::decider(const Attempt& a) const {
+  if (pinned_) return pinned_policy();
+  if (!owner_.empty()) return owner_policy();
+  return a.prefill ? pool_->decode_policy() : pool_->policy();
+}
+
 void Gateway::Request::dispatched(Attempt& a) {
   a.cells = pool_->signals(*a.w, a.d.dp_rank);
   if (!g_.metrics_.smg()) [[likely]] {
     return;
   }
-  // Which policy chose whom: the decode policy the decode half (prefill/decode), the rule's
-  // policy (or the doctor's pin) otherwise.
-  Policy& decider = pinned_     ? pinned_policy()
-                    : a.prefill ? pool_->decode_policy()
-                                : pool_->policy();
-  if (auto* c = g_.metrics_.smg_selection(role_label(pool_->role(*a.w)), model_, decider.name())) {
+  if (auto* c =
+          g_.metrics_.smg_selection(role_label(pool_->role(*a.w)), model_, decider(a).name())) {
     c->inc();
   }
   if (a.prefill) {

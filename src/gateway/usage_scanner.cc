@@ -9,6 +9,7 @@ namespace {
 // The keys' heads: each key is `"HEAD_tokens":`.
 constexpr std::string_view kCachedHead = "\"cached";
 constexpr std::string_view kPromptHead = "\"prompt";
+constexpr std::string_view kInputHead = "\"input";  // the Responses API's prompt_tokens
 constexpr std::string_view kCompletionHead = "\"completion";
 constexpr std::string_view kOutputHead = "\"output";
 constexpr size_t kCarry = 40;  // longer than the longest key, optional spaces and a number
@@ -34,8 +35,9 @@ void UsageScanner::scan(std::string_view s) {
   constexpr std::string_view kTail = "_tokens\":";
   for (size_t p = s.find('_'); p != std::string_view::npos; p = s.find('_', p + 1)) {
     // Most underscores start no `_tokens":` (finish_reason, tool_calls, prompt_tokens_details):
-    // two bytes rule them out before the whole tail is compared.
-    if (p < kOutputHead.size() || p + kTail.size() > s.size() || s[p + 1] != 't' ||
+    // two bytes rule them out before the whole tail is compared. (No head is shorter than
+    // `"input`.)
+    if (p < kInputHead.size() || p + kTail.size() > s.size() || s[p + 1] != 't' ||
         s[p + 7] != '"' || s.compare(p, kTail.size(), kTail) != 0) {
       continue;
     }
@@ -44,6 +46,7 @@ void UsageScanner::scan(std::string_view s) {
     };
     std::optional<int64_t>* out = head_is(kCachedHead)       ? &cached_
                                   : head_is(kPromptHead)     ? &prompt_
+                                  : head_is(kInputHead)      ? &prompt_
                                   : head_is(kCompletionHead) ? &completion_
                                   : head_is(kOutputHead)     ? &completion_
                                                              : nullptr;

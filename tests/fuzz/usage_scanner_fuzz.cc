@@ -1,9 +1,9 @@
-// Fuzz target: UsageScanner (gateway/usage_scanner), which reads cached_tokens, prompt_tokens and
-// completion_tokens (or output_tokens) out of worker response bodies (untrusted) as they are
-// relayed, in whatever pieces reads deliver. The first byte seeds the piece sizes. Checks: values
-// are non-negative; fed in pieces, the scanner finds what it finds in the whole body, for every
-// value short enough for its carry (a key, spaces and digits within 40 bytes: SGLang and OpenAI
-// write `"cached_tokens":123`).
+// Fuzz target: UsageScanner (gateway/usage_scanner), which reads cached_tokens, prompt_tokens (or
+// input_tokens) and completion_tokens (or output_tokens) out of worker response bodies (untrusted)
+// as they are relayed, in whatever pieces reads deliver. The first byte seeds the piece sizes.
+// Checks: values are non-negative; fed in pieces, the scanner finds what it finds in the whole
+// body, for every value short enough for its carry (a key, spaces and digits within 40 bytes:
+// SGLang and OpenAI write `"cached_tokens":123`).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -16,8 +16,8 @@ namespace {
 // Whether every key in `s` is followed by its number (spaces, at most 18 digits that count) within
 // 40 bytes of the key's start: the scanner's carry then holds the key until the number ends.
 bool fits_carry(std::string_view s) {
-  for (std::string_view key : {"\"cached_tokens\":", "\"prompt_tokens\":", "\"completion_tokens\":",
-                               "\"output_tokens\":"}) {
+  for (std::string_view key : {"\"cached_tokens\":", "\"prompt_tokens\":", "\"input_tokens\":",
+                               "\"completion_tokens\":", "\"output_tokens\":"}) {
     for (size_t k = s.find(key); k != std::string_view::npos; k = s.find(key, k + 1)) {
       size_t p = k + key.size();
       while (p < s.size() && s[p] == ' ') ++p;

@@ -73,6 +73,7 @@ TEST(GatewayMetrics, WithoutCompatThereIsNoSmgSeries) {
   EXPECT_FALSE(m.smg());
   EXPECT_EQ(m.smg_router_request("", "/generate", false, false), nullptr);
   EXPECT_EQ(m.smg_selection("regular", "", "round_robin"), nullptr);
+  EXPECT_EQ(m.smg_http_request("GET", "/health"), nullptr);
   m.smg_retry("regular", "generate");
   EXPECT_EQ(r.expose().find("smg_"), std::string::npos);
 }
@@ -82,13 +83,15 @@ TEST(GatewayMetrics, SmgSeriesMirrorKvgatesOwnCells) {
   GatewayMetrics m(r, metrics::latency_buckets(), metrics::short_latency_buckets(),
                    MetricsCompat::kSmg);
   ASSERT_TRUE(m.smg());
-  m.request_counter("/generate", 200, "", false).inc(3);
-  m.request_counter("/generate", 503, "", true).inc(1);
-  m.request_counter("/generate", 405, "", false).inc(1);
-  m.request_counter("/health", 200, "", false).inc(2);
-  m.request_counter("unknown", 404, "", false).inc(1);
+  m.smg_http_request("POST", "/generate")->inc(4);
+  m.smg_http_request("PUT", "/generate")->inc();  // answered 405: the method refused
+  m.smg_http_request("GET", "/health")->inc(2);
+  m.smg_http_request("GET", "/v1/responses/{id}")->inc();
+  m.smg_http_request("DELETE", "/v1/responses/{id}")->inc();
+  m.smg_http_request("BREW", "unknown")->inc();
   m.branch_counter("cache_aware", "cache_hit").inc(4);
   m.branch_counter("cache_aware", "cache_miss_min_load").inc(1);
+  m.branch_counter("cache_aware", "imbalanced").inc(2);
   m.branch_counter("round_robin", "next").inc(9);
   m.worker_health.with({"http://w:1"}).set(1);
   m.worker_cb_state.with({"http://w:1"}).set(2);
@@ -99,13 +102,19 @@ TEST(GatewayMetrics, SmgSeriesMirrorKvgatesOwnCells) {
   m.smg_retry("regular", "chat");
   std::string text = r.expose();
   EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"POST\",path=\"/generate\"} 4\n"));
-  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"OTHER\",path=\"/generate\"} 1\n"));
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"PUT\",path=\"/generate\"} 1\n"));
   EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"GET\",path=\"/health\"} 2\n"));
+  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"GET\",path=\"/v1/responses/{id}\"} 1\n"));
+  EXPECT_TRUE(
+      has(text, "smg_http_requests_total{method=\"DELETE\",path=\"/v1/responses/{id}\"} 1\n"));
   EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"OTHER\",path=\"unknown\"} 1\n"));
+  // smg v1.11.0's tree-mode branches; imbalanced decisions are not among them (not counted).
   EXPECT_TRUE(has(text, "smg_cache_aware_policy_branch_total{branch=\"tree_match\"} 4\n"));
   EXPECT_TRUE(
       has(text, "smg_cache_aware_policy_branch_total{branch=\"expected_wait_fallback\"} 1\n"));
   EXPECT_FALSE(has(text, "smg_cache_aware_policy_branch_total{branch=\"next\"}"));
+  EXPECT_FALSE(has(text, "smg_cache_aware_policy_branch_total{branch=\"load_balance\"}"));
+  EXPECT_FALSE(has(text, "smg_cache_aware_policy_branch_total{branch=\"imbalanced\"}"));
   EXPECT_TRUE(has(text, "smg_worker_health{worker=\"http://w:1\"} 1\n"));
   EXPECT_TRUE(has(text, "smg_worker_cb_state{worker=\"http://w:1\"} 2\n"));
   EXPECT_TRUE(has(text, "smg_worker_requests_active{worker=\"http://w:1\"} 5\n"));
@@ -118,9 +127,9 @@ TEST(GatewayMetrics, SmgSeriesMirrorKvgatesOwnCells) {
                   "model=\"m\",policy=\"cache_aware\"} 1\n"));
   EXPECT_TRUE(has(text, "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1\n"));
   // Scraped again after more traffic: the sums follow.
-  m.request_counter("/generate", 200, "", false).inc(2);
+  m.branch_counter("cache_aware", "cache_hit").inc(2);
   text = r.expose();
-  EXPECT_TRUE(has(text, "smg_http_requests_total{method=\"POST\",path=\"/generate\"} 6\n"));
+  EXPECT_TRUE(has(text, "smg_cache_aware_policy_branch_total{branch=\"tree_match\"} 6\n"));
 }
 
 TEST(GatewayMetrics, SignalCellsCarryRuleWorkerAndRank) {

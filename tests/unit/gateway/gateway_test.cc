@@ -147,9 +147,12 @@ class Harness {
     cfg_.retry_initial_backoff_ms = 1;
     cfg_.retry_max_backoff_ms = 30000;
     if (tweak) tweak(cfg_);
+    metrics_ = std::make_unique<GatewayMetrics>(
+        metrics_registry, metrics::latency_buckets(), metrics::short_latency_buckets(),
+        cfg_.metrics_compat == "smg" ? MetricsCompat::kSmg : MetricsCompat::kNone);
     PoolEnv env;
     env.config = &cfg_;
-    env.metrics = &metrics;
+    env.metrics = metrics_.get();
     env.registry = &metrics_registry;
     env.control = &control_;
     env.next_worker_id = &next_id_;
@@ -170,7 +173,7 @@ class Harness {
     EXPECT_TRUE(errors.empty()) << rules::format_errors(errors);
     // Health probes do not run here (the pools are not started): every worker is up.
     for (const auto& w : pools_->table()->pools[0]->workers()->workers) w->set_healthy(true);
-    gateway_ = std::make_unique<Gateway>(cfg_, *pools_, metrics);
+    gateway_ = std::make_unique<Gateway>(cfg_, *pools_, *metrics_);
     thread_state_ = std::make_unique<RequestThread>(cfg_);
     http::ServerConfig sc;
     sc.host = "127.0.0.1";
@@ -210,10 +213,10 @@ class Harness {
   }
 
   metrics::Registry metrics_registry;
-  GatewayMetrics metrics{metrics_registry, metrics::latency_buckets()};
   RecordingPolicy* policy = nullptr;
 
  private:
+  std::unique_ptr<GatewayMetrics> metrics_;  // (made once the config is tweaked: its compat)
   GatewayConfig cfg_;
   asio::io_context control_;
   std::atomic<uint64_t> next_id_{1};
@@ -1005,12 +1008,17 @@ TEST(GatewayTrace, RequestLinesCarryRidAndTraceId) {
 // The request signals of a streamed answer: headers, first byte, first token (not the role-only
 // chunk), one inter-token gap per later output event, end to end, the tokens its usage reported.
 TEST(GatewaySignals, AStreamObservesItsTimesAndTokens) {
+  // The worker waits this long between the role-only chunk and the first content: the time to
+  // first token includes it (it is measured from the attempt's sending, which came before the
+  // wait began); had the role-only chunk counted, its sum would be below it.
+  static constexpr auto kBeforeFirstToken = std::chrono::milliseconds(60);
   FakeWorker streaming([](http::Exchange& ex) -> awaitable<void> {
     const http::Header h[] = {{"content-type", "text/event-stream"}};
     co_await ex.begin_body(200, h, std::nullopt);
     co_await ex.write_body(
         "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
-    co_await pause(ex, std::chrono::milliseconds(5));
+    co_await ex.flush();
+    co_await pause(ex, kBeforeFirstToken);
     co_await ex.write_body("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
     co_await pause(ex, std::chrono::milliseconds(5));
     co_await ex.write_body(
@@ -1033,6 +1041,8 @@ TEST(GatewaySignals, AStreamObservesItsTimesAndTokens) {
   EXPECT_EQ(h.metric("kvgate_time_to_response_headers_seconds_count" + labels), 1);
   EXPECT_EQ(h.metric("kvgate_time_to_first_byte_seconds_count" + labels), 1);
   EXPECT_EQ(h.metric("kvgate_time_to_first_token_seconds_count" + labels), 1);
+  EXPECT_GE(h.metric("kvgate_time_to_first_token_seconds_sum" + labels),
+            std::chrono::duration<double>(kBeforeFirstToken).count());
   // Three output events: two gaps (the third came in the same read as the second, or after it).
   EXPECT_EQ(h.metric("kvgate_inter_token_latency_seconds_count" + labels), 2);
   EXPECT_EQ(h.metric("kvgate_prompt_tokens_total" + labels), 11);
@@ -1048,6 +1058,124 @@ TEST(GatewaySignals, AStreamObservesItsTimesAndTokens) {
       [&] { return h.metric("kvgate_e2e_request_duration_seconds_count" + labels) == 2; }));
   EXPECT_EQ(h.metric("kvgate_upstream_connect_seconds_count" + conn), 1);
   EXPECT_EQ(h.metric("kvgate_time_to_first_token_seconds_count" + labels), 2);
+}
+
+}  // namespace
+}  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+// A worker's times start when the attempt is sent to it, not when the request arrived: here the
+// first worker takes kSlow to refuse, and the second worker's headers, first byte, first token
+// and end to end leave that time out (each plus kSlow is within the request's duration, which
+// holds both attempts; measured from the request's arrival, each alone would exceed kSlow).
+TEST(GatewaySignals, AWorkersTimesStartWhenItsAttemptIsSent) {
+  static constexpr auto kSlow = std::chrono::milliseconds(200);
+  FakeWorker slow_refusal([](http::Exchange& ex) -> awaitable<void> {
+    co_await pause(ex, kSlow);
+    const http::Header h[] = {{"content-type", "application/json"}};
+    co_await ex.respond(503, h, R"({"error":"queue full"})");
+  });
+  FakeWorker streaming(
+      sse("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+          "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+          "data: [DONE]\n\n"));
+  Harness h({slow_refusal.url(), streaming.url()});
+  h.policy->preference = {1, 2};
+  HttpClient c(h.port());
+  auto r = c.post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"stream":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(slow_refusal.requests.load(), 1);
+  const std::string labels = "{rule=\"default\",worker=\"" + streaming.url() + "\",rank=\"\"}";
+  const std::string duration =
+      "kvgate_request_duration_seconds_sum{route=\"/v1/chat/completions\"}";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h.metric("kvgate_request_duration_seconds_count{route=\"/v1/chat/completions\"}") == 1;
+  }));
+  const double request = h.metric(duration);
+  const double slow = std::chrono::duration<double>(kSlow).count();
+  ASSERT_GE(request, slow);
+  for (const char* family :
+       {"kvgate_time_to_response_headers_seconds", "kvgate_time_to_first_byte_seconds",
+        "kvgate_time_to_first_token_seconds", "kvgate_e2e_request_duration_seconds"}) {
+    const std::string series = std::string(family) + "_sum" + labels;
+    EXPECT_EQ(h.metric(std::string(family) + "_count" + labels), 1) << family;
+    const double worker = h.metric(series);
+    EXPECT_GE(worker, 0) << family;
+    EXPECT_LE(worker + slow, request + 1e-6) << family << ": measured from the request's arrival";
+  }
+  // The client-level duration is still the request's, from its arrival.
+  EXPECT_EQ(h.metric("kvgate_request_duration_seconds_count{route=\"/v1/chat/completions\"}"), 1);
+}
+
+// Output events are observed as they arrive: a stream that fails after two tokens keeps their time
+// to first token and gap (the worker produced them then), but has no end to end and no tokens
+// (it did not complete).
+TEST(GatewaySignals, AStreamThatFailsMidResponseKeepsItsTokenTimes) {
+  FakeWorker dying([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header hdr[] = {{"content-type", "text/event-stream"}};
+    co_await ex.begin_body(200, hdr, std::nullopt);
+    co_await ex.write_body(
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+    co_await ex.flush();
+    co_await pause(ex, std::chrono::milliseconds(5));
+    co_await ex.write_body(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":{\"prompt_tokens\":4,"
+        "\"completion_tokens\":2}}\n\n");
+    co_await ex.flush();
+    ex.abort();
+  });
+  Harness h({dying.url()});
+  HttpClient c(h.port());
+  auto r = c.post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"hi"}],"stream":true})");
+  EXPECT_EQ(r.status, 200);  // the stream had begun: it ends with an error event
+  EXPECT_NE(r.body.find("upstream_failed"), std::string::npos) << r.body;
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h.metric("kvgate_request_duration_seconds_count{route=\"/v1/chat/completions\"}") == 1;
+  }));
+  const std::string labels = "{rule=\"default\",worker=\"" + dying.url() + "\",rank=\"\"}";
+  EXPECT_EQ(h.metric("kvgate_time_to_response_headers_seconds_count" + labels), 1);
+  EXPECT_EQ(h.metric("kvgate_time_to_first_token_seconds_count" + labels), 1);
+  EXPECT_EQ(h.metric("kvgate_inter_token_latency_seconds_count" + labels), 1);
+  EXPECT_EQ(h.metric("kvgate_e2e_request_duration_seconds_count" + labels), 0);
+  EXPECT_EQ(h.metric("kvgate_generated_tokens_total" + labels), 0);
+}
+
+// --metrics-compat smg: a request routed to the worker holding its response is a selection of
+// response_owner's (not of the rule's policy, which was not asked), and smg_http_requests_total
+// has each request's own method (GET and DELETE of /v1/responses/{id}, not POST).
+TEST(GatewaySmg, OwnerRoutedSelectionsAndTheRequestsOwnMethod) {
+  FakeWorker holder([](http::Exchange& ex) -> awaitable<void> {
+    const http::Header h[] = {{"content-type", "application/json"}};
+    std::string body = R"({"text":"ok"})";  // /generate
+    if (ex.path() == "/v1/responses/resp_held") {
+      body = ex.method() == "DELETE" ? R"({"id":"resp_held","object":"response","deleted":true})"
+                                     : R"({"id":"resp_held","object":"response"})";
+    }
+    co_await ex.respond(200, h, body);
+  });
+  Harness h({holder.url()}, [](GatewayConfig& cfg) { cfg.metrics_compat = "smg"; });
+  HttpClient c(h.port());
+  auto r = c.get("/v1/responses/resp_held");  // looked for, found on the worker, routed to it
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = c.request("DELETE", "/v1/responses/resp_held", "");  // its owner remembered
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = c.post("/generate", kBody);  // the rule's policy chooses
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string selection =
+      "smg_worker_selection_total{worker_type=\"regular\",connection_mode=\"http\",model=\"\",";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h.metric("smg_http_requests_total{method=\"POST\",path=\"/generate\"}") == 1;
+  }));
+  EXPECT_EQ(h.metric(selection + "policy=\"response_owner\"}"), 2);
+  EXPECT_EQ(h.metric(selection + "policy=\"recording\"}"), 1);
+  EXPECT_EQ(h.metric("smg_http_requests_total{method=\"GET\",path=\"/v1/responses/{id}\"}"), 1);
+  EXPECT_EQ(h.metric("smg_http_requests_total{method=\"DELETE\",path=\"/v1/responses/{id}\"}"), 1);
+  EXPECT_EQ(h.metric("smg_http_requests_total{method=\"POST\",path=\"/v1/responses/{id}\"}"), -1);
 }
 
 }  // namespace

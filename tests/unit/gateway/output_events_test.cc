@@ -10,14 +10,17 @@
 namespace kvgate {
 namespace {
 
-uint32_t count_whole(const std::string& body) {
-  OutputEventCounter c;
+using Format = OutputEventCounter::Format;
+
+uint32_t count_whole(const std::string& body, Format format = Format::kDefault) {
+  OutputEventCounter c(format);
   return c.feed(body);
 }
 
 // The counts per piece when `body` is cut at `cuts` (sorted offsets).
-uint32_t count_in_pieces(const std::string& body, const std::vector<size_t>& cuts) {
-  OutputEventCounter c;
+uint32_t count_in_pieces(const std::string& body, const std::vector<size_t>& cuts,
+                         Format format = Format::kDefault) {
+  OutputEventCounter c(format);
   uint32_t total = 0;
   size_t at = 0;
   for (size_t cut : cuts) {
@@ -64,11 +67,110 @@ TEST(OutputEvents, GenerateCompletionsReasoningToolCallsAndResponses) {
                         "\"function\":{\"arguments\":\"{\\\"a\\\"\"}}]}}]}\n\n"
                         "data: {\"choices\":[{\"delta\":{\"tool_calls\":[]}}]}\n\n"),
             1u);
-  EXPECT_EQ(count_whole("event: response.output_text.delta\n"
-                        "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"),
-            1u);
   // Spaced JSON (Python's json.dumps) is read too.
   EXPECT_EQ(count_whole("data: {\"text\": \"Hi\"}\n\ndata: {\"text\":  \"\"}\n\n"), 1u);
+}
+
+// A /v1/responses stream as SGLang's serving_responses.py writes it (and the sim, keys in the
+// OpenAI SDK's order): the lifecycle events, a reasoning item and a message item, each opened
+// (*.added), its deltas, closed with the whole text (*.done), then response.completed with the
+// whole response. Five deltas carry output (one of them empty does not).
+std::string responses_event(const std::string& type, const std::string& fields, int seq) {
+  return "event: " + type + "\ndata: {" + fields + (fields.empty() ? "" : ",") +
+         "\"sequence_number\":" + std::to_string(seq) + ",\"type\":\"" + type + "\"}\n\n";
+}
+const std::string kResponsesStream = [] {
+  const std::string response =
+      R"("response":{"id":"resp_3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":"response",)"
+      R"("created_at":1796264910,"model":"qwen3",)";
+  const std::string done_response =
+      response +
+      R"("output":[{"id":"rs_1","summary":[],"type":"reasoning","content":[{"text":"Think.",)"
+      R"("type":"reasoning_text"}],"status":"completed"},{"id":"msg_1","content":[{)"
+      R"("annotations":[],"text":"Hello there","type":"output_text","logprobs":null}],)"
+      R"("role":"assistant","status":"completed","type":"message"}],"status":"completed",)"
+      R"("usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":8},)"
+      R"("output_tokens":6,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":18},)"
+      R"("metadata":{"delta":"not an event's"}})";
+  const std::string in_progress = response + R"("output":[],"status":"in_progress","usage":null})";
+  const std::string rs = R"("item_id":"rs_1","output_index":0)";
+  const std::string msg = R"("item_id":"msg_1","logprobs":[],"output_index":1)";
+  int seq = 0;
+  std::string s;
+  s += responses_event("response.created", in_progress, seq++);
+  s += responses_event("response.in_progress", in_progress, seq++);
+  s += responses_event("response.output_item.added",
+                       R"("item":{"id":"rs_1","summary":[],"type":"reasoning","status":)"
+                       R"("in_progress"},"output_index":0)",
+                       seq++);
+  s += responses_event("response.content_part.added",
+                       R"("content_index":0,"item_id":"rs_1","output_index":0,"part":{)"
+                       R"("annotations":[],"text":"","type":"output_text","logprobs":null})",
+                       seq++);
+  s += responses_event("response.reasoning_text.delta", R"("content_index":0,"delta":"Thi",)" + rs,
+                       seq++);
+  s += responses_event("response.reasoning_text.delta", R"("content_index":0,"delta":"nk.",)" + rs,
+                       seq++);
+  s += responses_event("response.reasoning_text.done",
+                       R"("content_index":0,)" + rs + R"(,"text":"Think.")", seq++);
+  s += responses_event("response.output_item.done",
+                       R"("item":{"id":"rs_1","summary":[],"type":"reasoning","content":[{)"
+                       R"("text":"Think.","type":"reasoning_text"}],"status":"completed"},)"
+                       R"("output_index":0)",
+                       seq++);
+  s += responses_event("response.output_item.added",
+                       R"("item":{"id":"msg_1","content":[],"role":"assistant","status":)"
+                       R"("in_progress","type":"message"},"output_index":1)",
+                       seq++);
+  s += responses_event("response.content_part.added",
+                       R"("content_index":0,"item_id":"msg_1","output_index":1,"part":{)"
+                       R"("annotations":[],"text":"","type":"output_text","logprobs":null})",
+                       seq++);
+  for (const char* piece : {"Hel", "", "lo", " there"}) {
+    s +=
+        responses_event("response.output_text.delta",
+                        R"("content_index":0,"delta":")" + std::string(piece) + "\"," + msg, seq++);
+  }
+  s += responses_event("response.output_text.done",
+                       R"("content_index":0,)" + msg + R"(,"text":"Hello there")", seq++);
+  s += responses_event("response.content_part.done",
+                       R"("content_index":0,"item_id":"msg_1","output_index":1,"part":{)"
+                       R"("annotations":[],"text":"Hello there","type":"output_text",)"
+                       R"("logprobs":null})",
+                       seq++);
+  s += responses_event("response.output_item.done",
+                       R"("item":{"id":"msg_1","content":[{"annotations":[],"text":)"
+                       R"("Hello there","type":"output_text","logprobs":null}],"role":)"
+                       R"("assistant","status":"completed","type":"message"},"output_index":1)",
+                       seq++);
+  s += responses_event("response.completed", done_response, seq++);
+  return s;
+}();
+
+TEST(OutputEvents, ResponsesStreamCountsOneEventPerDelta) {
+  OutputEventCounter c(Format::kResponses);
+  EXPECT_EQ(c.feed(kResponsesStream), 5u);
+  EXPECT_EQ(c.events(), 18u);
+  // Function-call arguments stream as deltas too; a lone delta with a type of another kind, or a
+  // type too long to be an event's, is not one.
+  EXPECT_EQ(
+      count_whole("event: response.function_call_arguments.delta\n"
+                  "data: {\"delta\":\"{\\\"city\\\"\",\"item_id\":\"fc_1\",\"output_index\":0,"
+                  "\"sequence_number\":3,\"type\":\"response.function_call_arguments.delta\"}"
+                  "\n\n",
+                  Format::kResponses),
+      1u);
+  EXPECT_EQ(count_whole("data: {\"delta\":\"x\",\"type\":\"response.output_text.done\"}\n\n",
+                        Format::kResponses),
+            0u);
+  EXPECT_EQ(
+      count_whole("data: {\"delta\":\"x\",\"type\":\"" + std::string(60, 'a') + ".delta\"}\n\n",
+                  Format::kResponses),
+      0u);
+  // Every cut gives the same count.
+  for (size_t cut = 1; cut < kResponsesStream.size(); ++cut) {
+    ASSERT_EQ(count_in_pieces(kResponsesStream, {cut}, Format::kResponses), 5u) << cut;
+  }
 }
 
 TEST(OutputEvents, ErrorsAbortsAndEscapedKeysAreNotOutput) {
@@ -116,7 +218,13 @@ TEST(OutputEvents, RandomPiecesAgreeWithTheWholeBody) {
                          " ",
                          "\\\"",
                          "x",
-                         "[DONE]"};
+                         "[DONE]",
+                         "\"delta\":\"d\"",
+                         "\"type\":\"response.output_text.delta\"",
+                         "\"type\":  \"a.delta",
+                         "\"type\":\"response.output_text.done\"",
+                         "\"",
+                         ","};
   for (int round = 0; round < 3000; ++round) {
     std::string body;
     int n = 1 + static_cast<int>(rng() % 16);
@@ -124,6 +232,9 @@ TEST(OutputEvents, RandomPiecesAgreeWithTheWholeBody) {
     std::vector<size_t> cuts;
     for (size_t at = 1 + rng() % 5; at < body.size(); at += 1 + rng() % 7) cuts.push_back(at);
     ASSERT_EQ(count_in_pieces(body, cuts), count_whole(body)) << body;
+    ASSERT_EQ(count_in_pieces(body, cuts, Format::kResponses),
+              count_whole(body, Format::kResponses))
+        << body;
   }
 }
 

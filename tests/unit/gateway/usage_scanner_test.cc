@@ -31,11 +31,60 @@ TEST(UsageScanner, WholeBodies) {
   u.feed(R"({"usage":{"prompt_tokens":9,"completion_tokens":31,"total_tokens":40,)"
          R"("completion_tokens_details":{"reasoning_tokens":12}}})");
   EXPECT_EQ(u.completion_tokens(), 31);
-  // The Responses API and Anthropic's messages say output_tokens.
+  // The Responses API and Anthropic's messages say input_tokens and output_tokens.
   UsageScanner r;
   r.feed(R"({"usage":{"input_tokens":5,"output_tokens":17}})");
   EXPECT_EQ(r.completion_tokens(), 17);
-  EXPECT_FALSE(r.prompt_tokens());
+  EXPECT_EQ(r.prompt_tokens(), 5);
+  // A key that only starts like one is another key.
+  UsageScanner d;
+  d.feed(R"({"input_tokens_details":{"cached_tokens":3},"cache_read_input_tokens":9,)"
+         R"("xinput_tokens":4,"output_tokens_details":{"reasoning_tokens":2}})");
+  EXPECT_FALSE(d.prompt_tokens());
+  EXPECT_FALSE(d.completion_tokens());
+  EXPECT_EQ(d.cached_tokens(), 3);
+  // At the very start of the body.
+  UsageScanner b;
+  b.feed(R"("input_tokens":6,)");
+  EXPECT_EQ(b.prompt_tokens(), 6);
+}
+
+// What SGLang's /v1/responses answers (serving_responses.py; the sim's openai_responses.cc): the
+// prompt is input_tokens, its cached part input_tokens_details.cached_tokens. Before input_tokens
+// was read, the cached counter grew on /v1/responses and the prompt counter did not.
+const std::string kResponsesAnswer =
+    R"({"id":"resp_3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":"response","created_at":1796264910,)"
+    R"("model":"qwen3","output":[{"id":"msg_0a1b2c3d4e5f60718293a4b5c6d7e8f9","content":[{)"
+    R"("annotations":[],"text":"Caches keep prefixes.","type":"output_text","logprobs":null}],)"
+    R"("role":"assistant","status":"completed","type":"message"}],"status":"completed",)"
+    R"("usage":{"input_tokens":1200,"input_tokens_details":{"cached_tokens":1024,)"
+    R"("cache_write_tokens":0},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},)"
+    R"("total_tokens":1205},"parallel_tool_calls":true,"tool_choice":"auto","tools":[]})";
+
+TEST(UsageScanner, ResponsesApiUsageWholeStreamedAndInPieces) {
+  UsageScanner whole;
+  whole.feed(kResponsesAnswer);
+  EXPECT_EQ(whole.prompt_tokens(), 1200);
+  EXPECT_EQ(whole.cached_tokens(), 1024);
+  EXPECT_EQ(whole.completion_tokens(), 5);
+  // Streamed: the usage is in response.completed (response.created says "usage":null).
+  UsageScanner stream;
+  stream.feed(
+      "event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":null},"
+      "\"sequence_number\":0,\"type\":\"response.created\"}\n\n");
+  EXPECT_FALSE(stream.prompt_tokens());
+  stream.feed("event: response.completed\ndata: {\"response\":" + kResponsesAnswer +
+              ",\"sequence_number\":9,\"type\":\"response.completed\"}\n\n");
+  EXPECT_EQ(stream.prompt_tokens(), 1200);
+  EXPECT_EQ(stream.cached_tokens(), 1024);
+  EXPECT_EQ(stream.completion_tokens(), 5);
+  for (size_t cut = 1; cut < kResponsesAnswer.size(); ++cut) {
+    UsageScanner s;
+    s.feed(std::string_view(kResponsesAnswer).substr(0, cut));
+    s.feed(std::string_view(kResponsesAnswer).substr(cut));
+    ASSERT_EQ(s.prompt_tokens(), 1200) << cut;
+    ASSERT_EQ(s.cached_tokens(), 1024) << cut;
+  }
 }
 
 TEST(UsageScanner, StreamedUsageChunkAfterTheLastToken) {
@@ -95,6 +144,9 @@ TEST(UsageScanner, AgreesWithAPlainSearchOnRandomBodiesInRandomPieces) {
   std::mt19937 rng(7);
   const char* parts[] = {"\"cached_tokens\":",
                          "\"prompt_tokens\":",
+                         "\"input_tokens\":",
+                         "\"input_tokens_details\":",
+                         "\"input",
                          "\"completion_tokens\":",
                          "\"output_tokens\":",
                          "_tokens\":",
@@ -120,7 +172,12 @@ TEST(UsageScanner, AgreesWithAPlainSearchOnRandomBodiesInRandomPieces) {
       at += len;
     }
     EXPECT_EQ(sc.cached_tokens(), last_value(body, "\"cached_tokens\":")) << body;
-    EXPECT_EQ(sc.prompt_tokens(), last_value(body, "\"prompt_tokens\":")) << body;
+    // prompt_tokens and input_tokens feed one value: the later key wins.
+    size_t prompt_at = 0, input_at = 0;
+    auto prompt = last_value(body, "\"prompt_tokens\":", &prompt_at);
+    auto input = last_value(body, "\"input_tokens\":", &input_at);
+    EXPECT_EQ(sc.prompt_tokens(), !input || (prompt && prompt_at > input_at) ? prompt : input)
+        << body;
     size_t completion_at = 0, output_at = 0;
     auto completion = last_value(body, "\"completion_tokens\":", &completion_at);
     auto output = last_value(body, "\"output_tokens\":", &output_at);

@@ -477,7 +477,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
                             : errors::queue_timeout(static_cast<long>(config_.queue_timeout_secs));
       int status = e.status;
       co_await fail(ex, e, rid);
-      record(label, status, "", false, start);
+      record(ex, label, status, "", false, start);
       co_return;
     }
     slot.held = &admission_;

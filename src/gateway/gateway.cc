@@ -468,8 +468,12 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
   } slot;
   if (admission_.enabled()) {
     metrics_.queue_depth_now.add(1);
+    const auto queued = Clock::now();
     auto admitted = co_await admission_.acquire(ex.executor());
     metrics_.queue_depth_now.add(-1);
+    if (admitted == Admission::Result::kAdmitted) {
+      pool->queue_time().observe(std::chrono::duration<double>(Clock::now() - queued).count());
+    }
     if (admitted != Admission::Result::kAdmitted) {
       const bool full = admitted == Admission::Result::kQueueFull;
       metrics_.admission_rejected.with({full ? "queue_full" : "timeout"}).inc();

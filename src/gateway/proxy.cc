@@ -647,7 +647,10 @@ Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::s
       g_(g),
       ex_(ex),
       route_(route),
-      route_label_(to_string(route)),
+      // /v1/tokenize and /v1/detokenize proxied (a rule without a tokenizer) keep their label.
+      route_label_(ex.path() == "/v1/tokenize"     ? std::string_view("/v1/tokenize")
+                   : ex.path() == "/v1/detokenize" ? std::string_view("/v1/detokenize")
+                                                   : to_string(route)),
       rid_(rid),
       start_(Clock::now()),
       deadline_(start_ + g.timeout_),
@@ -842,11 +845,16 @@ awaitable<bool> Gateway::Request::locate() {
   std::set<std::string_view> seen;
   auto table = g_.pools_.table();
   const uint16_t port = ex_.local_port();
+  size_t unasked = 0;  // past the bound: they may hold it (so never a definite "not found")
   auto add = [&](const std::shared_ptr<Pool>& p) {
     if (p->pd()) return;  // a prefill/decode pool does not serve /v1/responses
     for (const auto& w : p->workers()->workers) {
-      if (candidates.size() >= kMaxOwnerLookupWorkers) return;
-      if (w->healthy() && seen.insert(w->url()).second) candidates.push_back({p, w});
+      if (!w->healthy() || !seen.insert(w->url()).second) continue;
+      if (candidates.size() < kMaxOwnerLookupWorkers) {
+        candidates.push_back({p, w});
+      } else {
+        ++unasked;
+      }
     }
   };
   if (pool_) {
@@ -903,6 +911,11 @@ awaitable<bool> Gateway::Request::locate() {
     join->timer.expires_at(Clock::time_point::max());
     co_await join->timer.async_wait(asio::as_tuple(use_awaitable));
   }
+  if (ex_.client_gone()) {
+    // (Before anything is sent: a generation for nobody is never started.)
+    client_left();
+    co_return false;
+  }
   if (join->found >= 0) {
     const auto& c = candidates[static_cast<size_t>(join->found)];
     pool_ = c.pool;
@@ -911,7 +924,7 @@ awaitable<bool> Gateway::Request::locate() {
     g_.owners_.count("found");
     co_return true;
   }
-  size_t silent = 0;
+  size_t silent = unasked;
   int refused = 0;  // the status every worker answered, when all gave the same 4xx but 404
   bool same = true;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -920,11 +933,7 @@ awaitable<bool> Gateway::Request::locate() {
     if (refused == 0) refused = st;
     same = same && st == refused;
   }
-  if (!(same && refused >= 400 && refused < 500 && refused != 404)) refused = 0;
-  if (ex_.client_gone()) {
-    client_left();
-    co_return false;
-  }
+  if (unasked > 0 || !(same && refused >= 400 && refused < 500 && refused != 404)) refused = 0;
   std::string asked =
       std::to_string(candidates.size()) + " worker" + (candidates.size() == 1 ? "" : "s");
   if (refused != 0) {
@@ -940,7 +949,8 @@ awaitable<bool> Gateway::Request::locate() {
                                 std::to_string(refused) + ": " + said};
     co_return false;
   }
-  g_.owners_.count("not_found");
+  g_.owners_.count(silent > 0 ? "owner_unavailable" : "not_found");
+  if (unasked > 0) asked += " (and " + std::to_string(unasked) + " not asked: over the bound)";
   refusal_ = silent > 0 ? GatewayError{503, "server_error", "response_owner_unavailable",
                                        "response " + response_id_ + " was not found; " +
                                            std::to_string(silent) + " of the " + asked +
@@ -1052,12 +1062,9 @@ std::string_view Gateway::Request::may_retry() {
   next_delay_ = wait;
   list_candidates(now);
   if (candidates_.empty()) return "no_worker";
-  if (!owner_.empty()) {
-    // Only the response's owner can run it: no other worker is a retry.
-    bool owner_left = false;
-    for (Worker* w : candidates_.workers()) owner_left = owner_left || w->url() == owner_;
-    if (!owner_left) return "no_worker";
-  }
+  // Only the response's owner can run it: no other worker is a retry, and the owner itself is
+  // not asked twice (a 500 there may have run the turn; a cancel or DELETE is not repeated).
+  if (!owner_.empty()) return "no_worker";
   if (!budget_slot_.acquire()) return "budget";
   return "";
 }
@@ -1130,11 +1137,16 @@ Next Gateway::Request::select(Attempt& a) {
       // Its worker left the rule: the entry is stale (the next request asks the workers again).
       if (!in_rule) g_.owners_.forget(response_id_);
       if (attempts_made_ > 0) return Next::kGiveUp;
-      refusal_ =
-          GatewayError{503, "server_error", "response_owner_unavailable",
-                       "response " + std::string(response_id_) + " is held by worker " + owner_ +
-                           ", which cannot take requests now (unhealthy, its breaker "
-                           "open, or it failed this request); no other worker has it"};
+      // Named by number (a worker's address is not the client's to see); the log has its URL.
+      std::string who = "a worker no longer in rule '" + pool_->name() + "'";
+      for (const auto& w : set_->workers) {
+        if (w->url() == owner_) who = "worker #" + std::to_string(w->id());
+      }
+      tag(log::info("response owner unavailable")).kv("worker", owner_);
+      refusal_ = GatewayError{503, "server_error", "response_owner_unavailable",
+                              "response " + std::string(response_id_) + " is held by " + who +
+                                  ", which cannot take requests now (unhealthy, its breaker "
+                                  "open, or it failed this request); no other worker has it"};
       return Next::kRefuse;
     }
   } else {

@@ -134,7 +134,9 @@ const std::vector<FieldDef>& fields() {
                  .type = "string",
                  .help = "Requests whose path starts with this; empty: any path. The proxied "
                          "paths are /generate, /v1/chat/completions, /v1/completions, "
-                         "/v1/embeddings and /v1/rerank: a prefix must match one of them",
+                         "/v1/responses (and /v1/responses/{id}), /v1/embeddings, /v1/rerank, "
+                         "/v1/score, /v1/classify, /encode, /classify, /tokenize, /detokenize, "
+                         "/v1/tokenize and /v1/detokenize: a prefix must match one of them",
                  .default_note = "\"\" (any)",
                  .range = "empty, or a prefix of a proxied path"});
     choice_field("mode", &Rule::mode, {0, 4},
@@ -538,11 +540,13 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
         "must start with '/' and hold no spaces or control characters (e.g. \"/v1\"), or be "
         "empty for any path");
   } else if (!r.path_prefix.empty()) {
-    static constexpr std::string_view kProxied[] = {
-        "/generate",   "/v1/chat/completions", "/v1/completions", "/v1/responses/",
-        "/v1/embeddings", "/v1/rerank",         "/v1/score",       "/v1/classify",
-        "/encode",     "/classify",            "/tokenize",       "/detokenize",
-        "/v1/tokenize", "/v1/detokenize"};
+    static constexpr std::string_view kProxied[] = {"/generate",       "/v1/chat/completions",
+                                                    "/v1/completions", "/v1/responses/",
+                                                    "/v1/embeddings",  "/v1/rerank",
+                                                    "/v1/score",       "/v1/classify",
+                                                    "/encode",         "/classify",
+                                                    "/tokenize",       "/detokenize",
+                                                    "/v1/tokenize",    "/v1/detokenize"};
     if (std::none_of(std::begin(kProxied), std::end(kProxied),
                      [&](std::string_view p) { return p.starts_with(r.path_prefix); })) {
       err("pathPrefix", json_quote(r.path_prefix.substr(0, 80)),

@@ -117,6 +117,27 @@ TEST(EngineApi, TokenizeWithoutATokenizerIsTheEnginesAnswer) {
       call(gw, "/detokenize", {{"tokens", call(engine, "/tokenize", req).second["tokens"]}});
   ASSERT_EQ(ds, 200) << d.dump();
   EXPECT_EQ(d["text"], "Hello world");
+  // Proxied, /v1/tokenize is still counted as /v1/tokenize.
+  EXPECT_GE(c.metric(R"(kvgate_requests_total{route="/v1/tokenize",status="200",model="",)"
+                     R"(streaming="false"})"),
+            1);
+}
+
+// Answered by the gateway, tokenizing takes an admission slot like a proxied request, and gives
+// it back: one slot serves request after request, and each wait is observed.
+TEST(EngineApi, GatewayTokenizeIsAdmitted) {
+  KVGATE_REQUIRE_MODEL("qwen3");
+  Cluster c(1, {"--instant"},
+            {"--policy", "round_robin", "--tokenizer-path", model_dir("qwen3"),
+             "--max-concurrent-requests", "1", "--queue-timeout-secs", "5"});
+  HttpClient gw(c.port());
+  for (int i = 0; i < 3; ++i) {
+    auto [st, body] = call(gw, i % 2 ? "/v1/detokenize" : "/v1/tokenize",
+                           i % 2 ? json{{"tokens", {9707}}} : json{{"prompt", "Hello"}});
+    ASSERT_EQ(st, 200) << i << " " << body.dump();
+  }
+  EXPECT_EQ(c.metric(R"(kvgate_admission_queue_seconds_count{rule="default"})"), 3);
+  EXPECT_EQ(c.metric("kvgate_admission_queue_depth"), 0);
 }
 
 // SGLang's control routes are the admin listener's: the inference listener says so, and never

@@ -515,8 +515,11 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
         }
       } else {
         std::string why = read_ids(tokens, tok->vocab_size(), ids);
-        if (!why.empty()) error = bad(std::move(why));
-        if (why.empty()) texts.push_back(tok->decode(ids, skip));
+        if (why.empty()) {
+          texts.push_back(tok->decode(ids, skip));
+        } else {
+          error = bad(std::move(why));
+        }
       }
       out = R"({"text":)";
       if (batch) out.push_back('[');

@@ -282,7 +282,8 @@ TEST(SimEncode, ScoreGivesLabelProbabilities) {
   }
   auto raw = c.post("/v1/score", R"({"query":[1,2],"items":[[3],[4,5]],"label_token_ids":[7]})");
   ASSERT_EQ(raw.status, 200) << raw.body;
-  for (const auto& row : parse(raw)["scores"]) {
+  const Json scored = parse(raw);  // (a range-for over a temporary's member would dangle)
+  for (const auto& row : scored["scores"]) {
     EXPECT_GT(double(row[0]), 0.0);
     EXPECT_LT(double(row[0]), 1.0);
   }

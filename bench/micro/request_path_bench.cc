@@ -179,6 +179,19 @@ void BM_OutputEventScan(benchmark::State& state, const std::string& event) {
   OutputEventCounter events;
   for (auto _ : state) benchmark::DoNotOptimize(events.feed(event));
 }
+// A /v1/responses stream's text delta (SGLang's shape), through the Responses format's scan.
+void BM_OutputEventScanResponses(benchmark::State& state) {
+  const std::string event =
+      "event: response.output_text.delta\n"
+      R"(data: {"type":"response.output_text.delta","sequence_number":7,"item_id":)"
+      R"("msg_3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","output_index":0,"content_index":0,)"
+      R"("delta":" cache","logprobs":[]})"
+      "\n\n";
+  OutputEventCounter events(OutputEventCounter::Format::kResponses);
+  if (events.feed(event) != 1) state.SkipWithError("the event is not one output event");
+  for (auto _ : state) benchmark::DoNotOptimize(events.feed(event));
+}
+BENCHMARK(BM_OutputEventScanResponses);
 BENCHMARK_CAPTURE(BM_OutputEventScan, chat_content,
                   std::string(R"(data: {"id":"3f2a9c1e5b7d4e6f8a0b1c2d3e4f5a6b","object":)"
                               R"("chat.completion.chunk","created":1796264910,"model":"qwen3",)"

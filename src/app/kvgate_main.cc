@@ -403,7 +403,8 @@ int main(int argc, char** argv) {
     };
   }
   for (const auto& p : pools.table()->pools) {
-    for (const auto& w : p->workers()->workers) {
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       log::info("worker").kv("rule", p->name()).kv("worker_id", w->id()).kv("worker", w->url());
     }
   }

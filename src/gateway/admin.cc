@@ -623,7 +623,8 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
     if (method == "GET") {
       Json list = Json::array();
       for (const auto& p : table->pools) {
-        for (const auto& w : p->workers()->workers) {
+        const auto snapshot = p->workers();  // (held: the loop reads it)
+        for (const auto& w : snapshot->workers) {
           list.push_back(worker_json(*p, *w, endpoint_of(*p, *w)));
         }
       }
@@ -732,7 +733,8 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
         .kv("client", ex.remote_address());
     table = pools_.table();
     const Pool* p = table->find(rule_name);
-    for (const auto& w : p->workers()->workers) {
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (w->url() == t.url) {
         co_await reply(ex, 201, worker_json(*p, *w, endpoint_of(*p, *w)));
         co_return;
@@ -746,7 +748,8 @@ awaitable<void> AdminApi::workers_route(http::Exchange& ex, std::string_view res
   std::string id = percent_decode(rest.substr(1));
   std::vector<std::pair<std::shared_ptr<Pool>, WorkerPtr>> found;
   for (const auto& p : table->pools) {
-    for (const auto& w : p->workers()->workers) {
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (std::to_string(w->id()) == id || w->url() == id) found.emplace_back(p, w);
     }
   }
@@ -791,7 +794,8 @@ awaitable<void> AdminApi::fan_out(http::Exchange& ex, std::string_view method,
   bool all_ok = true;
   std::set<std::string> seen;
   for (const auto& p : table->pools) {
-    for (const auto& w : p->workers()->workers) {
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (!seen.insert(w->url()).second) continue;
       auto r = co_await http::fetch(ex.executor(), w->target(), method, path, timeout);
       Json entry{{"worker", w->url()}, {"rule", p->name()}};
@@ -993,15 +997,7 @@ awaitable<void> answer_worker_info(http::Exchange& ex, std::shared_ptr<const Rul
                                    std::string_view rule, std::chrono::milliseconds timeout) {
   const Pool* pool =
       rule.empty() ? (table->pools.empty() ? nullptr : table->pools[0].get()) : table->find(rule);
-  const Worker* chosen = nullptr;
-  if (pool) {
-    for (const auto& w : pool->workers()->workers) {
-      if (w->healthy()) {
-        chosen = w.get();
-        break;
-      }
-    }
-  }
+  const WorkerPtr chosen = pool ? pool->first_healthy() : nullptr;
   if (!chosen) {
     std::string why = pool ? "no healthy worker in rule '" + pool->name() + "'"
                            : "no rule '" + std::string(rule) + "' (add ?rule=NAME)";

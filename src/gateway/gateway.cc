@@ -362,7 +362,8 @@ awaitable<void> Gateway::list_models(http::Exchange& ex, std::string_view rid) {
       add(entry);
     }
     if (!p->rule().models.empty()) continue;
-    for (const auto& w : p->workers()->workers) {
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (!w->healthy()) continue;
       for (const auto& m : w->models()) {
         std::string_view id;
@@ -386,7 +387,8 @@ namespace {
 // sgl-model-gateway's answer without one).
 int64_t max_model_len(const Pool& pool) {
   simdjson::dom::parser parser;
-  for (const auto& w : pool.workers()->workers) {
+  const auto snapshot = pool.workers();  // (held: the loop reads it)
+  for (const auto& w : snapshot->workers) {
     if (!w->healthy()) continue;
     for (const auto& m : w->models()) {
       int64_t len = 0;
@@ -603,15 +605,7 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
   } else if (auto p = table->resolve(ex.local_port(), "/v1/chat/completions", model)) {
     pool = p.get();
   }
-  const Worker* chosen = nullptr;
-  if (pool) {
-    for (const auto& w : pool->workers()->workers) {
-      if (w->healthy()) {
-        chosen = w.get();
-        break;
-      }
-    }
-  }
+  const WorkerPtr chosen = pool ? pool->first_healthy() : nullptr;
   if (!chosen) {
     GatewayError e = !model.empty() && !pool
                          ? errors::model_not_found(model)
@@ -633,7 +627,7 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
   if (r.error != http::CallError::kNone) {
     GatewayError e = errors::upstream_no_answer(chosen->id());
     int status = e.status;
-    co_await fail(ex, e, rid, chosen);
+    co_await fail(ex, e, rid, chosen.get());
     record(ex, "/get_model_info", status, "", false, start);
     co_return;
   }

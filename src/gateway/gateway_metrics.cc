@@ -161,15 +161,15 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& 
       worker_load_poll_failures(r.counter("kvgate_worker_load_poll_failures_total",
                                           "Failed /get_load polls, by worker", {"worker"})),
       time_to_headers(r.histogram("kvgate_time_to_response_headers_seconds",
-                                  "From request received to the serving worker's response "
-                                  "headers, by rule, worker and DP rank",
+                                  "From the attempt's sending to the serving worker's "
+                                  "response headers, by rule, worker and DP rank",
                                   kSignalLabels, buckets)),
       time_to_first_byte(r.histogram("kvgate_time_to_first_byte_seconds",
-                                     "From request received to the first body byte of the serving "
-                                     "worker's answer, by rule, worker and DP rank",
+                                     "From the attempt's sending to the first body byte of the "
+                                     "serving worker's answer, by rule, worker and DP rank",
                                      kSignalLabels, buckets)),
       time_to_first_token(r.histogram("kvgate_time_to_first_token_seconds",
-                                      "Streams: from request received to the first SSE event "
+                                      "Streams: from the attempt's sending to the first SSE event "
                                       "carrying output, by rule, worker and DP rank",
                                       kSignalLabels, buckets)),
       inter_token_latency(r.histogram("kvgate_inter_token_latency_seconds",
@@ -178,8 +178,8 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& 
                                       "rank",
                                       kSignalLabels, short_buckets)),
       e2e_duration(r.histogram("kvgate_e2e_request_duration_seconds",
-                               "From request received to response complete, for answers a worker "
-                               "served (status < 400), by rule, worker and DP rank",
+                               "From the attempt's sending to response complete, for answers a "
+                               "worker served (status < 400), by rule, worker and DP rank",
                                kSignalLabels, buckets)),
       admission_queue(r.histogram("kvgate_admission_queue_seconds",
                                   "Time admitted requests waited for a concurrency slot (0 when "

@@ -87,6 +87,14 @@ class Pool {
   const rules::Rule& rule() const { return rule_; }
   const std::string& name() const { return rule_.name; }
   std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
+  // The first healthy worker (owned: it stays valid across a co_await), or null.
+  WorkerPtr first_healthy() const {
+    const auto snapshot = workers();
+    for (const auto& w : snapshot->workers) {
+      if (w->healthy()) return w;
+    }
+    return nullptr;
+  }
   WorkerRegistry& registry() { return registry_; }
   Policy& policy() { return *policy_; }
   const Policy& policy() const { return *policy_; }

@@ -42,7 +42,8 @@ bool same_but_endpoints(const rules::Rule& a, const rules::Rule& b) {
 }
 
 void add_urls(const Pool& p, std::set<std::string, std::less<>>& out) {
-  for (const auto& w : p.workers()->workers) out.insert(w->url());
+  const auto snapshot = p.workers();  // (held: the loop reads it)
+  for (const auto& w : snapshot->workers) out.insert(w->url());
 }
 
 }  // namespace
@@ -177,7 +178,8 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   PoolEnv dry_env = env_;
   dry_env.policy_metrics = false;  // built around the policy of the pool they replace
   auto find_in = [](const Pool& p, std::string_view url) -> WorkerPtr {
-    for (const auto& w : p.workers()->workers) {
+    const auto snapshot = p.workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (w->url() == url) return w;
     }
     return nullptr;
@@ -255,7 +257,8 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   // A server a changed rule gives a new role: kvgate_worker_role says so once the change is in
   // force (a refused change leaves it as it was).
   for (const auto& p : built) {
-    for (const auto& w : p->workers()->workers) set_worker_role(*w, *env_.metrics, p->role(*w));
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) set_worker_role(*w, *env_.metrics, p->role(*w));
   }
   for (const auto& p : built) {
     log::info("rule applied")
@@ -508,7 +511,8 @@ size_t PoolManager::retire() {
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     if (it->use_count() == 1) {  // only this list holds it: no request, no table
       retired_names.insert((*it)->name());
-      for (const auto& w : (*it)->workers()->workers) {
+      const auto snapshot = (*it)->workers();  // (held: the loop reads it)
+      for (const auto& w : snapshot->workers) {
         // Refreshed: a rule deleted again soon after it took the worker back keeps it a minute
         // more, like the first time.
         recent_.insert_or_assign(w->url(), Recent{w, now});

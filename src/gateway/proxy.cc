@@ -847,8 +847,9 @@ awaitable<bool> Gateway::Request::locate() {
   const uint16_t port = ex_.local_port();
   size_t unasked = 0;  // past the bound: they may hold it (so never a definite "not found")
   auto add = [&](const std::shared_ptr<Pool>& p) {
-    if (p->pd()) return;  // a prefill/decode pool does not serve /v1/responses
-    for (const auto& w : p->workers()->workers) {
+    if (p->pd()) return;                 // a prefill/decode pool does not serve /v1/responses
+    const auto snapshot = p->workers();  // (held: the loop reads it)
+    for (const auto& w : snapshot->workers) {
       if (!w->healthy() || !seen.insert(w->url()).second) continue;
       if (candidates.size() < kMaxOwnerLookupWorkers) {
         candidates.push_back({p, w});

@@ -17,7 +17,6 @@ namespace {
 constexpr http::Header kJson[] = {{"content-type", "application/json"}};
 constexpr std::string_view kDefaultModelName = "default";  // protocol.DEFAULT_MODEL_NAME
 
-
 // Submits every request and waits until each one's prefill is done (max_new_tokens 0: a sequence
 // finishes at its prefill). False when the client went away first (the sequences are cancelled).
 awaitable<bool> prefill_all(http::Exchange& ex, Engine& engine, std::vector<GenerationRequest> reqs,

@@ -17,7 +17,6 @@ constexpr std::string_view kStoreDisabled =
     "Response store is disabled. Stateful Responses require --enable-response-store on a "
     "standalone server; response storage is unavailable in PD mode.";
 
-
 ResponsesError error(int status, std::string_view message,
                      std::optional<std::string_view> param = std::nullopt,
                      std::string_view type = "invalid_request_error") {
@@ -367,32 +366,29 @@ void append_tail(std::string& out, const ResponsesContext& c, std::string_view s
   }
   out.append(R"(,"incomplete_details":)");
   out.append(status == "incomplete" ? R"({"reason":"max_output_tokens"})" : "null");
-  out.append(R"(,"instructions":)");
-  out.append(c.instructions);
-  out.append(R"(,"max_output_tokens":)");
-  out.append(c.max_output_tokens);
-  out.append(R"(,"previous_response_id":)");
-  out.append(c.previous_response_id);
-  out.append(R"(,"reasoning":{"effort":)");
-  out.append(c.reasoning_effort);
-  out.append(R"(,"summary":null},"store":)");
-  out.append(c.store);
-  out.append(R"(,"temperature":)");
-  out.append(c.temperature);
+  // Fields echoed as the request gave them (JSON text), in SGLang's order.
+  for (const auto& [key, value] :
+       {std::pair<std::string_view, const std::string*>{R"(,"instructions":)", &c.instructions},
+        {R"(,"max_output_tokens":)", &c.max_output_tokens},
+        {R"(,"previous_response_id":)", &c.previous_response_id},
+        {R"(,"reasoning":{"effort":)", &c.reasoning_effort},
+        {R"(,"summary":null},"store":)", &c.store},
+        {R"(,"temperature":)", &c.temperature}}) {
+    out.append(key).append(*value);
+  }
   out.append(R"(,"text":)");
   if (!c.text.empty()) {
     out.append(c.text);
   } else {
     out.append(text_only ? R"({"format":{"type":"text"}})" : "null");
   }
-  out.append(R"(,"top_p":)");
-  out.append(c.top_p);
-  out.append(R"(,"truncation":)");
-  out.append(c.truncation);
-  out.append(R"(,"user":)");
-  out.append(c.user);
-  out.append(R"(,"metadata":)");
-  out.append(c.metadata);
+  for (const auto& [key, value] :
+       {std::pair<std::string_view, const std::string*>{R"(,"top_p":)", &c.top_p},
+        {R"(,"truncation":)", &c.truncation},
+        {R"(,"user":)", &c.user},
+        {R"(,"metadata":)", &c.metadata}}) {
+    out.append(key).append(*value);
+  }
   out.push_back('}');
 }
 

@@ -258,7 +258,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     co_return;
   }
   if (route->api) {
-    co_await proxy(ex, *route->api, rid);
+    co_await proxy(ex, *route->api, route->path, rid);
     co_return;
   }
 
@@ -455,7 +455,7 @@ awaitable<void> Gateway::tokenize(http::Exchange& ex, std::string_view rid, bool
   if (!tok) {
     // No tokenizer in the rule (tokenizerPath, kvExactMode): its engines answer, as SGLang does.
     const ApiRoute route = detokenize ? ApiRoute::kDetokenize : ApiRoute::kTokenize;
-    co_await proxy(ex, route, rid);
+    co_await proxy(ex, route, label, rid);
     co_return;
   }
   // Tokenizing and rendering cost CPU in proportion to the body: admitted like a proxied request.

@@ -108,7 +108,9 @@ class Gateway {
  private:
   class Request;   // one proxied request's state, with a member function per phase
   struct Attempt;  // one attempt of it on one worker
-  awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view rid);
+  // `label`: the route's metric label (a route table entry's path; static storage).
+  awaitable<void> proxy(http::Exchange& ex, ApiRoute route, std::string_view label,
+                        std::string_view rid);
   awaitable<void> list_models(http::Exchange& ex, std::string_view rid);
   // /v1/tokenize, /v1/detokenize (sgl-model-gateway's shapes) from the rule's tokenizer and chat
   // template; a rule without one has its engines answer (proxied).

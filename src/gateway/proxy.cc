@@ -415,7 +415,8 @@ enum class Next {
 // moves: the disconnect watch and the dispatches point into it.
 class Gateway::Request {
  public:
-  Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid);
+  Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view label,
+          std::string_view rid);
   ~Request();
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
@@ -642,15 +643,13 @@ struct Gateway::Attempt {
   }
 };
 
-Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view rid)
+Gateway::Request::Request(Gateway& g, http::Exchange& ex, ApiRoute route, std::string_view label,
+                          std::string_view rid)
     : budget_request_(g.budget_),
       g_(g),
       ex_(ex),
       route_(route),
-      // /v1/tokenize and /v1/detokenize proxied (a rule without a tokenizer) keep their label.
-      route_label_(ex.path() == "/v1/tokenize"     ? std::string_view("/v1/tokenize")
-                   : ex.path() == "/v1/detokenize" ? std::string_view("/v1/detokenize")
-                                                   : to_string(route)),
+      route_label_(label),
       rid_(rid),
       start_(Clock::now()),
       deadline_(start_ + g.timeout_),
@@ -2023,10 +2022,11 @@ awaitable<void> Gateway::Request::give_up() {
 }
 
 // The request path, in phase order (gateway.h lists them).
-awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view rid) {
+awaitable<void> Gateway::proxy(http::Exchange& ex, ApiRoute route, std::string_view label,
+                               std::string_view rid) {
   // On the heap, not in this coroutine's frame: a frame under ~2 KB is recycled by Asio's
   // per-thread cache, a larger one is a malloc and free per request.
-  auto owned = std::make_unique<Request>(*this, ex, route, rid);
+  auto owned = std::make_unique<Request>(*this, ex, route, label, rid);
   Request& r = *owned;
   bool go = r.resolve();
   if (!go) {

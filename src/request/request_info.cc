@@ -187,7 +187,6 @@ bool render_chat(const tokenizer::ChatTemplate& tmpl, simdjson::dom::object obj,
                                   out.text, err);
 }
 
-
 // /v1/responses as SGLang's serving_responses builds its chat messages (_construct_input_messages,
 // without a previous response: the gateway sends those to the engine that holds it): the
 // instructions as a system message, then the input (a string: one user message; a list: its

@@ -42,14 +42,6 @@ int64_t num(const std::string& body, const std::string& key) {
   return static_cast<int64_t>(json_number_field(body, key));
 }
 
-Sim start(std::vector<std::string> args) {
-  Sim s;
-  s.port = free_port();
-  s.args = std::move(args);
-  s.start();
-  return s;
-}
-
 // Runs a conversation of `users` turns; checks each turn's cached_tokens against the rule.
 void conversation(int port, int64_t page, const std::vector<std::string>& users) {
   HttpClient c(port);
@@ -80,14 +72,14 @@ TEST(SimCache, MultiTurnChatCachedTokensAreExact) {
                                           "And how many people live there?",
                                           "Name one museum there.", "Thanks!"};
   for (int64_t page : {1, 16}) {
-    Sim s = start(
+    Sim s = Sim::launch(
         {"--page-size", std::to_string(page), "--enable-cache-report", "--time-scale", "0.02"});
     conversation(s.port, page, users);
   }
 }
 
 TEST(SimCache, RepeatedPromptMatchesAllButItsLastToken) {
-  Sim s = start({"--page-size", "8", "--time-scale", "0.02", "--enable-metrics"});
+  Sim s = Sim::launch({"--page-size", "8", "--time-scale", "0.02", "--enable-metrics"});
   HttpClient c(s.port);
   const std::string body =
       R"({"text":"The quick brown fox jumps over the lazy dog again and again","sampling_params":{"max_new_tokens":1}})";
@@ -110,7 +102,7 @@ TEST(SimCache, RepeatedPromptMatchesAllButItsLastToken) {
 }
 
 TEST(SimCache, FlushRefusedWhileRunningThenEmptiesTheCache) {
-  Sim s = start({"--time-scale", "0.05"});
+  Sim s = Sim::launch({"--time-scale", "0.05"});
   HttpClient c(s.port);
   const std::string body =
       R"({"text":"flush me please, I am a prompt","sampling_params":{"max_new_tokens":2}})";
@@ -132,7 +124,7 @@ TEST(SimCache, FlushRefusedWhileRunningThenEmptiesTheCache) {
 
 TEST(SimCache, AMissCostsItsPrefillAndAHitDoesNot) {
   // Default timing (an 8B model on one H100): 55 us per uncached prompt token.
-  Sim s = start({"--page-size", "16"});
+  Sim s = Sim::launch({"--page-size", "16"});
   HttpClient c(s.port);
   std::string ids;
   for (int i = 0; i < 3000; ++i) ids += (i ? "," : "") + std::to_string(i % 250);

@@ -16,14 +16,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-Sim start(std::vector<std::string> args) {
-  Sim s;
-  s.port = free_port();
-  s.args = std::move(args);
-  s.start();
-  return s;
-}
-
 const std::vector<std::string> kStore = {"--enable-response-store", "--page-size", "1",
                                          "--time-scale", "0.01"};
 
@@ -61,7 +53,7 @@ std::vector<Event> events(const std::string& body) {
 }
 
 TEST(SimResponsesApi, ConversationChainedByPreviousResponseIdHitsAGrowingPrefix) {
-  Sim s = start(kStore);
+  Sim s = Sim::launch(kStore);
   HttpClient c(s.port);
   std::string prev;
   int64_t last_cached = -1;
@@ -107,7 +99,7 @@ TEST(SimResponsesApi, ConversationChainedByPreviousResponseIdHitsAGrowingPrefix)
 }
 
 TEST(SimResponsesApi, UnstoredAndUnknownIdsGetSglangsErrors) {
-  Sim s = start(kStore);
+  Sim s = Sim::launch(kStore);
   HttpClient c(s.port);
   auto r = c.post("/v1/responses", create("hello", R"(,"store":false)"));
   ASSERT_EQ(r.status, 200) << r.body;
@@ -143,7 +135,7 @@ TEST(SimResponsesApi, UnstoredAndUnknownIdsGetSglangsErrors) {
 }
 
 TEST(SimResponsesApi, StoreIsOffByDefaultAsInSglang) {
-  Sim s = start({"--time-scale", "0.01"});
+  Sim s = Sim::launch({"--time-scale", "0.01"});
   HttpClient c(s.port);
   auto r = c.post("/v1/responses", create("hello"));
   ASSERT_EQ(r.status, 200) << r.body;
@@ -163,7 +155,7 @@ TEST(SimResponsesApi, StoreIsOffByDefaultAsInSglang) {
 }
 
 TEST(SimResponsesApi, StreamSendsSglangsEventSequence) {
-  Sim s = start(kStore);
+  Sim s = Sim::launch(kStore);
   HttpClient c(s.port);
   auto r = c.post("/v1/responses", create("stream please", R"(,"stream":true)"));
   ASSERT_EQ(r.status, 200) << r.body;
@@ -208,7 +200,7 @@ TEST(SimResponsesApi, StreamSendsSglangsEventSequence) {
 TEST(SimResponsesApi, StoreKeepsAtMostMaxStoredResponses) {
   std::vector<std::string> args = kStore;
   args.insert(args.end(), {"--max-stored-responses", "2"});
-  Sim s = start(args);
+  Sim s = Sim::launch(args);
   HttpClient c(s.port);
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
@@ -233,7 +225,7 @@ TEST(SimResponsesApi, PdServerRefusesTheStore) {
 }
 
 TEST(SimEncode, EncodeSingleAndBatchThroughTheEngine) {
-  Sim s = start({"--page-size", "1", "--time-scale", "0.01"});
+  Sim s = Sim::launch({"--page-size", "1", "--time-scale", "0.01"});
   HttpClient c(s.port);
   auto one = c.post("/encode", R"({"text":"The capital city of France is"})");
   ASSERT_EQ(one.status, 200) << one.body;
@@ -267,7 +259,7 @@ TEST(SimEncode, EncodeSingleAndBatchThroughTheEngine) {
 }
 
 TEST(SimEncode, ScoreGivesLabelProbabilities) {
-  Sim s = start({"--time-scale", "0.01"});
+  Sim s = Sim::launch({"--time-scale", "0.01"});
   HttpClient c(s.port);
   auto r = c.post("/v1/score", R"({"query":"Is this good? ","items":["yes","no","maybe"],)"
                                R"("label_token_ids":[1,2],"apply_softmax":true,"model":"m"})");

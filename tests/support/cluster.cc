@@ -10,6 +10,14 @@
 
 namespace kvgate::testing {
 
+Sim Sim::launch(std::vector<std::string> args) {
+  Sim s;
+  s.port = free_port();
+  s.args = std::move(args);
+  s.start();
+  return s;
+}
+
 void Sim::start() {
   // A first start whose port another process took meanwhile (free_port() cannot reserve it
   // across processes) moves to another port; a restart keeps its port.

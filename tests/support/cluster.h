@@ -23,6 +23,8 @@ struct Sim {
   // stop grace) does not.
   ~Sim();
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+  // A sim on a free port with `args`, started (as start()).
+  static Sim launch(std::vector<std::string> args);
   // (Re)starts the process on the same port; waits until /health answers 200.
   void start();
   void try_start();

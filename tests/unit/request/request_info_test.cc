@@ -328,24 +328,24 @@ TEST(RequestText, ResponsesRenderInstructionsThenInput) {
   EXPECT_TRUE(info.previous_response_id.empty());
 
   // A list input: message items, their text parts joined.
-  body = padded(
-      R"({"input":[{"role":"user","content":[{"type":"input_text","text":"a"},)"
-      R"({"type":"input_text","text":"b"}]},{"type":"message","role":"assistant",)"
-      R"("content":[{"type":"output_text","text":"c"}]},{"role":"user","content":"d"}]})");
+  body =
+      padded(R"({"input":[{"role":"user","content":[{"type":"input_text","text":"a"},)"
+             R"({"type":"input_text","text":"b"}]},{"type":"message","role":"assistant",)"
+             R"("content":[{"type":"output_text","text":"c"}]},{"role":"user","content":"d"}]})");
   ASSERT_EQ(parse_request(ApiRoute::kResponses, body, info, opt), "");
   expected.clear();
-  ASSERT_TRUE(m.tmpl->render_json(
-      R"([{"role":"user","content":"ab"},{"role":"assistant","content":"c"},)"
-      R"({"role":"user","content":"d"}])",
-      "", true, "", expected, err))
+  ASSERT_TRUE(
+      m.tmpl->render_json(R"([{"role":"user","content":"ab"},{"role":"assistant","content":"c"},)"
+                          R"({"role":"user","content":"d"}])",
+                          "", true, "", expected, err))
       << err;
   EXPECT_EQ(info.text, expected);
 }
 
 TEST(RequestText, ResponsesReadTheirStateFields) {
   RequestInfo info;
-  std::string body = padded(
-      R"({"input":"x","previous_response_id":"resp_abc","store":false,"instructions":"I"})");
+  std::string body =
+      padded(R"({"input":"x","previous_response_id":"resp_abc","store":false,"instructions":"I"})");
   ASSERT_EQ(parse_request(ApiRoute::kResponses, body, info, {.want_text = true}), "");
   EXPECT_EQ(info.previous_response_id, "resp_abc");
   EXPECT_FALSE(info.store);
@@ -370,11 +370,11 @@ TEST(RequestText, PoolingAndScoringRoutesRouteOnTheirInput) {
   ASSERT_EQ(parse_request(ApiRoute::kClassify, padded(R"({"text":["a","b"]})"), info, opt), "");
   EXPECT_EQ(info.text, "a\nb");
   EXPECT_TRUE(info.batch);
-  ASSERT_EQ(
-      parse_request(ApiRoute::kClassifyOpenAI, padded(R"({"input":"classify"})"), info, opt), "");
+  ASSERT_EQ(parse_request(ApiRoute::kClassifyOpenAI, padded(R"({"input":"classify"})"), info, opt),
+            "");
   EXPECT_EQ(info.text, "classify");
-  ASSERT_EQ(parse_request(ApiRoute::kScore,
-                          padded(R"({"query":"the query","items":["x","y"]})"), info, opt),
+  ASSERT_EQ(parse_request(ApiRoute::kScore, padded(R"({"query":"the query","items":["x","y"]})"),
+                          info, opt),
             "");
   EXPECT_EQ(info.text, "the query");
 }

@@ -22,6 +22,7 @@
 #include "gateway/gateway.h"
 #include "gateway/knobs.h"
 #include "gateway/pools.h"
+#include "gateway/stats.h"
 #include "http/server.h"
 #include "policy/registry.h"
 #include "rules/cli.h"
@@ -452,6 +453,18 @@ int main(int argc, char** argv) {
       log::warn("doctor: cannot reach the gateway's own listener").kv("why", e);
     }
     return env;
+  };
+  // The dashboard's figures, read on the control loop when asked.
+  const auto started = std::chrono::system_clock::now();
+  admin_hooks.stats = [&pools, &gm, &gateway, &in_force, started] {
+    StatsInput in{.table = pools.table(),
+                  .metrics = &gm,
+                  .decisions = &gateway.decisions(),
+                  .in_flight = gateway.in_flight(),
+                  .queue_depth = static_cast<int64_t>(gateway.admission().queued()),
+                  .health_interval = std::chrono::seconds(in_force.health_check_interval_secs),
+                  .started = started};
+    return stats_json(in).dump() + "\n";
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
   AdminApi admin(in_force, pools, admin_hooks);

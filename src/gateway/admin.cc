@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "gateway/stats.h"
 #include "policy/kv_exact.h"
 #include "util/log.h"
 #include "workers/health.h"
@@ -123,49 +124,12 @@ constexpr int kMaxBodyDepth = 32;  // a rule nests 4 levels
 // Parses a rule body; `name` (from the path) is filled in when the body has none, and must agree
 // when it has one.
 // The read-only view of a kv_exact rule's inventory: per (endpoint, rank) what its subscriber
-// and the inventory know.
+// and the inventory know (gateway/stats.h).
 Json inventory_json(const std::string& name, const rules::Rule& rule, const KvExactPolicy& kv) {
-  const kv::Inventory& inv = kv.inventory();
-  Json sources = Json::array();
-  auto now = std::chrono::system_clock::now();
-  for (const auto& [spec, st] : kv.sources()) {
-    Json s{{"endpoint", spec.endpoint},
-           {"rank", spec.rank},
-           {"publisher", spec.pub},
-           {"connected", st.connected},
-           {"trusted", kv.ready(spec.id)},
-           {"blocks_gpu", inv.blocks(spec.id, true)},
-           {"blocks_other", inv.blocks(spec.id, false)},
-           {"batches", st.messages},
-           {"decode_errors", st.decode_errors},
-           {"gaps", st.gaps},
-           {"replayed", st.replayed},
-           {"resyncs", st.resets},
-           {"reconnects", st.reconnects}};
-    auto counts = kv.counts(spec.id);
-    auto parity = kv.parity(spec.id);
-    s["page_size_ok"] = !counts.page_size_mismatch;
-    s["hits"] = counts.hits;
-    s["predicted_tokens"] = counts.predicted_tokens;
-    s["cached_tokens"] = counts.cached_tokens;
-    s["tokenizer_parity"] = Json{{"state", parity.state}, {"detail", parity.detail}};
-    if (st.messages > 0) {
-      s["last_seq"] = st.last_seq;
-      s["last_event_age_secs"] = std::chrono::duration<double>(now - st.last_message).count();
-    } else {
-      s["last_seq"] = nullptr;
-      s["last_event_age_secs"] = nullptr;
-    }
-    sources.push_back(std::move(s));
-  }
   return Json{{"rule", name},
               {"kvExactMode", rule.kv_exact_mode},
               {"pageSize", rule.kv_block_size},
-              {"inventory",
-               {{"nodes", inv.nodes()},
-                {"bytes", inv.bytes()},
-                {"pruned", inv.pruned()},
-                {"sources", std::move(sources)}}}};
+              {"inventory", kv_sources_json(kv)}};
 }
 
 std::optional<rules::Rule> parse_rule(std::string_view body, std::string_view name,
@@ -255,11 +219,24 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   // rebinding). Requests a browser makes carry Origin (or Sec-Fetch-Site); this API answers none
   // of them. Without a key, Host must name a loopback address (a rebound name does not), and
   // bodies must be JSON (a cross-site form or text/plain POST needs no preflight).
+  std::string_view path = ex.path();
+  std::string_view method = ex.method();
+  // The dashboard's routes are the exception, read-only: its page and assets (GET /ui...: any
+  // navigation may open them; they carry no data), and GET /v1/stats from the page itself
+  // (Sec-Fetch-Site same-origin; "none": typed in the address bar).
+  const bool reading = method == "GET" || method == "HEAD";
+  const bool ui_page = reading && is_ui_path(path);
+  const bool stats = reading && path == "/v1/stats";
   if (!ex.header("origin").empty() || !ex.header("sec-fetch-site").empty()) {
-    co_await fail(ex, 403, "browser_request",
-                  "the admin API does not answer browsers (the request carries Origin or "
-                  "Sec-Fetch-Site); use curl or a client library");
-    co_return;
+    std::string_view site = ex.header("sec-fetch-site");
+    const bool allowed = ui_page || (stats && (site == "same-origin" || site == "none"));
+    if (!allowed) {
+      co_await fail(ex, 403, "browser_request",
+                    "the admin API does not answer browsers (the request carries Origin or "
+                    "Sec-Fetch-Site), except the dashboard at GET /ui and its GET /v1/stats from "
+                    "the page itself; use curl or a client library");
+      co_return;
+    }
   }
   if (!key_.set() && !is_loopback_address(host_of(ex.header("host")))) {
     co_await fail(ex, 403, "host_not_loopback",
@@ -278,6 +255,21 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   // unthrottled), so nobody sharing the operator's address can lock the operator out; wrong
   // keys from an address that failed too often are refused without counting.
   bool authorized = key_.matches(ex.header("authorization"));
+  // The dashboard: its session cookie (GET /ui... and /v1/stats only), or the key given once as
+  // /ui?token=KEY, which opens a session and redirects to /ui without the token in the URL.
+  std::string_view token =
+      path == "/ui" && reading ? http::query_param(ex.target(), "token") : std::string_view{};
+  bool offered_key = !ex.header("authorization").empty() || !token.empty();
+  if (!authorized && (ui_page || stats) && key_.set()) {
+    authorized = session_valid(ex.header("cookie"), now);
+  }
+  if (!token.empty() && (!key_.set() || key_.matches("Bearer " + http::percent_decode(token)))) {
+    // (No key: nothing to check; the token is dropped all the same.)
+    failures_.erase(std::string(addr));
+    co_await ui_login(ex, now);
+    co_return;
+  }
+  if (!token.empty()) authorized = false;  // a wrong token is a failed attempt
   if (auto it = failures_.find(addr);
       !authorized && it != failures_.end() && it->second.blocked_until > now) {
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(it->second.blocked_until - now);
@@ -290,6 +282,12 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     const http::Header refused[] = {{"content-type", "application/json"},
                                     {"retry-after", retry_after}};
     co_await ex.respond(429, refused, body);
+    co_return;
+  }
+  if (!authorized && (ui_page || stats) && !offered_key) {
+    // A browser without a session (or with one expired or from before a restart): told how to
+    // open one. Not counted as a failed authentication: it offered no key.
+    co_await ui_unauthorized(ex, stats);
     co_return;
   }
   if (!authorized) {
@@ -319,8 +317,26 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   }
   failures_.erase(std::string(addr));
 
-  std::string_view path = ex.path();
-  std::string_view method = ex.method();
+  if (ui_page) {
+    co_await ui_route(ex);
+    co_return;
+  }
+  if (stats) {
+    std::string body = hooks_.stats ? hooks_.stats() : std::string("{}\n");
+    const http::Header h[] = {{"content-type", "application/json"},
+                              {"cache-control", "no-store"},
+                              {"x-content-type-options", "nosniff"}};
+    co_await ex.respond(200, h, body);
+    co_return;
+  }
+  if (is_ui_path(path) || path == "/v1/stats") {
+    const http::Header allow[] = {{"content-type", "application/json"}, {"allow", "GET, HEAD"}};
+    std::string body = error_json("invalid_request_error", "method_not_allowed",
+                                  "the dashboard's routes are read-only: use GET")
+                           .dump();
+    co_await ex.respond(405, allow, body);
+    co_return;
+  }
   if (path == "/v1/rules" || path.starts_with("/v1/rules/")) {
     co_await rules_route(ex, path.substr(std::string_view("/v1/rules").size()));
     co_return;
@@ -381,7 +397,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
                     "/v1/rules/{name}/history, /v1/rules/{name}/rollback, /workers, /workers/{id}, "
                     "/flush_cache, "
                     "/get_loads, /get_server_info, /get_model_info, /v1/config, "
-                    "/v1/config/reload)");
+                    "/v1/config/reload, /v1/stats, /ui)");
 }
 
 awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest) {

@@ -1,7 +1,8 @@
 // gateway/admin: the admin API, on its own listener (--admin-host 127.0.0.1, --admin-port 29001)
 // and run on the control loop, where rules change. Every route needs 'Authorization: Bearer KEY'
-// when an admin key is set (--admin-api-key-file); without one the listener may only bind to a
-// loopback address (kvgate_main checks). Clients that fail authentication repeatedly are refused
+// when an admin key is set (--admin-api-key-file) (the dashboard's read-only routes also take
+// its session cookie); without one the listener may only bind to a loopback address
+// (kvgate_main checks). Clients that fail authentication repeatedly are refused
 // for a while (429), per address.
 //
 // Routes (JSON in and out; errors as {"error": {"type", "code", "message", "details"?}}):
@@ -31,6 +32,11 @@
 //   GET    /get_server_info, /get_model_info (and /server_info, /model_info): a worker's own
 //   GET    /v1/config                 the effective configuration (secrets redacted)
 //   POST   /v1/config/reload          read --config again and apply it (as SIGHUP does)
+//   GET    /v1/stats                  the dashboard's JSON (gateway/stats.h)
+//   GET    /ui                        the dashboard, a page polling /v1/stats; a browser opens
+//                                     it once as /ui?token=KEY (a session cookie, HttpOnly and
+//                                     SameSite=Strict, then a redirect dropping the token);
+//                                     /ui and /v1/stats accept that cookie, nothing else does
 #pragma once
 
 #include <chrono>
@@ -58,6 +64,8 @@ class AdminApi {
     std::function<std::string()> reload;
     // What the doctor needs (POST /v1/rules/{name}/doctor, PUT ?verify=true); empty: no doctor.
     std::function<doctor::Env()> doctor_env;
+    // GET /v1/stats: the dashboard's JSON (gateway/stats.h); empty: "{}".
+    std::function<std::string()> stats;
   };
   // `config` is the configuration in force, read when rules are created (a reload replaces it on
   // the control loop, where the admin API runs too); it outlives this.
@@ -68,6 +76,12 @@ class AdminApi {
 
   // Failed authentications an address may make per minute before it is refused for a minute.
   static constexpr int kMaxAuthFailures = 10;
+  // Dashboard sessions (cookies handed out by /ui?token=KEY): how long one lasts, and how many
+  // are kept (beyond it, the one closest to expiry goes).
+  static constexpr auto kSessionTtl = std::chrono::hours(12);
+  static constexpr size_t kMaxSessions = 64;
+  static constexpr std::string_view kSessionCookie = "kvgate_session";
+  size_t sessions() const { return sessions_.size(); }
 
  private:
   awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
@@ -75,6 +89,13 @@ class AdminApi {
   awaitable<void> fan_out(http::Exchange& ex, std::string_view method, std::string_view path);
   awaitable<void> doctor_route(http::Exchange& ex, const std::string& name);
   awaitable<void> verified_put(http::Exchange& ex, const std::string& name, rules::Rule rule);
+  // The dashboard (docs/operations.md): its page and assets; a session opened by ?token=KEY;
+  // what a browser without a session is told.
+  awaitable<void> ui_route(http::Exchange& ex);
+  awaitable<void> ui_login(http::Exchange& ex, Clock::time_point now);
+  awaitable<void> ui_unauthorized(http::Exchange& ex, bool stats);
+  // Whether a Cookie header carries a live session (expired ones are dropped).
+  bool session_valid(std::string_view cookie_header, Clock::time_point now);
 
   const GatewayConfig& config_;
   PoolManager& pools_;
@@ -86,6 +107,12 @@ class AdminApi {
     Clock::time_point blocked_until{};
   };
   std::map<std::string, Failures, std::less<>> failures_;  // by client address, bounded
+  // Dashboard sessions: each kept as a key (its SHA-256, compared in constant time).
+  struct Session {
+    BearerKey key;
+    Clock::time_point expires;
+  };
+  std::vector<Session> sessions_;
   // One doctor run at a time (control loop): the run in progress holds the slot.
   bool doctor_running_ = false;
   std::string doctor_rule_;         // the rule it runs on
@@ -103,6 +130,9 @@ class AdminApi {
     AdminApi& api_;
   };
 };
+
+// Whether `path` is one of the dashboard's (/ui, /ui/...).
+bool is_ui_path(std::string_view path);
 
 // Whether `host` is a loopback address: 127.0.0.0/8, ::1, or "localhost".
 bool is_loopback_address(std::string_view host);

@@ -25,6 +25,7 @@
 #include "gateway/admission.h"
 #include "gateway/auth.h"
 #include "gateway/config.h"
+#include "gateway/decision_log.h"
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
 #include "gateway/pools.h"
@@ -104,6 +105,8 @@ class Gateway {
   DoctorKey& doctor_key() { return doctor_; }
   // /v1/responses: which worker holds each response (gateway/response_owners.h).
   ResponseOwners& response_owners() { return owners_; }
+  // The last routing decisions (every dispatch's, when it closed), for /v1/stats.
+  const DecisionLog& decisions() const { return decisions_; }
 
  private:
   class Request;   // one proxied request's state, with a member function per phase
@@ -142,6 +145,7 @@ class Gateway {
   std::atomic<int64_t> in_flight_{0};
   DoctorKey doctor_;
   ResponseOwners owners_;
+  DecisionLog decisions_;
 };
 
 }  // namespace kvgate

@@ -198,6 +198,13 @@ GatewayMetrics::GatewayMetrics(metrics::Registry& r, const std::vector<double>& 
                               "Prompt tokens the serving worker reported cached, by rule, worker "
                               "and DP rank",
                               kSignalLabels)),
+      predicted_tokens(r.counter("kvgate_predicted_cached_tokens_total",
+                                 "Prompt tokens the deciding policy expected the serving worker "
+                                 "to have cached (kv_exact's matched pages, cache_aware's "
+                                 "matched characters in tokens), counted for requests whose "
+                                 "worker reported cached_tokens; compare with "
+                                 "kvgate_cached_tokens_total, by rule, worker and DP rank",
+                                 kSignalLabels)),
       generated_tokens(r.counter("kvgate_generated_tokens_total",
                                  "Tokens the serving worker reported generated "
                                  "(completion_tokens), by rule, worker and DP rank",
@@ -312,6 +319,7 @@ SignalCells GatewayMetrics::signal_cells(std::string_view rule, std::string_view
   c.e2e = &e2e_duration.with({rule, worker, rank});
   c.prompt_tokens = &prompt_tokens.with({rule, worker, rank});
   c.cached_tokens = &cached_tokens.with({rule, worker, rank});
+  c.predicted_tokens = &predicted_tokens.with({rule, worker, rank});
   c.generated_tokens = &generated_tokens.with({rule, worker, rank});
   return c;
 }

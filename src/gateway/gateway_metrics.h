@@ -39,6 +39,7 @@ struct SignalCells {
   metrics::Histogram* e2e = nullptr;          // kvgate_e2e_request_duration_seconds
   metrics::Counter* prompt_tokens = nullptr;
   metrics::Counter* cached_tokens = nullptr;
+  metrics::Counter* predicted_tokens = nullptr;  // kvgate_predicted_cached_tokens_total
   metrics::Counter* generated_tokens = nullptr;
 };
 
@@ -105,6 +106,7 @@ struct GatewayMetrics {
   metrics::HistogramFamily& upstream_connect;
   metrics::CounterFamily& prompt_tokens;
   metrics::CounterFamily& cached_tokens;
+  metrics::CounterFamily& predicted_tokens;
   metrics::CounterFamily& generated_tokens;
   // --metrics-compat smg (null without it).
   metrics::CounterFamily* smg_router_requests = nullptr;

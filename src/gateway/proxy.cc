@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "gateway/decision_log.h"
 #include "gateway/errors.h"
 #include "gateway/gateway.h"
 #include "gateway/knobs.h"
@@ -277,10 +278,20 @@ constexpr size_t kOwnerLookupBodyLimit = 16 << 10;
 // The beginning of a /v1/responses answer searched for the response's id.
 constexpr size_t kResponseIdScanLimit = 16384;
 
+// What a dispatch's entry in the decision log says of its request (views into the request and
+// its pinned pool, which outlive the dispatch).
+struct DispatchNote {
+  DecisionLog* log = nullptr;  // null: not recorded
+  std::string_view rid, rule, route, model, role;
+  int attempt = 1;
+  int64_t page_size = 0;  // kv_exact's, when it decided
+};
+
 class Dispatch {
  public:
-  Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass)
-      : policy_(policy), ctx_(ctx), d_(d), pass_(pass) {
+  Dispatch(Policy& policy, RouteContext& ctx, const Decision& d, CircuitBreaker::Pass pass,
+           const DispatchNote& note = {})
+      : policy_(policy), ctx_(ctx), d_(d), pass_(pass), note_(note), opened_(Clock::now()) {
     try {
       policy_.on_dispatched(d_, ctx_);
     } catch (...) {
@@ -324,8 +335,49 @@ class Dispatch {
         break;
     }
     policy_.on_completed(d_, ctx_, o);
+    if (note_.log) note_.log->add(record(o));
+  }
+  // Prompt tokens the decision expected the worker to hold (gateway/decision_log.h), given what
+  // the worker reported.
+  uint64_t predicted_cached(const Outcome& o) const {
+    return predicted_cached_tokens(d_.predicted_tokens, d_.predicted_chars, request_chars(),
+                                   o.prompt_tokens);
+  }
+  // The decision log's entry of this dispatch, closed with `o`.
+  DecisionRecord record(const Outcome& o) const {
+    DecisionRecord r;
+    r.time = std::chrono::system_clock::now();
+    r.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - opened_).count();
+    r.rid = note_.rid;
+    r.rule = note_.rule;
+    r.worker = d_.worker->url();
+    r.route = note_.route;
+    r.model = note_.model;
+    r.policy = policy_.name();
+    r.branch = d_.branch;
+    r.fallback_branch = d_.inner_branch;
+    r.role = note_.role;
+    r.rank = d_.dp_rank.value_or(-1);
+    r.attempt = note_.attempt;
+    r.status = o.status;
+    r.started = o.started;
+    r.page_size = note_.page_size;
+    r.predicted_tokens = d_.predicted_tokens;
+    r.predicted_chars = d_.predicted_chars;
+    if (const RequestInfo* req = ctx_.request) r.request_tokens = req->tokens.size();
+    r.request_chars = request_chars();
+    r.prompt_tokens = o.prompt_tokens;
+    r.cached_tokens = o.cached_tokens;
+    return r;
   }
   bool trial() const { return pass_ == CircuitBreaker::Pass::kTrial; }
+  // Characters of the text the policy matched, when it predicted some (cache_aware); else 0.
+  uint64_t request_chars() const {
+    const RequestInfo* req = ctx_.request;
+    if (d_.predicted_chars == 0 || req == nullptr || req->text.empty()) return 0;
+    return ctx_.approx_path.for_text(req->text) ? ctx_.approx_path.total_chars
+                                                : prefix::count_chars(req->text);
+  }
   bool done() const { return done_; }
   // For the destructor: whether the worker may have the request (true until known otherwise).
   bool started_guess = true;
@@ -335,6 +387,8 @@ class Dispatch {
   RouteContext& ctx_;
   Decision d_;
   CircuitBreaker::Pass pass_;
+  DispatchNote note_;
+  Clock::time_point opened_;
   bool done_ = false;
   bool first_token_ = false;
 };
@@ -478,6 +532,18 @@ class Gateway::Request {
   // the response the request names (/v1/responses), the decode policy for the decode half
   // (prefill/decode), the rule's policy otherwise.
   Policy& decider(const Attempt& a) const;
+  // What the decision log keeps of a dispatch of this request to `w`, decided by `policy` (call
+  // after attempts_made_ counted it).
+  DispatchNote note(const Policy& policy, const Worker& w) const {
+    return DispatchNote{.log = &g_.decisions_,
+                        .rid = rid_,
+                        .rule = pool_->name(),
+                        .route = route_label_,
+                        .model = model_,
+                        .role = role_label(pool_->role(w)),
+                        .attempt = attempts_made_,
+                        .page_size = policy.name() == "kv_exact" ? pool_->rule().kv_block_size : 0};
+  }
   void list_candidates(Clock::time_point now);
   // Prefill/decode: both sides chosen, both breakers' passes, both dispatches opened.
   Next select_pd(Attempt& a);
@@ -1172,7 +1238,7 @@ Next Gateway::Request::select(Attempt& a) {
   if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
   g_.metrics_.branch_counter(policy.name(), a.d.branch).inc();
   ++attempts_made_;
-  a.dispatch.emplace(policy, ctx_, a.d, pass);
+  a.dispatch.emplace(policy, ctx_, a.d, pass, note(policy, *a.w));
   a.call.emplace(ex_.executor(), ts_.pool, a.w->target(), a.w->id());
   a.call->set_deadline(deadline_);
   cancel_.call = &*a.call;
@@ -1234,14 +1300,14 @@ Next Gateway::Request::select_pd(Attempt& a) {
     return denied(p.w);
   }
   ++attempts_made_;
-  p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass);
+  p.dispatch.emplace(prefill_policy, ctx_, p.d, prefill_pass, note(prefill_policy, *p.w));
   CircuitBreaker::Pass decode_pass = a.w->admit(a.now);
   if (decode_pass == CircuitBreaker::Pass::kDenied) {
     p.dispatch->finish(Outcome{.status = kClientClosedStatus, .started = false}, Verdict::kNeutral);
     --attempts_made_;  // nothing was sent
     return denied(a.w);
   }
-  a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass);
+  a.dispatch.emplace(decode_policy, ctx_, a.d, decode_pass, note(decode_policy, *a.w));
   if (metrics::Counter* c = pool_->selected(*p.w)) c->inc();
   if (metrics::Counter* c = pool_->selected(*a.w)) c->inc();
   g_.metrics_.branch_counter(prefill_policy.name(), p.d.branch).inc();
@@ -1795,12 +1861,12 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
     g_.metrics_.client_disconnects.with({}).inc();
     verdict = Verdict::kNeutral;
   }
-  a.dispatch->finish(Outcome{.status = final_status,
-                             .ok = final_status < 400,
-                             .cached_tokens = usage.cached_tokens(),
-                             .prompt_tokens = usage.prompt_tokens(),
-                             .started = true},
-                     verdict);
+  const Outcome outcome{.status = final_status,
+                        .ok = final_status < 400,
+                        .cached_tokens = usage.cached_tokens(),
+                        .prompt_tokens = usage.prompt_tokens(),
+                        .started = true};
+  a.dispatch->finish(outcome, verdict);
   if (route_ == ApiRoute::kResponse && final_status == 200 && ex_.method() == "DELETE") {
     g_.owners_.forget(response_id_);
   }
@@ -1809,6 +1875,13 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
     // As the engine reported them (the last value in the answer: streams repeat them).
     if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
     if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
+    if (usage.cached_tokens()) {
+      // What the deciding policy expected cached (prefill/decode: the prefill side's decision,
+      // whose server computed the prompt), for the same requests as cached_tokens.
+      const Dispatch& decided =
+          a.prefill && a.prefill->dispatch ? *a.prefill->dispatch : *a.dispatch;
+      if (uint64_t p = decided.predicted_cached(outcome); p > 0) a.cells->predicted_tokens->inc(p);
+    }
     if (auto n = usage.completion_tokens(); n && *n > 0) a.cells->generated_tokens->inc(*n);
   }
   record(final_status);

@@ -25,6 +25,8 @@ std::string_view reason(int status) {
       return "Moved Permanently";
     case 302:
       return "Found";
+    case 303:
+      return "See Other";
     case 304:
       return "Not Modified";
     case 400:

@@ -523,6 +523,130 @@ TEST(Admin, RollbackRefusalsChangeNothing) {
   EXPECT_EQ(parsed(admin.call("GET", "/v1/rules/a/history")), before);
 }
 
+// The dashboard (GET /ui): the key given once as ?token= opens a session (an HttpOnly,
+// SameSite=Strict cookie) and the redirect drops the token; the cookie opens /ui and /v1/stats
+// and nothing else; browsers reach /v1/stats only from the page itself.
+TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
+  AdminCluster a(1);
+  HttpClient c(a.admin_port);
+  c.set_timeout(10s);
+  auto login = c.get("/ui?token=" + std::string(kKey));
+  ASSERT_EQ(login.status, 303) << login.body;
+  EXPECT_EQ(login.header("location"), "/ui");  // the token is not in the URL any more
+  std::string set = login.header("set-cookie");
+  EXPECT_NE(set.find("HttpOnly"), std::string::npos) << set;
+  EXPECT_NE(set.find("SameSite=Strict"), std::string::npos) << set;
+  EXPECT_NE(set.find("Path=/"), std::string::npos) << set;
+  EXPECT_EQ(set.find(kKey), std::string::npos) << "the cookie is not the key: " << set;
+  ASSERT_TRUE(set.starts_with("kvgate_session=")) << set;
+  std::string cookie = set.substr(0, set.find(';'));
+
+  auto page = c.request("GET", "/ui", "", {{"cookie", cookie}, {"sec-fetch-site", "none"}});
+  ASSERT_EQ(page.status, 200) << page.body;
+  EXPECT_TRUE(page.header("content-type").starts_with("text/html")) << page.header("content-type");
+  EXPECT_NE(page.header("content-security-policy").find("frame-ancestors 'none'"),
+            std::string::npos);
+  EXPECT_NE(page.body.find("/ui/app.js"), std::string::npos);
+  for (const char* asset : {"/ui/app.js", "/ui/app.css"}) {
+    auto r = c.request("GET", asset, "", {{"cookie", cookie}, {"sec-fetch-site", "same-origin"}});
+    EXPECT_EQ(r.status, 200) << asset;
+    EXPECT_FALSE(r.body.empty()) << asset;
+  }
+  auto stats =
+      c.request("GET", "/v1/stats", "", {{"cookie", cookie}, {"sec-fetch-site", "same-origin"}});
+  ASSERT_EQ(stats.status, 200) << stats.body;
+  EXPECT_NE(stats.body.find(R"("rules":)"), std::string::npos) << stats.body;
+  EXPECT_EQ(stats.header("cache-control"), "no-store");
+
+  // A page of another site cannot read the figures, even with the browser's cookie.
+  auto cross = c.request(
+      "GET", "/v1/stats", "",
+      {{"cookie", cookie}, {"sec-fetch-site", "cross-site"}, {"origin", "http://evil.example"}});
+  EXPECT_EQ(cross.status, 403) << cross.body;
+  // The cookie is no admin key: the API's other routes refuse it.
+  EXPECT_EQ(c.request("GET", "/v1/rules", "", {{"cookie", cookie}}).status, 401);
+  EXPECT_EQ(c.request("DELETE", "/v1/rules/default", "", {{"cookie", cookie}}).status, 401);
+  // Read-only routes.
+  EXPECT_EQ(
+      c.request("POST", "/v1/stats", "", {{"authorization", "Bearer " + std::string(kKey)}}).status,
+      405);
+  // A forged or stale cookie is no session; the page tells how to open one.
+  auto forged = c.request("GET", "/ui", "", {{"cookie", "kvgate_session=00ff"}});
+  EXPECT_EQ(forged.status, 401);
+  EXPECT_NE(forged.body.find("/ui?token="), std::string::npos) << forged.body;
+  auto no_session = c.request("GET", "/v1/stats", "", {{"sec-fetch-site", "same-origin"}});
+  EXPECT_EQ(no_session.status, 401);
+  EXPECT_NE(no_session.body.find("no_session"), std::string::npos) << no_session.body;
+  // Scripts use the key.
+  EXPECT_EQ(
+      c.request("GET", "/v1/stats", "", {{"authorization", "Bearer " + std::string(kKey)}}).status,
+      200);
+
+  // Signing out ends the session.
+  auto out = c.request("GET", "/ui/logout", "", {{"cookie", cookie}});
+  EXPECT_EQ(out.status, 303);
+  EXPECT_NE(out.header("set-cookie").find("Max-Age=0"), std::string::npos);
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookie}}).status, 401);
+}
+
+TEST(Dashboard, WrongTokensCountAsFailedAuthentications) {
+  AdminCluster a(1);
+  HttpClient c(a.admin_port);
+  c.set_timeout(10s);
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto r = c.get("/ui?token=wrong-key-guess");
+    EXPECT_TRUE(r.status == 401 || r.status == 429) << r.status;
+    EXPECT_TRUE(r.header("set-cookie").empty());
+    if (r.status == 429) ++refused;
+  }
+  EXPECT_GE(refused, 2);
+  // The right key still opens a session from that address.
+  EXPECT_EQ(c.get("/ui?token=" + std::string(kKey)).status, 303);
+  // Pages asked for with no key offered (no session yet) are not counted as guesses.
+  AdminCluster b(1);
+  HttpClient d(b.admin_port);
+  d.set_timeout(10s);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(d.get("/ui").status, 401);
+}
+
+TEST(Dashboard, StatsShowWorkersBranchesAndExplainedDecisions) {
+  AdminCluster a(2);
+  HttpClient gw(a.cluster.port());
+  gw.set_timeout(10s);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(gw.post("/generate", gen_body("any")).status, 200);
+  }
+  auto r = a.admin().call("GET", "/v1/stats");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto s = nlohmann::json::parse(r.body);
+  EXPECT_GE(s["requests"]["total"].get<int>(), 6);
+  ASSERT_EQ(s["rules"].size(), 1u);
+  const auto& workers = s["rules"][0]["workers"];
+  ASSERT_EQ(workers.size(), 2u);
+  for (const auto& w : workers) {
+    EXPECT_TRUE(w["healthy"].get<bool>());
+    EXPECT_EQ(w["breaker"], "closed");
+    EXPECT_EQ(w["requests"], 3) << w;  // round_robin
+  }
+  bool round_robin = false;
+  for (const auto& b : s["branches"]) {
+    round_robin = round_robin || (b["policy"] == "round_robin" && b["count"].get<int>() >= 6);
+  }
+  EXPECT_TRUE(round_robin) << s["branches"];
+  const auto& recent = s["decisions"]["recent"];
+  ASSERT_GE(recent.size(), 6u);
+  EXPECT_EQ(recent[0]["route"], "/generate");
+  EXPECT_EQ(recent[0]["status"], 200);
+  EXPECT_EQ(recent[0]["attempt"], 1);
+  EXPECT_EQ(recent[0]["rule"], "default");
+  EXPECT_NE(recent[0]["explain"].get<std::string>().find("next: sent to http://127.0.0.1:"),
+            std::string::npos)
+      << recent[0]["explain"];
+  // Alternating workers, newest first.
+  EXPECT_NE(recent[0]["worker"], recent[1]["worker"]);
+}
+
 TEST(Admin, ExposeServerInfoAnswersOnThePublicListener) {
   AdminCluster a(1, {"--expose-server-info"});
   HttpClient c(a.cluster.port());

@@ -2,12 +2,13 @@
 // policy selection, breaker check and pass, the retry budget, a stream's first-event check, the
 // relay's work per stream event (usage, output events, inter-token latency),
 // metric cell lookup, JSON escaping, body rewrites, HTTP head parsing (kvgate's parser, and Beast's
-// for reference).
+// for reference), the decision log's record of each dispatch.
 #include <benchmark/benchmark.h>
 
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
 
+#include "gateway/decision_log.h"
 #include "gateway/errors.h"
 #include "gateway/gateway_metrics.h"
 #include "gateway/knobs.h"
@@ -343,6 +344,32 @@ void BM_BeastParseResponseHead(benchmark::State& state) {
 }
 BENCHMARK(BM_BeastParseRequestHead);
 BENCHMARK(BM_BeastParseResponseHead);
+
+// What each dispatch adds to the decision log when it closes (the dashboard's "last decisions"):
+// a record with the strings a request carries (rid, rule, worker URL) copied under the log's
+// mutex. Threads(2): two request threads recording at once.
+void BM_DecisionLogAdd(benchmark::State& state) {
+  static DecisionLog log;
+  for (auto _ : state) {
+    DecisionRecord r;
+    r.time = std::chrono::system_clock::now();
+    r.rid = "8e19a18626209cdbba3a40d6815853ea";
+    r.rule = "default";
+    r.worker = "http://10.0.0.17:30000";
+    r.route = "/v1/chat/completions";
+    r.policy = "kv_exact";
+    r.branch = "kv_exact_hit";
+    r.rank = 1;
+    r.page_size = 16;
+    r.predicted_tokens = 192;
+    r.request_tokens = 330;
+    r.prompt_tokens = 330;
+    r.cached_tokens = 192;
+    r.status = 200;
+    log.add(std::move(r));
+  }
+}
+BENCHMARK(BM_DecisionLogAdd)->Threads(1)->Threads(2)->UseRealTime();
 
 }  // namespace
 }  // namespace kvgate

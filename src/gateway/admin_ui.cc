@@ -14,20 +14,6 @@ constexpr std::string_view kCsp =
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
-// The value of cookie `name` in a Cookie header ("a=1; kvgate_session=..."), or "".
-std::string_view cookie_value(std::string_view header, std::string_view name) {
-  while (!header.empty()) {
-    size_t end = header.find(';');
-    std::string_view pair = header.substr(0, end);
-    header = end == std::string_view::npos ? std::string_view{} : header.substr(end + 1);
-    while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
-    if (pair.size() > name.size() && pair.starts_with(name) && pair[name.size()] == '=') {
-      return pair.substr(name.size() + 1);
-    }
-  }
-  return {};
-}
-
 constexpr std::string_view kLoginPage = R"(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kvgate: sign in</title></head>
 <body>
@@ -48,7 +34,7 @@ bool is_ui_path(std::string_view path) {
 
 bool AdminApi::session_valid(std::string_view cookie_header, Clock::time_point now) {
   std::erase_if(sessions_, [&](const Session& s) { return s.expires <= now; });
-  std::string_view value = cookie_value(cookie_header, kSessionCookie);
+  std::string_view value = http::cookie_value(cookie_header, kSessionCookie);
   if (value.empty() || sessions_.empty()) return false;
   std::string bearer = "Bearer " + std::string(value);
   bool found = false;
@@ -108,7 +94,7 @@ awaitable<void> AdminApi::ui_route(http::Exchange& ex) {
   if (path == "/ui" || path == "/ui/") path = "/ui/index.html";
   if (path == "/ui/logout") {
     // Ends this browser's session (its cookie cleared); back to the sign-in page.
-    std::string_view value = cookie_value(ex.header("cookie"), kSessionCookie);
+    std::string_view value = http::cookie_value(ex.header("cookie"), kSessionCookie);
     if (!value.empty()) {
       std::string bearer = "Bearer " + std::string(value);
       std::erase_if(sessions_, [&](const Session& s) { return s.key.matches(bearer); });

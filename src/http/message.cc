@@ -192,4 +192,21 @@ std::string_view query_param(std::string_view target, std::string_view name) {
   return {};
 }
 
+std::string_view cookie_value(std::string_view header, std::string_view name) {
+  if (name.empty()) return {};
+  while (!header.empty()) {
+    size_t end = header.find(';');
+    std::string_view pair = header.substr(0, end);
+    header = end == std::string_view::npos ? std::string_view{} : header.substr(end + 1);
+    while (!pair.empty() && (pair.front() == ' ' || pair.front() == '\t')) pair.remove_prefix(1);
+    if (pair.size() > name.size() && pair.starts_with(name) && pair[name.size()] == '=') {
+      std::string_view value = pair.substr(name.size() + 1);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t'))
+        value.remove_suffix(1);
+      return value;
+    }
+  }
+  return {};
+}
+
 }  // namespace kvgate::http

@@ -93,5 +93,8 @@ inline constexpr size_t kBodyPadding = 64;
 std::string percent_decode(std::string_view s);
 // The raw (still escaped) value of query parameter `name` in a request target, or "".
 std::string_view query_param(std::string_view target, std::string_view name);
+// The value of cookie `name` in a Cookie header ("a=1; kvgate_session=abc"), or "" (RFC 6265
+// 5.4: pairs separated by "; "; the first pair of that name wins).
+std::string_view cookie_value(std::string_view header, std::string_view name);
 
 }  // namespace kvgate::http

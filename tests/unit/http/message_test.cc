@@ -47,5 +47,17 @@ TEST(AppendHeader, WritesNameColonValueCrlf) {
   EXPECT_EQ(out, "GET / HTTP/1.1\r\nhost: a:1\r\nx-empty: \r\nx-big: " + big + "\r\n");
 }
 
+TEST(CookieValue, FindsTheNamedPairOnly) {
+  EXPECT_EQ(cookie_value("kvgate_session=abc", "kvgate_session"), "abc");
+  EXPECT_EQ(cookie_value("a=1; kvgate_session=abc; b=2", "kvgate_session"), "abc");
+  EXPECT_EQ(cookie_value("a=1;kvgate_session=abc ", "kvgate_session"), "abc");
+  EXPECT_EQ(cookie_value("x_kvgate_session=abc", "kvgate_session"), "");
+  EXPECT_EQ(cookie_value("kvgate_sessionX=abc", "kvgate_session"), "");
+  EXPECT_EQ(cookie_value("kvgate_session", "kvgate_session"), "");
+  EXPECT_EQ(cookie_value("kvgate_session=first; kvgate_session=second", "kvgate_session"), "first");
+  EXPECT_EQ(cookie_value("", "kvgate_session"), "");
+  EXPECT_EQ(cookie_value("a=1", ""), "");
+}
+
 }  // namespace
 }  // namespace kvgate::http

@@ -74,8 +74,8 @@ std::string explain(const DecisionRecord& r) {
 void DecisionLog::add(DecisionRecord r) {
   if (r.rid.size() > kMaxRid) r.rid.resize(kMaxRid);
   std::lock_guard lock(mu_);
-  ring_[added_ % kCapacity] = std::move(r);
-  ++added_;
+  r.seq = ++added_;
+  ring_[(r.seq - 1) % kCapacity] = std::move(r);
 }
 
 std::vector<DecisionRecord> DecisionLog::recent(size_t n) const {

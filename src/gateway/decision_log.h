@@ -19,6 +19,7 @@
 namespace kvgate {
 
 struct DecisionRecord {
+  uint64_t seq = 0;                            // 1, 2, ... in the order added (set by add())
   std::chrono::system_clock::time_point time;  // when the dispatch closed
   double duration_ms = 0;                      // dispatch opened -> closed
   std::string rid;

@@ -181,7 +181,8 @@ Json decision_json(const DecisionRecord& r) {
   };
   const bool chars = r.request_chars > 0;
   const bool kv = r.page_size > 0 && r.fallback_branch.empty();
-  return Json{{"time", unix_secs(r.time)},
+  return Json{{"seq", r.seq},
+              {"time", unix_secs(r.time)},
               {"rid", r.rid},
               {"rule", r.rule},
               {"route", r.route},

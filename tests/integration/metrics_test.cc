@@ -1,12 +1,15 @@
 // Integration: the metrics as their consumers see them. A real Prometheus (Debian's) scrapes
 // kvgate and answers a query of the time-to-first-token histogram; docs/metrics.md lists exactly
 // the families and label sets kvgate exports (with --metrics-compat smg, every policy family and
-// traffic on every path); the request's trace id is in kvgate's log lines.
+// traffic on every path); every query of the Grafana dashboard (examples/grafana) runs on that
+// Prometheus over documented series; the request's trace id is in kvgate's log lines.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -39,6 +42,61 @@ std::string url_encode(const std::string& s) {
       out.push_back(kHex[c & 15]);
     }
   }
+  return out;
+}
+
+struct Family {
+  std::string type;
+  std::set<std::string> labels;
+  bool seen_labels = false;  // a sample gave its labels
+};
+
+// The tables of docs/metrics.md: rows "| `name` | type | `a`, `b` | ... |".
+std::map<std::string, Family> documented() {
+  std::ifstream in(std::string(KVGATE_SOURCE_DIR) + "/docs/metrics.md");
+  std::map<std::string, Family> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("| `kvgate_") && !line.starts_with("| `smg_")) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    if (cells.size() < 4) continue;
+    auto strip = [](const std::string& s) {
+      std::string r;
+      for (char ch : s) {
+        if (ch != '`' && ch != ' ') r.push_back(ch);
+      }
+      return r;
+    };
+    Family f;
+    f.type = strip(cells[1]);
+    std::stringstream labels(cells[2]);
+    for (std::string l; std::getline(labels, l, ',');) {
+      if (!strip(l).empty()) f.labels.insert(strip(l));
+    }
+    out[strip(cells[0])] = f;
+  }
+  return out;
+}
+
+// The PromQL of every panel of examples/grafana/kvgate-dashboard.json (rows' panels included),
+// its variables replaced as Grafana would with "All" selected.
+std::vector<std::string> grafana_queries() {
+  std::ifstream in(std::string(KVGATE_SOURCE_DIR) + "/examples/grafana/kvgate-dashboard.json");
+  auto dash = nlohmann::json::parse(in, nullptr, false);
+  std::vector<std::string> out;
+  if (dash.is_discarded()) return out;
+  std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& panel) {
+    for (const auto& t : panel.value("targets", nlohmann::json::array())) {
+      std::string expr = t.value("expr", "");
+      expr = std::regex_replace(expr, std::regex(R"(\$__rate_interval)"), "1m");
+      expr = std::regex_replace(expr, std::regex(R"(\$\{?(rule|worker|policy)\}?)"), ".*");
+      if (!expr.empty()) out.push_back(expr);
+    }
+    for (const auto& p : panel.value("panels", nlohmann::json::array())) walk(p);
+  };
+  for (const auto& p : dash.value("panels", nlohmann::json::array())) walk(p);
   return out;
 }
 
@@ -101,45 +159,37 @@ TEST(Metrics, PrometheusScrapesTheTimeToFirstTokenHistogram) {
       },
       30s))
       << per_worker;
+
+  // The Grafana dashboard: every query is valid PromQL over series docs/metrics.md documents, and
+  // Prometheus runs it; the overview's have values here.
+  const auto queries = grafana_queries();
+  ASSERT_GE(queries.size(), 20u) << "examples/grafana/kvgate-dashboard.json was not read";
+  const auto doc = documented();
+  const std::regex name(R"(\b(kvgate_[a-z0-9_]+))");
+  for (const auto& q : queries) {
+    for (std::sregex_iterator it(q.begin(), q.end(), name), end; it != end; ++it) {
+      std::string series = (*it)[1];
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        std::string base = series.substr(0, series.size() - std::string_view(suffix).size());
+        if (series.ends_with(suffix) && doc.contains(base) && doc.at(base).type == "histogram") {
+          series = base;
+        }
+      }
+      EXPECT_TRUE(doc.contains(series))
+          << series << " (Grafana: " << q << ") is not in docs/metrics.md";
+    }
+    std::string answer = prom.query(q);
+    EXPECT_NE(answer.find("\"status\":\"success\""), std::string::npos) << q << "\n" << answer;
+  }
+  for (const std::string q : {"sum(rate(kvgate_requests_total[1m]))",
+                              "max by (worker) (kvgate_worker_health{worker=~\".*\"})"}) {
+    EXPECT_NE(std::find(queries.begin(), queries.end(), q), queries.end()) << q;
+    EXPECT_NE(prom.query(q).find("\"result\":[{"), std::string::npos) << q;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // docs/metrics.md against the exposition.
-
-struct Family {
-  std::string type;
-  std::set<std::string> labels;
-  bool seen_labels = false;  // a sample gave its labels
-};
-
-// The tables of docs/metrics.md: rows "| `name` | type | `a`, `b` | ... |".
-std::map<std::string, Family> documented() {
-  std::ifstream in(std::string(KVGATE_SOURCE_DIR) + "/docs/metrics.md");
-  std::map<std::string, Family> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.starts_with("| `kvgate_") && !line.starts_with("| `smg_")) continue;
-    std::vector<std::string> cells;
-    std::stringstream row(line.substr(1));
-    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
-    if (cells.size() < 4) continue;
-    auto strip = [](const std::string& s) {
-      std::string r;
-      for (char ch : s) {
-        if (ch != '`' && ch != ' ') r.push_back(ch);
-      }
-      return r;
-    };
-    Family f;
-    f.type = strip(cells[1]);
-    std::stringstream labels(cells[2]);
-    for (std::string l; std::getline(labels, l, ',');) {
-      if (!strip(l).empty()) f.labels.insert(strip(l));
-    }
-    out[strip(cells[0])] = f;
-  }
-  return out;
-}
 
 // Families (# TYPE) and the label names of their samples.
 void add_exposition(const std::string& text, std::map<std::string, Family>& out) {

@@ -28,6 +28,8 @@ TEST(DecisionLog, KeepsTheNewestFirstAndAtMostItsCapacity) {
   ASSERT_EQ(three.size(), 3u);
   EXPECT_EQ(three[0].rid, "r2");
   EXPECT_EQ(three[2].rid, "r0");
+  EXPECT_EQ(three[0].seq, 3u);
+  EXPECT_EQ(three[2].seq, 1u);
   for (int i = 3; i < static_cast<int>(DecisionLog::kCapacity) + 50; ++i) log.add(record(i));
   EXPECT_EQ(log.total(), DecisionLog::kCapacity + 50);
   auto all = log.recent(100000);

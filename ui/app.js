@@ -475,6 +475,9 @@
         setAttr(row.tr, 'data-url', w.url);
         setAttr(row.tr, 'data-rule', rule.name);
         setAttr(row.tr, 'data-healthy', w.healthy ? 'true' : 'false');
+        // (For the browser test: what the cells below show, as numbers.)
+        setAttr(row.tr, 'data-predicted-tokens', String(num(w.predicted_tokens)));
+        setAttr(row.tr, 'data-cached-tokens', String(num(w.cached_tokens)));
         setClass(row.tr, w.healthy ? '' : 'unhealthy');
         const [url, role, , , inflight, load, rps, fps, reqs, hit, pred, ttft] = row.td;
         setText(url, w.url);
@@ -543,6 +546,8 @@
   function updateKvRow(row, src, rule, kr) {
     setAttr(row.tr, 'data-endpoint', src.endpoint);
     setAttr(row.tr, 'data-rank', src.rank);
+    setAttr(row.tr, 'data-blocks', String(num(src.blocks_gpu)));
+    setAttr(row.tr, 'data-last-seq', isNum(src.last_seq) ? String(src.last_seq) : '');
     const [ep, rank, pub, , blocks, age, , tokCell, hits, tokens, trouble] = row.td;
     setText(ep, src.endpoint); setClass(ep, 'url');
     cellNum(rank, src.rank);

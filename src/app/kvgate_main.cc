@@ -456,15 +456,18 @@ int main(int argc, char** argv) {
   };
   // The dashboard's figures, read on the control loop when asked.
   const auto started = std::chrono::system_clock::now();
-  admin_hooks.stats = [&pools, &gm, &gateway, &in_force, started] {
+  admin_hooks.stats = [&pools, &gm, &gateway, &in_force, started](size_t recent) {
     StatsInput in{.table = pools.table(),
                   .metrics = &gm,
                   .decisions = &gateway.decisions(),
                   .in_flight = gateway.in_flight(),
                   .queue_depth = static_cast<int64_t>(gateway.admission().queued()),
                   .health_interval = std::chrono::seconds(in_force.health_check_interval_secs),
-                  .started = started};
-    return stats_json(in).dump() + "\n";
+                  .started = started,
+                  .recent_decisions = recent};
+    // (Text from engines, a parity probe's error detail, may not be UTF-8: replaced.)
+    return stats_json(in).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+           "\n";
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
   AdminApi admin(in_force, pools, admin_hooks);

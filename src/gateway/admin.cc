@@ -27,7 +27,10 @@ constexpr auto kFailureWindow = std::chrono::seconds(60);
 // Coroutine parameters are taken by value: GCC 12 miscompiles a reference parameter bound to a
 // caller's temporary in a co_await expression (the coroutine reads it after it is gone).
 awaitable<void> reply(http::Exchange& ex, int status, Json body) {
-  std::string text = status == 204 ? std::string() : body.dump() + "\n";
+  // (Text from engines, error details, may not be UTF-8: replaced, never a throw.)
+  std::string text = status == 204
+                         ? std::string()
+                         : body.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   const http::Header h[] = {{"content-type", "application/json"}};
   co_await ex.respond(status, h, text);
 }
@@ -257,11 +260,10 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   bool authorized = key_.matches(ex.header("authorization"));
   // The dashboard: its session cookie (GET /ui... and /v1/stats only), or the key given once as
   // /ui?token=KEY, which opens a session and redirects to /ui without the token in the URL.
-  std::string_view token =
-      path == "/ui" && reading ? http::query_param(ex.target(), "token") : std::string_view{};
+  std::string_view token = ui_page ? http::query_param(ex.target(), "token") : std::string_view{};
   bool offered_key = !ex.header("authorization").empty() || !token.empty();
   if (!authorized && (ui_page || stats) && key_.set()) {
-    authorized = session_valid(ex.header("cookie"), now);
+    authorized = session_valid(ex, now);
   }
   if (!token.empty() && (!key_.set() || key_.matches("Bearer " + http::percent_decode(token)))) {
     // (No key: nothing to check; the token is dropped all the same.)
@@ -286,8 +288,12 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
   }
   if (!authorized && (ui_page || stats) && !offered_key) {
     // A browser without a session (or with one expired or from before a restart): told how to
-    // open one. Not counted as a failed authentication: it offered no key.
-    co_await ui_unauthorized(ex, stats);
+    // open one. Not counted as a failed authentication: it offered no key. A navigation from
+    // another site (a link in a runbook) carries no SameSite=Strict cookie: it is sent back to
+    // the page from the page's own origin once, which does.
+    std::string_view site = ex.header("sec-fetch-site");
+    const bool bounce = ui_page && (site == "cross-site" || site == "same-site");
+    co_await ui_unauthorized(ex, stats, bounce);
     co_return;
   }
   if (!authorized) {
@@ -322,7 +328,21 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     co_return;
   }
   if (stats) {
-    std::string body = hooks_.stats ? hooks_.stats() : std::string("{}\n");
+    // ?decisions=N: the newest N decisions (default 100, at most the log's 256).
+    size_t recent = 100;
+    if (std::string_view n = query_param(ex.target(), "decisions"); !n.empty()) {
+      size_t v = 0;
+      auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+      if (ec != std::errc() || end != n.data() + n.size()) {
+        co_await fail(ex, 400, "invalid_parameter",
+                      "decisions must be a count of recent decisions (0 to " +
+                          std::to_string(DecisionLog::kCapacity) + "), not '" +
+                          std::string(n.substr(0, 32)) + "'");
+        co_return;
+      }
+      recent = std::min(v, DecisionLog::kCapacity);
+    }
+    std::string body = hooks_.stats ? hooks_.stats(recent) : std::string("{}\n");
     const http::Header h[] = {{"content-type", "application/json"},
                               {"cache-control", "no-store"},
                               {"x-content-type-options", "nosniff"}};

@@ -48,6 +48,7 @@
 
 #include "gateway/auth.h"
 #include "gateway/config.h"
+#include "gateway/decision_log.h"
 #include "gateway/doctor.h"
 #include "gateway/pools.h"
 #include "http/server.h"
@@ -64,8 +65,9 @@ class AdminApi {
     std::function<std::string()> reload;
     // What the doctor needs (POST /v1/rules/{name}/doctor, PUT ?verify=true); empty: no doctor.
     std::function<doctor::Env()> doctor_env;
-    // GET /v1/stats: the dashboard's JSON (gateway/stats.h); empty: "{}".
-    std::function<std::string()> stats;
+    // GET /v1/stats: the dashboard's JSON (gateway/stats.h) with the `recent` newest decisions;
+    // empty: "{}".
+    std::function<std::string(size_t recent)> stats;
   };
   // `config` is the configuration in force, read when rules are created (a reload replaces it on
   // the control loop, where the admin API runs too); it outlives this.
@@ -80,8 +82,10 @@ class AdminApi {
   // are kept (beyond it, the one closest to expiry goes).
   static constexpr auto kSessionTtl = std::chrono::hours(12);
   static constexpr size_t kMaxSessions = 64;
-  static constexpr std::string_view kSessionCookie = "kvgate_session";
-  size_t sessions() const { return sessions_.size(); }
+  // The cookie is named per admin port (kvgate_session_29001): browsers scope cookies by host,
+  // not port, so two kvgates on one host keep their sessions apart; the inference listener drops
+  // every kvgate_session* pair before forwarding a Cookie header to a worker.
+  static constexpr std::string_view kSessionCookiePrefix = "kvgate_session";
 
  private:
   awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
@@ -93,9 +97,10 @@ class AdminApi {
   // what a browser without a session is told.
   awaitable<void> ui_route(http::Exchange& ex);
   awaitable<void> ui_login(http::Exchange& ex, Clock::time_point now);
-  awaitable<void> ui_unauthorized(http::Exchange& ex, bool stats);
-  // Whether a Cookie header carries a live session (expired ones are dropped).
-  bool session_valid(std::string_view cookie_header, Clock::time_point now);
+  awaitable<void> ui_unauthorized(http::Exchange& ex, bool stats, bool bounce);
+  // Whether the request's Cookie header carries a live session (expired ones are dropped).
+  bool session_valid(const http::Exchange& ex, Clock::time_point now);
+  static std::string session_cookie(const http::Exchange& ex);  // its name for this listener
 
   const GatewayConfig& config_;
   PoolManager& pools_;

@@ -26,19 +26,32 @@ Open <code>/ui?token=YOUR_ADMIN_KEY</code> once: kvgate answers with a session c
 </body></html>
 )";
 
+// What a navigation from another site gets (see ui_unauthorized).
+constexpr std::string_view kBouncePage = R"(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=/ui">
+<title>kvgate</title></head><body><p><a href="/ui">Continue to the kvgate dashboard</a></p>
+</body></html>
+)";
+
 }  // namespace
 
 bool is_ui_path(std::string_view path) {
   return path == "/ui" || path.starts_with("/ui/");
 }
 
-bool AdminApi::session_valid(std::string_view cookie_header, Clock::time_point now) {
+std::string AdminApi::session_cookie(const http::Exchange& ex) {
+  return std::string(kSessionCookiePrefix) + "_" + std::to_string(ex.local_port());
+}
+
+bool AdminApi::session_valid(const http::Exchange& ex, Clock::time_point now) {
   std::erase_if(sessions_, [&](const Session& s) { return s.expires <= now; });
-  std::string_view value = http::cookie_value(cookie_header, kSessionCookie);
-  if (value.empty() || sessions_.empty()) return false;
-  std::string bearer = "Bearer " + std::string(value);
+  if (sessions_.empty()) return false;
+  // Every pair of the name: another site of this host may have set one that comes first.
   bool found = false;
-  for (const Session& s : sessions_) found = s.key.matches(bearer) || found;  // (no early exit)
+  for (std::string_view value : http::cookie_values(ex.header("cookie"), session_cookie(ex))) {
+    std::string bearer = "Bearer " + std::string(value);
+    for (const Session& s : sessions_) found = s.key.matches(bearer) || found;  // (no early exit)
+  }
   return found;
 }
 
@@ -53,7 +66,7 @@ awaitable<void> AdminApi::ui_login(http::Exchange& ex, Clock::time_point now) {
     }
     std::string token = random_key_hex() + random_key_hex();
     sessions_.push_back(Session{BearerKey(token), now + kSessionTtl});
-    cookie = std::string(kSessionCookie) + "=" + token +
+    cookie = session_cookie(ex) + "=" + token +
              "; Path=/; Max-Age=" + std::to_string(std::chrono::seconds(kSessionTtl).count()) +
              "; HttpOnly; SameSite=Strict";
     if (ex.secure()) cookie += "; Secure";
@@ -66,7 +79,7 @@ awaitable<void> AdminApi::ui_login(http::Exchange& ex, Clock::time_point now) {
   co_await ex.respond(303, h, "signed in; continue at /ui\n");
 }
 
-awaitable<void> AdminApi::ui_unauthorized(http::Exchange& ex, bool stats) {
+awaitable<void> AdminApi::ui_unauthorized(http::Exchange& ex, bool stats, bool bounce) {
   if (stats) {
     const http::Header h[] = {{"content-type", "application/json"},
                               {"cache-control", "no-store"},
@@ -76,6 +89,17 @@ awaitable<void> AdminApi::ui_unauthorized(http::Exchange& ex, bool stats) {
                         R"("message":"no dashboard session (or it expired): open )"
                         R"(/ui?token=YOUR_ADMIN_KEY, or send 'Authorization: Bearer KEY'"}})"
                         "\n");
+    co_return;
+  }
+  if (bounce) {
+    // Loads /ui again from this origin: that navigation carries the SameSite=Strict cookie (a
+    // meta refresh: the CSP allows no script). Without a session it gets the page below.
+    const std::string bounce_csp(kCsp);
+    const http::Header b[] = {
+        {"content-type", "text/html; charset=utf-8"}, {"cache-control", "no-store"},
+        {"content-security-policy", bounce_csp},      {"x-frame-options", "DENY"},
+        {"x-content-type-options", "nosniff"},        {"referrer-policy", "no-referrer"}};
+    co_await ex.respond(200, b, kBouncePage);
     co_return;
   }
   const std::string csp(kCsp);
@@ -93,16 +117,23 @@ awaitable<void> AdminApi::ui_route(http::Exchange& ex) {
   std::string_view path = ex.path();
   if (path == "/ui" || path == "/ui/") path = "/ui/index.html";
   if (path == "/ui/logout") {
-    // Ends this browser's session (its cookie cleared); back to the sign-in page.
-    std::string_view value = http::cookie_value(ex.header("cookie"), kSessionCookie);
-    if (!value.empty()) {
+    // Ends this browser's session (its cookie cleared); back to the sign-in page. Only from the
+    // page itself or the address bar (another site of this host is "same-site": its links carry
+    // the cookie), and not on HEAD.
+    std::string_view site = ex.header("sec-fetch-site");
+    if (ex.method() != "GET" || !(site.empty() || site == "same-origin" || site == "none")) {
+      const http::Header h[] = {{"content-type", "text/plain; charset=utf-8"}};
+      co_await ex.respond(403, h, "sign out from the dashboard itself (GET /ui/logout)\n");
+      co_return;
+    }
+    for (std::string_view value : http::cookie_values(ex.header("cookie"), session_cookie(ex))) {
       std::string bearer = "Bearer " + std::string(value);
       std::erase_if(sessions_, [&](const Session& s) { return s.key.matches(bearer); });
     }
+    const std::string clear =
+        session_cookie(ex) + "=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict";
     const http::Header h[] = {
-        {"location", "/ui"},
-        {"cache-control", "no-store"},
-        {"set-cookie", "kvgate_session=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"}};
+        {"location", "/ui"}, {"cache-control", "no-store"}, {"set-cookie", clear}};
     co_await ex.respond(303, h, "");
     co_return;
   }
@@ -121,9 +152,10 @@ awaitable<void> AdminApi::ui_route(http::Exchange& ex) {
   }
   std::string names;
   for (const UiAsset& a : ui_assets()) names += (names.empty() ? "" : ", ") + std::string(a.path);
-  const http::Header h[] = {{"content-type", "text/plain; charset=utf-8"}};
-  co_await ex.respond(404, h,
-                      "no dashboard file " + std::string(path) + " (files: " + names + ")\n");
+  const http::Header h[] = {{"content-type", "text/plain; charset=utf-8"},
+                            {"x-content-type-options", "nosniff"}};
+  std::string body = "no such dashboard file (files: " + names + ")\n";
+  co_await ex.respond(404, h, body);
 }
 
 }  // namespace kvgate

@@ -335,7 +335,13 @@ class Dispatch {
         break;
     }
     policy_.on_completed(d_, ctx_, o);
-    if (note_.log) note_.log->add(record(o));
+    if (note_.log) {
+      try {
+        note_.log->add(record(o));
+      } catch (const std::bad_alloc&) {
+        // (Also reached from the destructor: the log loses an entry, nothing else.)
+      }
+    }
   }
   // Prompt tokens the decision expected the worker to hold (gateway/decision_log.h), given what
   // the worker reported.
@@ -609,6 +615,7 @@ class Gateway::Request {
   std::string tracestate_buf_;   // ... when combined from several fields or truncated
   RouteContext ctx_;
   std::string xff_, forwarded_;
+  std::string cookie_buf_;      // a Cookie field forwarded without the dashboard's session
   http::HeaderBuffer<24> fwd_;  // request headers forwarded upstream
   std::shared_ptr<const WorkerSet> set_;
   CandidateList candidates_;
@@ -1086,6 +1093,15 @@ void Gateway::Request::forward_headers() {
       return;
     }
     if (!allow_target && http::iequals(name, "x-smg-target-worker")) return;
+    if (value.find("kvgate_session") != std::string_view::npos && http::iequals(name, "cookie"))
+        [[unlikely]] {
+      // The dashboard's session cookie (the admin listener's; a browser sends it to every port
+      // of the host) is not the worker's to see: dropped, the client's other cookies kept.
+      if (!cookie_buf_.empty()) return;  // (one Cookie field per request from browsers)
+      cookie_buf_ = http::without_cookies(value, "kvgate_session");
+      if (!cookie_buf_.empty()) fwd_.push_back({name, cookie_buf_});
+      return;
+    }
     fwd_.push_back({name, value});
   });
   const std::string& client_addr = ex_.remote_address();
@@ -1875,12 +1891,12 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
     // As the engine reported them (the last value in the answer: streams repeat them).
     if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
     if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
-    if (usage.cached_tokens()) {
-      // What the deciding policy expected cached (prefill/decode: the prefill side's decision,
-      // whose server computed the prompt), for the same requests as cached_tokens.
-      const Dispatch& decided =
-          a.prefill && a.prefill->dispatch ? *a.prefill->dispatch : *a.dispatch;
-      if (uint64_t p = decided.predicted_cached(outcome); p > 0) a.cells->predicted_tokens->inc(p);
+    // What the deciding policy expected cached, for the same requests as cached_tokens
+    // (prefill/decode: counted with the prefill server's figures, settle_prefill).
+    if (usage.cached_tokens() && !a.prefill) {
+      if (uint64_t p = a.dispatch->predicted_cached(outcome); p > 0) {
+        a.cells->predicted_tokens->inc(p);
+      }
     }
     if (auto n = usage.completion_tokens(); n && *n > 0) a.cells->generated_tokens->inc(*n);
   }
@@ -1935,12 +1951,24 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
     failed_.push_back(a.w->id());
   }
   if (leg.state() == pd::PrefillLeg::State::kOk) {
-    p.dispatch->finish(Outcome{.status = leg.status(),
-                               .ok = true,
-                               .cached_tokens = leg.usage().cached_tokens(),
-                               .prompt_tokens = leg.usage().prompt_tokens(),
-                               .started = true},
-                       Verdict::kSuccess);
+    const Outcome outcome{.status = leg.status(),
+                          .ok = true,
+                          .cached_tokens = leg.usage().cached_tokens(),
+                          .prompt_tokens = leg.usage().prompt_tokens(),
+                          .started = true};
+    p.dispatch->finish(outcome, Verdict::kSuccess);
+    // The prefill server's own figures on its cells: it computed the prompt, so it is where the
+    // prefill policy's prediction is checked (the decode server counts what it reported).
+    if (const SignalCells* cells = pool_->signals(*p.w, p.d.dp_rank);
+        cells && outcome.prompt_tokens && *outcome.prompt_tokens > 0) {
+      cells->prompt_tokens->inc(*outcome.prompt_tokens);
+      if (outcome.cached_tokens) {
+        if (*outcome.cached_tokens > 0) cells->cached_tokens->inc(*outcome.cached_tokens);
+        if (uint64_t n = p.dispatch->predicted_cached(outcome); n > 0) {
+          cells->predicted_tokens->inc(n);
+        }
+      }
+    }
     co_return;
   }
   // The prefill failed on its own (not ended by this attempt: after its decode had the KV, or

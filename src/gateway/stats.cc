@@ -73,8 +73,12 @@ std::map<std::string, uint64_t, std::less<>> by_worker(const metrics::CounterFam
 Json requests_json(const GatewayMetrics& m, const StatsInput& in) {
   uint64_t total = 0, errors = 0, client_errors = 0;
   m.requests.for_each([&](const auto& labels, const metrics::Counter& c) {
-    // labels: route, status, model, streaming
-    if (labels.size() < 2) return;
+    // labels: route, status, model, streaming. Probes are not traffic: a load balancer's
+    // /readiness answered 503 while no worker is healthy is not an error rate.
+    if (labels.size() < 2 || labels[0] == "/health" || labels[0] == "/liveness" ||
+        labels[0] == "/readiness") {
+      return;
+    }
     uint64_t n = c.value();
     total += n;
     int status = std::atoi(labels[1].c_str());

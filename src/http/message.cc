@@ -192,21 +192,57 @@ std::string_view query_param(std::string_view target, std::string_view name) {
   return {};
 }
 
-std::string_view cookie_value(std::string_view header, std::string_view name) {
-  if (name.empty()) return {};
+namespace {
+
+// Calls fn(name, value, pair) for each pair of a Cookie header (blanks around them trimmed)
+// until it returns false.
+template <class Fn>
+void for_each_cookie(std::string_view header, Fn&& fn) {
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v;
+  };
   while (!header.empty()) {
     size_t end = header.find(';');
-    std::string_view pair = header.substr(0, end);
+    std::string_view pair = trim(header.substr(0, end));
     header = end == std::string_view::npos ? std::string_view{} : header.substr(end + 1);
-    while (!pair.empty() && (pair.front() == ' ' || pair.front() == '\t')) pair.remove_prefix(1);
-    if (pair.size() > name.size() && pair.starts_with(name) && pair[name.size()] == '=') {
-      std::string_view value = pair.substr(name.size() + 1);
-      while (!value.empty() && (value.back() == ' ' || value.back() == '\t'))
-        value.remove_suffix(1);
-      return value;
-    }
+    size_t eq = pair.find('=');
+    std::string_view name = eq == std::string_view::npos ? pair : pair.substr(0, eq);
+    std::string_view value =
+        eq == std::string_view::npos ? std::string_view{} : pair.substr(eq + 1);
+    if (!fn(name, value, pair)) return;
   }
-  return {};
+}
+
+}  // namespace
+
+std::vector<std::string_view> cookie_values(std::string_view header, std::string_view name,
+                                            size_t limit) {
+  std::vector<std::string_view> out;
+  if (name.empty() || limit == 0) return out;
+  for_each_cookie(header, [&](std::string_view n, std::string_view v, std::string_view) {
+    if (n == name && !v.empty()) out.push_back(v);
+    return out.size() < limit;
+  });
+  return out;
+}
+
+std::string_view cookie_value(std::string_view header, std::string_view name) {
+  auto values = cookie_values(header, name, 1);
+  return values.empty() ? std::string_view{} : values.front();
+}
+
+std::string without_cookies(std::string_view header, std::string_view prefix) {
+  std::string out;
+  for_each_cookie(header, [&](std::string_view n, std::string_view, std::string_view pair) {
+    if (!pair.empty() && !n.starts_with(prefix)) {
+      if (!out.empty()) out += "; ";
+      out += pair;
+    }
+    return true;
+  });
+  return out;
 }
 
 }  // namespace kvgate::http

@@ -93,8 +93,13 @@ inline constexpr size_t kBodyPadding = 64;
 std::string percent_decode(std::string_view s);
 // The raw (still escaped) value of query parameter `name` in a request target, or "".
 std::string_view query_param(std::string_view target, std::string_view name);
-// The value of cookie `name` in a Cookie header ("a=1; kvgate_session=abc"), or "" (RFC 6265
-// 5.4: pairs separated by "; "; the first pair of that name wins).
+// The values of cookie `name` in a Cookie header ("a=1; kvgate_session=abc"), in order, at most
+// `limit` (RFC 6265 5.4: pairs separated by "; "; another site of the host may have set a pair of
+// the same name, sent first). cookie_value: the first, or "".
+std::vector<std::string_view> cookie_values(std::string_view header, std::string_view name,
+                                            size_t limit = 16);
 std::string_view cookie_value(std::string_view header, std::string_view name);
+// The Cookie header without the pairs whose name starts with `prefix` ("" when none is left).
+std::string without_cookies(std::string_view header, std::string_view prefix);
 
 }  // namespace kvgate::http

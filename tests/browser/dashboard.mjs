@@ -8,7 +8,9 @@
 // Runs the system Chromium (CHROMIUM, default /usr/bin/chromium) through playwright-core and
 // checks, in order: the token login (redirect to /ui without the token, HttpOnly SameSite=Strict
 // session cookie, page live); every worker and kv source listed shows a row; the counters move and
-// decisions are listed; a killed worker turns red within health-secs * 3 + 5 s; the page logged no
+// decisions are listed; kv sources hold blocks, predictions are counted, every chart draws; a link
+// from another site opens the live page; a killed worker turns red within health-secs x
+// health-failures + 3 s; the page logged no
 // console error, uncaught exception or CSP violation. Prints one JSON line and exits 0, or says what
 // failed (with the page's text of the part concerned) and exits 1. Every wait polls a condition
 // until a deadline; nothing sleeps for correctness.
@@ -31,7 +33,7 @@ function parseArgs(argv) {
 }
 
 const USAGE = 'usage: node dashboard.mjs --base URL --token KEY --workers URL,... [--ranks ENDPOINT#RANK,...] ' +
-  '--kill-pid PID --kill-url URL --health-secs N --screenshot PATH [--wait-secs 20]';
+  '--kill-pid PID --kill-url URL --health-secs N [--health-failures N] --screenshot PATH [--wait-secs 20]';
 
 let args;
 try {
@@ -55,6 +57,7 @@ const ranks = (args.ranks || '').split(',').map((s) => s.trim()).filter(Boolean)
 const killPid = Number(args['kill-pid']);
 const killUrl = norm(args['kill-url']);
 const healthSecs = Number(args['health-secs']);
+const healthFailures = Number(args['health-failures'] || 1);
 const waitMs = Number(args['wait-secs'] || 20) * 1000;
 const screenshot = args.screenshot;
 const failedShot = /\.png$/i.test(screenshot) ? screenshot.replace(/\.png$/i, '-failed.png') : screenshot + '-failed.png';
@@ -99,7 +102,7 @@ try {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   page = await context.newPage();
   page.on('console', (m) => { if (m.type() === 'error') problems.push(`console.error: ${m.text()}`); });
-  page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}`));
+  page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}\n${e.stack || ''}`));
 
   // 1. Login: /ui?token=KEY answers with the session cookie and a redirect to /ui.
   log(`opening ${base}/ui?token=...`);
@@ -110,8 +113,10 @@ try {
     throw new TestFailure(`the login did not end on ${base}/ui (token dropped from the URL) but on ${page.url()}`, 'body');
   }
   const cookies = await context.cookies(base);
-  const session = cookies.find((c) => c.name === 'kvgate_session');
-  if (!session) throw new TestFailure(`no kvgate_session cookie (cookies: ${cookies.map((c) => c.name).join(', ') || 'none'})`);
+  // Named per admin port: kvgate_session_PORT.
+  const cookieName = `kvgate_session_${new URL(base).port}`;
+  const session = cookies.find((c) => c.name === cookieName);
+  if (!session) throw new TestFailure(`no ${cookieName} cookie (cookies: ${cookies.map((c) => c.name).join(', ') || 'none'})`);
   if (!session.httpOnly) throw new TestFailure('the kvgate_session cookie is not HttpOnly');
   if (session.sameSite !== 'Strict') throw new TestFailure(`the kvgate_session cookie is SameSite=${session.sameSite}, not Strict`);
   await waitFor('conn-state to say "live"', async () =>
@@ -149,6 +154,45 @@ try {
     'section:has(#decisions)');
   log(`requests-total ${firstTotal} -> ${requestsSeen}; decisions listed`);
 
+  // 3b. The figures behind the views are live, not just present: every kv source holds blocks
+  // and has had events, the policy's prediction and the engine's cached tokens are counted, and
+  // every chart draws a series with points.
+  const liveProblems = () => page.evaluate(() => {
+    const out = [];
+    for (const r of document.querySelectorAll('[data-testid="kv-source-row"]')) {
+      if (!(Number(r.dataset.blocks) > 0)) out.push(`kv source ${r.dataset.endpoint}#${r.dataset.rank} holds no block`);
+      if (!r.dataset.lastSeq) out.push(`kv source ${r.dataset.endpoint}#${r.dataset.rank} has had no event`);
+    }
+    const rows = [...document.querySelectorAll('[data-testid="worker-row"]')];
+    if (!rows.some((r) => Number(r.dataset.predictedTokens) > 0)) out.push('no worker has predicted tokens');
+    if (!rows.some((r) => Number(r.dataset.cachedTokens) > 0)) out.push('no worker has cached tokens');
+    for (const name of ['hit-rate', 'branches', 'ttft', 'errors']) {
+      const svgs = [...document.querySelectorAll(`svg[data-testid="chart"][data-chart="${name}"]`)];
+      if (!svgs.length) { out.push(`no ${name} chart`); continue; }
+      const drawn = svgs.some((svg) => [...svg.querySelectorAll('path.series')]
+        .some((p) => ((p.getAttribute('d') || '').match(/[ML]/g) || []).length >= 2));
+      if (!drawn) out.push(`the ${name} chart draws no series of two points or more`);
+    }
+    return out;
+  });
+  let live = [];
+  try {
+    await waitFor('live figures in every view', async () => (live = await liveProblems()).length === 0, waitMs, 'main');
+  } catch (e) {
+    throw new TestFailure(`${e.message}: ${live.join('; ')}`, 'main');
+  }
+  log('kv sources hold blocks, predictions and cached tokens counted, every chart drawn');
+
+  // 3c. A link from another site (no SameSite=Strict cookie on that navigation) still lands on
+  // the live page: kvgate sends it back to /ui from its own origin.
+  // (about:blank first: setContent writes into the current document, whose timers would run on.)
+  await page.goto('about:blank');
+  await page.setContent(`<a id="go" href="${base}/ui">dashboard</a>`);
+  await Promise.all([page.waitForURL(`${base}/ui`, { timeout: waitMs }), page.click('#go')]);
+  await waitFor('the page opened from a link of another site to be live', async () =>
+    (await page.textContent('[data-testid="conn-state"]').catch(() => ''))?.trim() === 'live', waitMs, 'body');
+  log('a link from another site opens the live page');
+
   // 4. Kill a worker: its row turns red within the health checks' reaction time.
   const killRow = `[data-testid="worker-row"][data-url="${killUrl.replace(/["\\]/g, '\\$&')}"]`;
   const healthy = await page.evaluate((sel) => [...document.querySelectorAll(sel)].map((r) => r.dataset.healthy),
@@ -158,7 +202,9 @@ try {
   if (await page.locator(`${killRow} [data-testid="health"]`).count() === 0) {
     throw new TestFailure(`the worker-row of ${killUrl} has no health badge`, killRow);
   }
-  const limitSecs = healthSecs * 3 + 5;
+  // The health checks mark it within interval x threshold; the page shows it at its next poll
+  // (1 s); 2 s of slack for a busy machine.
+  const limitSecs = healthSecs * healthFailures + 1 + 2;
   process.kill(killPid, 'SIGKILL');
   const killedAt = Date.now();
   log(`killed pid ${killPid} (${killUrl}); waiting up to ${limitSecs} s for its row to turn red`);

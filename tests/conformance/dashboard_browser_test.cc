@@ -126,7 +126,8 @@ TEST(Dashboard, ShowsEveryWorkerAndRankLiveInChromium) {
                {dir + "/dashboard.mjs", "--base", "http://127.0.0.1:" + std::to_string(admin_port),
                 "--token", kKey, "--workers", sims[0].url() + "," + sims[1].url(), "--ranks", ranks,
                 "--kill-pid", std::to_string(sims[1].process->pid()), "--kill-url", sims[1].url(),
-                "--health-secs", std::to_string(health_secs), "--screenshot", shot});
+                "--health-secs", std::to_string(health_secs), "--health-failures", "1",
+                "--screenshot", shot});
   EXPECT_EQ(r.status, 0) << r.output << "\nkvgate:\n" << gateway.log();
   EXPECT_NE(r.output.find(R"("ok":true)"), std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::exists(shot)) << shot;

@@ -27,6 +27,9 @@ using namespace std::chrono_literals;
 
 const char kKey[] = "s3cret-admin-key";
 
+// AdminApi::kMaxSessions (the test does not link the admin API's header).
+constexpr size_t kMaxSessions = 64;
+
 struct Admin {
   int port;
   std::string key = kKey;
@@ -538,8 +541,16 @@ TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
   EXPECT_NE(set.find("SameSite=Strict"), std::string::npos) << set;
   EXPECT_NE(set.find("Path=/"), std::string::npos) << set;
   EXPECT_EQ(set.find(kKey), std::string::npos) << "the cookie is not the key: " << set;
-  ASSERT_TRUE(set.starts_with("kvgate_session=")) << set;
+  // Named per admin port: two kvgates on one host keep their sessions apart.
+  const std::string name = "kvgate_session_" + std::to_string(a.admin_port);
+  ASSERT_TRUE(set.starts_with(name + "=")) << set;
   std::string cookie = set.substr(0, set.find(';'));
+  // Another site of the host may plant a pair of the same name first: the real one still counts.
+  const std::string planted = name + "=junk; " + cookie;
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", planted}}).status, 200);
+  // The token opens a session on any of the page's addresses.
+  EXPECT_EQ(c.get("/ui/?token=" + std::string(kKey)).status, 303);
+  EXPECT_EQ(c.get("/ui/index.html?token=" + std::string(kKey)).status, 303);
 
   auto page = c.request("GET", "/ui", "", {{"cookie", cookie}, {"sec-fetch-site", "none"}});
   ASSERT_EQ(page.status, 200) << page.body;
@@ -563,6 +574,18 @@ TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
       "GET", "/v1/stats", "",
       {{"cookie", cookie}, {"sec-fetch-site", "cross-site"}, {"origin", "http://evil.example"}});
   EXPECT_EQ(cross.status, 403) << cross.body;
+  auto same_site =
+      c.request("GET", "/v1/stats", "", {{"cookie", cookie}, {"sec-fetch-site", "same-site"}});
+  EXPECT_EQ(same_site.status, 403) << "another port of the host is same-site, not same-origin";
+  // ?decisions=N (at most the log's 256); a count that is not one is refused.
+  EXPECT_EQ(c.request("GET", "/v1/stats?decisions=5", "", {{"cookie", cookie}}).status, 200);
+  EXPECT_EQ(c.request("GET", "/v1/stats?decisions=x", "", {{"cookie", cookie}}).status, 400);
+  // A link from another site carries no SameSite=Strict cookie: the page loads itself again from
+  // its own origin (then the cookie goes), rather than asking to sign in.
+  auto linked = c.request("GET", "/ui", "", {{"sec-fetch-site", "cross-site"}});
+  EXPECT_EQ(linked.status, 200);
+  EXPECT_NE(linked.body.find(R"(http-equiv="refresh" content="0; url=/ui")"), std::string::npos)
+      << linked.body;
   // The cookie is no admin key: the API's other routes refuse it.
   EXPECT_EQ(c.request("GET", "/v1/rules", "", {{"cookie", cookie}}).status, 401);
   EXPECT_EQ(c.request("DELETE", "/v1/rules/default", "", {{"cookie", cookie}}).status, 401);
@@ -582,11 +605,36 @@ TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
       c.request("GET", "/v1/stats", "", {{"authorization", "Bearer " + std::string(kKey)}}).status,
       200);
 
-  // Signing out ends the session.
-  auto out = c.request("GET", "/ui/logout", "", {{"cookie", cookie}});
+  // Signing out ends the session, from the page only (another port's page is same-site).
+  EXPECT_EQ(
+      c.request("GET", "/ui/logout", "", {{"cookie", cookie}, {"sec-fetch-site", "same-site"}})
+          .status,
+      403);
+  EXPECT_EQ(c.request("HEAD", "/ui/logout", "", {{"cookie", cookie}}).status, 403);
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookie}}).status, 200);
+  auto out =
+      c.request("GET", "/ui/logout", "", {{"cookie", cookie}, {"sec-fetch-site", "same-origin"}});
   EXPECT_EQ(out.status, 303);
   EXPECT_NE(out.header("set-cookie").find("Max-Age=0"), std::string::npos);
   EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookie}}).status, 401);
+}
+
+TEST(Dashboard, SessionsAreBoundedTheOldestGoFirst) {
+  AdminCluster a(1);
+  HttpClient c(a.admin_port);
+  c.set_timeout(10s);
+  std::vector<std::string> cookies;
+  for (size_t i = 0; i < kMaxSessions + 6; ++i) {
+    auto r = c.get("/ui?token=" + std::string(kKey));
+    ASSERT_EQ(r.status, 303);
+    std::string set = r.header("set-cookie");
+    cookies.push_back(set.substr(0, set.find(';')));
+  }
+  // The first ones were evicted; the last 64 still open the page.
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookies.front()}}).status, 401);
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookies[5]}}).status, 401);
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookies[6]}}).status, 200);
+  EXPECT_EQ(c.request("GET", "/ui", "", {{"cookie", cookies.back()}}).status, 200);
 }
 
 TEST(Dashboard, WrongTokensCountAsFailedAuthentications) {

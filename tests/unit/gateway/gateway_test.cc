@@ -828,6 +828,34 @@ struct TraceWorkers {
   }};
 };
 
+// The dashboard's session cookie (the admin listener's: a browser sends a host's cookies to every
+// port) never reaches a worker; the client's other cookies do, in order.
+TEST(GatewayHeaders, DashboardSessionCookieIsNotForwarded) {
+  auto cookies = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  FakeWorker worker{[cookies, mu](http::Exchange& ex) -> awaitable<void> {
+    {
+      std::lock_guard lock(*mu);
+      cookies->push_back(std::string(ex.header("cookie")));
+    }
+    const http::Header h[] = {{"content-type", "application/json"}};
+    co_await ex.respond(200, h, R"({"text":"ok"})");
+  }};
+  Harness h({worker.url()});
+  HttpClient c(h.port());
+  EXPECT_EQ(c.post("/generate", kBody,
+                   {{"cookie", "a=1; kvgate_session_29001=secret; b=2; kvgate_session=x"}})
+                .status,
+            200);
+  EXPECT_EQ(c.post("/generate", kBody, {{"cookie", "kvgate_session_29001=secret"}}).status, 200);
+  EXPECT_EQ(c.post("/generate", kBody, {{"cookie", "theme=dark"}}).status, 200);
+  std::lock_guard lock(*mu);
+  ASSERT_EQ(cookies->size(), 3u);
+  EXPECT_EQ((*cookies)[0], "a=1; b=2");
+  EXPECT_EQ((*cookies)[1], "") << "nothing left: no Cookie field";
+  EXPECT_EQ((*cookies)[2], "theme=dark");
+}
+
 constexpr std::string_view kClientTraceparent =
     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

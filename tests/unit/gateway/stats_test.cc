@@ -62,6 +62,8 @@ TEST_F(StatsTest, CountsRequestsByStatusClassAndSumsTimeToFirstToken) {
   metrics_.requests.with({"/generate", "200", "", "false"}).inc(7);
   metrics_.requests.with({"/generate", "503", "", "false"}).inc(2);
   metrics_.requests.with({"/v1/chat/completions", "429", "m", "true"}).inc(1);
+  metrics_.requests.with({"/readiness", "503", "", "false"}).inc(5);  // probes are not traffic
+  metrics_.requests.with({"/health", "200", "", "false"}).inc(5);
   metrics_.time_to_first_token.with({"a", "http://w1", ""}).observe(0.003);
   metrics_.time_to_first_token.with({"a", "http://w2", "0"}).observe(0.003);
   metrics_.time_to_first_token.with({"a", "http://w2", "1"}).observe(20);

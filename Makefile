@@ -25,6 +25,8 @@ build-debug:
 	@cmake --preset debug >/dev/null
 	@cmake --build build-debug -j $(JOBS)
 
+# The asan preset is clang with ASan+UBSan and libFuzzer's coverage instrumentation: the same
+# tree links the libFuzzer targets (scripts/fuzz), so CI compiles kvgate_lib once for both.
 build-asan:
 	@cmake --preset asan >/dev/null
 	@cmake --build build-asan -j $(JOBS) --target kvgate_unit_integration
@@ -67,8 +69,9 @@ soak: setup build
 fuzz:
 	@scripts/fuzz
 
-# CI's bounded fuzzing: every libFuzzer target (clang, ASan+UBSan, build-fuzz/) for FUZZ_SMOKE_SECS
-# seconds from its committed corpus. make test already replays each corpus in the GCC builds.
+# CI's bounded fuzzing: every libFuzzer target (clang, ASan+UBSan, linked in build-asan/, which
+# make test compiled) for FUZZ_SMOKE_SECS seconds from its committed corpus. make test already
+# replays each corpus in the release and ASan builds.
 FUZZ_SMOKE_SECS ?= 10
 fuzz-smoke: setup
 	@FUZZ_SECS=$(FUZZ_SMOKE_SECS) scripts/fuzz

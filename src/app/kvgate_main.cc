@@ -465,9 +465,7 @@ int main(int argc, char** argv) {
                   .health_interval = std::chrono::seconds(in_force.health_check_interval_secs),
                   .started = started,
                   .recent_decisions = recent};
-    // (Text from engines, a parity probe's error detail, may not be UTF-8: replaced.)
-    return stats_json(in).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-           "\n";
+    return stats_text(in);
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
   AdminApi admin(in_force, pools, admin_hooks);

@@ -292,7 +292,9 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     // another site (a link in a runbook) carries no SameSite=Strict cookie: it is sent back to
     // the page from the page's own origin once, which does.
     std::string_view site = ex.header("sec-fetch-site");
-    const bool bounce = ui_page && (site == "cross-site" || site == "same-site");
+    // (Once: a browser that still called the reload cross-site gets the sign-in page.)
+    const bool bounce = ui_page && (site == "cross-site" || site == "same-site") &&
+                        http::query_param(ex.target(), "bounced").empty();
     co_await ui_unauthorized(ex, stats, bounce);
     co_return;
   }

@@ -28,7 +28,7 @@ Open <code>/ui?token=YOUR_ADMIN_KEY</code> once: kvgate answers with a session c
 
 // What a navigation from another site gets (see ui_unauthorized).
 constexpr std::string_view kBouncePage = R"(<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=/ui">
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=/ui?bounced=1">
 <title>kvgate</title></head><body><p><a href="/ui">Continue to the kvgate dashboard</a></p>
 </body></html>
 )";
@@ -48,9 +48,10 @@ bool AdminApi::session_valid(const http::Exchange& ex, Clock::time_point now) {
   if (sessions_.empty()) return false;
   // Every pair of the name: another site of this host may have set one that comes first.
   bool found = false;
+  // (Each value hashed once, then compared with every session's digest in constant time.)
   for (std::string_view value : http::cookie_values(ex.header("cookie"), session_cookie(ex))) {
-    std::string bearer = "Bearer " + std::string(value);
-    for (const Session& s : sessions_) found = s.key.matches(bearer) || found;  // (no early exit)
+    const BearerKey::Digest presented = BearerKey::digest_of(value);
+    for (const Session& s : sessions_) found = s.key.matches_digest(presented) || found;
   }
   return found;
 }
@@ -127,8 +128,8 @@ awaitable<void> AdminApi::ui_route(http::Exchange& ex) {
       co_return;
     }
     for (std::string_view value : http::cookie_values(ex.header("cookie"), session_cookie(ex))) {
-      std::string bearer = "Bearer " + std::string(value);
-      std::erase_if(sessions_, [&](const Session& s) { return s.key.matches(bearer); });
+      const BearerKey::Digest presented = BearerKey::digest_of(value);
+      std::erase_if(sessions_, [&](const Session& s) { return s.key.matches_digest(presented); });
     }
     const std::string clear =
         session_cookie(ex) + "=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict";

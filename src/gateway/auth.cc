@@ -31,6 +31,14 @@ bool BearerKey::matches(std::string_view auth) const {
   return CRYPTO_memcmp(digest.data(), digest_.data(), digest.size()) == 0;
 }
 
+BearerKey::Digest BearerKey::digest_of(std::string_view key) {
+  return sha256(key);
+}
+
+bool BearerKey::matches_digest(const Digest& presented) const {
+  return set_ && CRYPTO_memcmp(presented.data(), digest_.data(), presented.size()) == 0;
+}
+
 std::string random_key_hex() {
   static constexpr char kHex[] = "0123456789abcdef";
   std::random_device rd;  // getrandom(2): not the request path's PRNG

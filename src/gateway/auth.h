@@ -16,10 +16,14 @@ class BearerKey {
   bool set() const { return set_; }
   // Whether an Authorization header value carries the key.
   bool matches(std::string_view authorization) const;
+  // A presented key's digest, to compare with several keys at one hashing (matches_digest).
+  using Digest = std::array<unsigned char, 32>;
+  static Digest digest_of(std::string_view key);
+  bool matches_digest(const Digest& presented) const;
 
  private:
   bool set_;
-  std::array<unsigned char, 32> digest_{};
+  Digest digest_{};
 };
 
 // A key nobody can guess: 32 hex digits from the kernel's generator (the doctor's key, the

@@ -24,6 +24,8 @@ namespace kvgate {
 namespace {
 
 constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
+// The dashboard's session cookies (AdminApi::kSessionCookiePrefix): never forwarded to a worker.
+constexpr std::string_view kSessionCookiePrefix = "kvgate_session";
 // A stream's first event is read before the client sees anything (it may be an abort): at most
 // this much of it. A longer first event is relayed without the check.
 constexpr size_t kFirstEventLimit = 65536;
@@ -338,7 +340,7 @@ class Dispatch {
     if (note_.log) {
       try {
         note_.log->add(record(o));
-      } catch (const std::bad_alloc&) {
+      } catch (...) {
         // (Also reached from the destructor: the log loses an entry, nothing else.)
       }
     }
@@ -406,6 +408,10 @@ struct PrefillHalf {
   std::optional<Dispatch> dispatch;
   std::shared_ptr<pd::PrefillLeg> leg;
   std::string rid;  // the rid both halves carry ("" when the client's body names its own)
+  // The decode half served the client (complete()): what its answer reported of the prompt, for
+  // settle_prefill to count on the prefill server when the prefill's own answer says nothing.
+  bool served_ok = false;
+  std::optional<int64_t> decode_prompt, decode_cached;
 };
 
 // A worker's answer kept to give the client when no retry works out (its own 429/503...).
@@ -504,6 +510,7 @@ class Gateway::Request {
   awaitable<void> give_up();
   // Prefill/decode: the prefill half ends with its attempt (joined, its dispatch closed).
   awaitable<void> settle_prefill(Attempt& a, bool served);
+  void count_prefill_usage(PrefillHalf& p);
   // Prefill/decode: until the prefill half ended (its answer not awaited long: the decode half
   // had its KV, so the prefill is done or ends soon).
   awaitable<void> wait_prefill(Attempt& a);
@@ -1093,17 +1100,18 @@ void Gateway::Request::forward_headers() {
       return;
     }
     if (!allow_target && http::iequals(name, "x-smg-target-worker")) return;
-    if (value.find("kvgate_session") != std::string_view::npos && http::iequals(name, "cookie"))
+    if (http::iequals(name, "cookie") && value.find(kSessionCookiePrefix) != std::string_view::npos)
         [[unlikely]] {
       // The dashboard's session cookie (the admin listener's; a browser sends it to every port
-      // of the host) is not the worker's to see: dropped, the client's other cookies kept.
-      if (!cookie_buf_.empty()) return;  // (one Cookie field per request from browsers)
-      cookie_buf_ = http::without_cookies(value, "kvgate_session");
-      if (!cookie_buf_.empty()) fwd_.push_back({name, cookie_buf_});
+      // of the host) is not the worker's to see: dropped, the client's other cookies kept (of
+      // every such field, joined into one, sent after the loop: the buffer grows meanwhile).
+      std::string kept = http::without_cookies(value, kSessionCookiePrefix);
+      if (!kept.empty()) cookie_buf_.append(cookie_buf_.empty() ? "" : "; ").append(kept);
       return;
     }
     fwd_.push_back({name, value});
   });
+  if (!cookie_buf_.empty()) fwd_.push_back({"cookie", cookie_buf_});
   const std::string& client_addr = ex_.remote_address();
   xff_.append(client_addr.empty() ? "unknown" : client_addr);
   forwarded_.append("for=").append(forwarded_node(client_addr));
@@ -1889,13 +1897,20 @@ void Gateway::Request::complete(Attempt& a, int final_status, Verdict verdict,
   if (a.cells && final_status < 400) {
     a.cells->e2e->observe(seconds(Clock::now() - a.sent_at));
     // As the engine reported them (the last value in the answer: streams repeat them).
-    if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
-    if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
-    // What the deciding policy expected cached, for the same requests as cached_tokens
-    // (prefill/decode: counted with the prefill server's figures, settle_prefill).
-    if (usage.cached_tokens() && !a.prefill) {
-      if (uint64_t p = a.dispatch->predicted_cached(outcome); p > 0) {
-        a.cells->predicted_tokens->inc(p);
+    if (a.prefill) {
+      // Prefill/decode: the prompt was computed by the prefill server; its cells count it
+      // (settle_prefill), once.
+      a.prefill->served_ok = true;
+      a.prefill->decode_prompt = usage.prompt_tokens();
+      a.prefill->decode_cached = usage.cached_tokens();
+    } else {
+      if (auto n = usage.prompt_tokens(); n && *n > 0) a.cells->prompt_tokens->inc(*n);
+      if (auto n = usage.cached_tokens(); n && *n > 0) a.cells->cached_tokens->inc(*n);
+      // What the deciding policy expected cached, for the same requests as cached_tokens.
+      if (usage.cached_tokens()) {
+        if (uint64_t p = a.dispatch->predicted_cached(outcome); p > 0) {
+          a.cells->predicted_tokens->inc(p);
+        }
       }
     }
     if (auto n = usage.completion_tokens(); n && *n > 0) a.cells->generated_tokens->inc(*n);
@@ -1926,6 +1941,26 @@ void Gateway::Request::dispatched(Attempt& a) {
 // Prefill/decode: the prefill half ends with its attempt. When the decode half served the client
 // the prefill's answer is awaited (it has come, or comes soon: the decode had its KV); otherwise
 // the prefill call is ended. Its dispatch then closes with what the prefill server did.
+// Prefill/decode, the request served: the prompt's figures on the prefill server's cells (it
+// computed the prompt, and the prefill policy's prediction was about it): what its own answer
+// reported, else what the decode's did. The decode server's cells count none of them.
+void Gateway::Request::count_prefill_usage(PrefillHalf& p) {
+  const UsageScanner& own = p.leg->usage();
+  std::optional<int64_t> prompt = own.prompt_tokens();
+  std::optional<int64_t> cached = own.cached_tokens();
+  if (!prompt || *prompt <= 0) {
+    prompt = p.decode_prompt;
+    cached = p.decode_cached;
+  }
+  const SignalCells* cells = pool_->signals(*p.w, p.d.dp_rank);
+  if (!cells || !prompt || *prompt <= 0) return;
+  cells->prompt_tokens->inc(*prompt);
+  if (!cached) return;
+  if (*cached > 0) cells->cached_tokens->inc(*cached);
+  const Outcome reported{.cached_tokens = cached, .prompt_tokens = prompt};
+  if (uint64_t n = p.dispatch->predicted_cached(reported); n > 0) cells->predicted_tokens->inc(n);
+}
+
 awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   Attempt::Prefill& p = *a.prefill;
   cancel_.prefill = nullptr;
@@ -1944,6 +1979,7 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   if (auto connected = leg.connect_time()) {
     if (metrics::Histogram* h = pool_->connect_time(*p.w)) h->observe(seconds(*connected));
   }
+  if (p.served_ok) count_prefill_usage(p);
   if (a.blame_prefill) {
     // The decode said the KV never came: either side may be at fault (the prefill's sender, the
     // decode's receiver, the path between). Neither is charged; this request tries another pair.
@@ -1957,18 +1993,6 @@ awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
                           .prompt_tokens = leg.usage().prompt_tokens(),
                           .started = true};
     p.dispatch->finish(outcome, Verdict::kSuccess);
-    // The prefill server's own figures on its cells: it computed the prompt, so it is where the
-    // prefill policy's prediction is checked (the decode server counts what it reported).
-    if (const SignalCells* cells = pool_->signals(*p.w, p.d.dp_rank);
-        cells && outcome.prompt_tokens && *outcome.prompt_tokens > 0) {
-      cells->prompt_tokens->inc(*outcome.prompt_tokens);
-      if (outcome.cached_tokens) {
-        if (*outcome.cached_tokens > 0) cells->cached_tokens->inc(*outcome.cached_tokens);
-        if (uint64_t n = p.dispatch->predicted_cached(outcome); n > 0) {
-          cells->predicted_tokens->inc(n);
-        }
-      }
-    }
     co_return;
   }
   // The prefill failed on its own (not ended by this attempt: after its decode had the KV, or

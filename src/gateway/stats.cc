@@ -284,4 +284,8 @@ Json stats_json(const StatsInput& in) {
   return out;
 }
 
+std::string stats_text(const StatsInput& in) {
+  return stats_json(in).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace kvgate

@@ -33,6 +33,9 @@ struct StatsInput {
 };
 
 nlohmann::ordered_json stats_json(const StatsInput& in);
+// stats_json as the text GET /v1/stats answers: bytes that are not UTF-8 (an engine's error text
+// in a parity detail) replaced by U+FFFD, never a throw.
+std::string stats_text(const StatsInput& in);
 
 // What kv_exact knows of each of a rule's (endpoint, rank) sources (GET /v1/rules/{name}/inventory
 // and the stats' "kv"): subscriber state, blocks, last event, page-size and tokenizer parity,

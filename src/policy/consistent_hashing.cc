@@ -3,6 +3,8 @@
 
 #include <charconv>
 
+#include "http/message.h"
+
 namespace kvgate {
 
 Decision ConsistentHashingPolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
@@ -19,12 +21,19 @@ Decision ConsistentHashingPolicy::select(std::span<Worker* const> available, Rou
   }
   std::string_view key = routing_key(ctx);
   std::string_view branch = "routing_key";
+  std::string cookies;  // the Cookie field without the dashboard's session (see below)
   for (auto [header, name] :
        {std::pair{"authorization", "authorization"}, std::pair{"x-forwarded-for", "forwarded_for"},
         std::pair{"cookie", "cookie"}}) {
     if (!key.empty()) break;
     key = ctx.header(header);
     branch = name;
+  }
+  if (branch == "cookie" && key.find("kvgate_session") != std::string_view::npos) [[unlikely]] {
+    // The admin listener's dashboard session (a browser sends it to every port of the host) is
+    // not the client's identity: signing in or out must not move the client to another worker.
+    cookies = http::without_cookies(key, "kvgate_session");
+    key = cookies;
   }
   if (key.empty() || state->ring.empty()) {
     return {available[rng_.below(available.size())], std::nullopt, "random", 0};

@@ -188,7 +188,9 @@ try {
   // (about:blank first: setContent writes into the current document, whose timers would run on.)
   await page.goto('about:blank');
   await page.setContent(`<a id="go" href="${base}/ui">dashboard</a>`);
-  await Promise.all([page.waitForURL(`${base}/ui`, { timeout: waitMs }), page.click('#go')]);
+  // (It lands on /ui?bounced=1: the proof the first navigation, without the cookie, was sent
+  // back; had Chromium sent the cookie cross-site, the page would have opened at /ui at once.)
+  await Promise.all([page.waitForURL(`${base}/ui?bounced=1`, { timeout: waitMs }), page.click('#go')]);
   await waitFor('the page opened from a link of another site to be live', async () =>
     (await page.textContent('[data-testid="conn-state"]').catch(() => ''))?.trim() === 'live', waitMs, 'body');
   log('a link from another site opens the live page');

@@ -394,6 +394,34 @@ TEST(Pd, CacheAwarePrefillKeepsEachConversationOnOneServer) {
     EXPECT_EQ(where.size(), 1u) << "conversation " << conv << " moved between prefill servers";
   }
   EXPECT_GT(t.rate(), 0.5) << "later turns find their history cached on the prefill server";
+  // The prompt's figures are counted once, on the prefill server that computed it, with the
+  // prefill policy's prediction beside them; the decode servers count none.
+  HttpClient m(c.metrics_port);
+  const std::string text = m.get("/metrics").body;
+  auto sum = [&](const std::string& family, const std::string& url) {
+    double total = 0;
+    const std::string head = family + "{rule=\"default\",worker=\"" + url + "\"";
+    for (size_t at = text.find(head); at != std::string::npos; at = text.find(head, at + 1)) {
+      size_t sp = text.find(' ', at + head.size());
+      total += std::stod(text.substr(sp + 1));
+    }
+    return total;
+  };
+  double prefill_prompt = 0, prefill_predicted = 0;
+  for (const auto& p : c.prefill) {
+    prefill_prompt += sum("kvgate_prompt_tokens_total", p.url());
+    prefill_predicted += sum("kvgate_predicted_cached_tokens_total", p.url());
+  }
+  EXPECT_GT(prefill_prompt, 0) << text;
+  EXPECT_GT(prefill_predicted, 0) << "cache_aware predicted the later turns' history";
+  for (const auto& d : c.decode) {
+    EXPECT_EQ(sum("kvgate_prompt_tokens_total", d.url()), 0) << d.url() << "\n" << text;
+    EXPECT_EQ(sum("kvgate_cached_tokens_total", d.url()), 0) << d.url();
+    EXPECT_GT(sum("kvgate_generated_tokens_total", d.url()) +
+                  sum("kvgate_e2e_request_duration_seconds_count", d.url()),
+              0)
+        << "the decode servers still count what they did";
+  }
 }
 
 // /generate with return_logprob: SGLang's decode computes no prompt rows, its prefill does; the

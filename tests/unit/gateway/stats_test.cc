@@ -140,6 +140,19 @@ TEST_F(StatsTest, ShowsEveryRuleAndWorkerWithItsUsagePerRank) {
   EXPECT_EQ(a["workers"][1]["prompt_tokens"], 0);
 }
 
+TEST_F(StatsTest, TextThatIsNotUtf8IsReplacedNotThrown) {
+  DecisionRecord r;
+  r.rid = "abc";
+  r.worker = "http://w\xff\xfe/";  // bytes an engine or a client could bring in
+  r.branch = "next";
+  log_.add(r);
+  StatsInput in{.table = pools_->table(), .metrics = &metrics_, .decisions = &log_};
+  EXPECT_THROW((void)stats_json(in).dump(), nlohmann::json::type_error);
+  std::string text;
+  ASSERT_NO_THROW(text = stats_text(in));
+  EXPECT_NE(text.find("http://w\xef\xbf\xbd\xef\xbf\xbd/"), std::string::npos) << text;
+}
+
 TEST_F(StatsTest, ExplainsTheRecentDecisionsNewestFirst) {
   for (int i = 0; i < 150; ++i) {
     DecisionRecord r;

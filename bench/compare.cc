@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -26,18 +28,27 @@ namespace kvgate::bench {
 namespace {
 
 int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+  // The kernel may hand the same ephemeral port to two binds in a row (each closed at once): a
+  // port given out before is asked again, so one run never gives two listeners the same port.
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard lock(mu);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      return 0;
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     ::close(fd);
-    return 0;
+    int port = ntohs(a.sin_port);
+    if (given.insert(port).second) return port;
   }
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return 0;
 }
 
 // A run of `n` consecutive free ports (a sim's DP ranks publish at base + rank), below the

@@ -2,8 +2,9 @@
 # runs (.ci/run): install what is missing, build, run every test (unit, integration, conformance,
 # and the ASan+UBSan build of unit + integration); CI then runs `make fuzz-smoke`. `make
 # check-tsan`: unit + integration under ThreadSanitizer (build-tsan/), where any report fails its
-# test (not in CI: it would leave no margin in the 30-minute budget; run it before merging changes
-# to state threads share).
+# test, and `make check-asan-gcc`: under ASan+UBSan built by GCC 12 (not in CI: they would leave
+# no margin in the 30-minute budget; run them before merging changes to state threads share or to
+# coroutine code).
 JOBS ?= $(shell nproc)
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 

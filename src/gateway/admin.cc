@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "gateway/decision_log.h"
 #include "gateway/stats.h"
 #include "policy/kv_exact.h"
 #include "util/log.h"

@@ -48,7 +48,6 @@
 
 #include "gateway/auth.h"
 #include "gateway/config.h"
-#include "gateway/decision_log.h"
 #include "gateway/doctor.h"
 #include "gateway/pools.h"
 #include "http/server.h"
@@ -82,10 +81,6 @@ class AdminApi {
   // are kept (beyond it, the one closest to expiry goes).
   static constexpr auto kSessionTtl = std::chrono::hours(12);
   static constexpr size_t kMaxSessions = 64;
-  // The cookie is named per admin port (kvgate_session_29001): browsers scope cookies by host,
-  // not port, so two kvgates on one host keep their sessions apart; the inference listener drops
-  // every kvgate_session* pair before forwarding a Cookie header to a worker.
-  static constexpr std::string_view kSessionCookiePrefix = "kvgate_session";
 
  private:
   awaitable<void> rules_route(http::Exchange& ex, std::string_view rest);
@@ -100,7 +95,9 @@ class AdminApi {
   awaitable<void> ui_unauthorized(http::Exchange& ex, bool stats, bool bounce);
   // Whether the request's Cookie header carries a live session (expired ones are dropped).
   bool session_valid(const http::Exchange& ex, Clock::time_point now);
-  static std::string session_cookie(const http::Exchange& ex);  // its name for this listener
+  // The session cookie's name for this listener: http::kSessionCookiePrefix and the admin port
+  // (browsers scope cookies by host, not port: two kvgates on one host keep their sessions apart).
+  static std::string session_cookie(const http::Exchange& ex);
 
   const GatewayConfig& config_;
   PoolManager& pools_;

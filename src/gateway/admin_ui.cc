@@ -15,7 +15,8 @@ constexpr std::string_view kCsp =
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 constexpr std::string_view kLoginPage = R"(<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>kvgate: sign in</title></head>
+<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">
+<title>kvgate: sign in</title></head>
 <body>
 <h1>kvgate dashboard</h1>
 <p>This page needs the admin key (the contents of <code>--admin-api-key-file</code>).
@@ -26,9 +27,11 @@ Open <code>/ui?token=YOUR_ADMIN_KEY</code> once: kvgate answers with a session c
 </body></html>
 )";
 
-// What a navigation from another site gets (see ui_unauthorized).
+// What a navigation from another site gets (see ui_unauthorized). Both pages name an empty icon:
+// a browser would otherwise ask for /favicon.ico, which the admin API refuses to browsers.
 constexpr std::string_view kBouncePage = R"(<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=/ui?bounced=1">
+<link rel="icon" href="data:,">
 <title>kvgate</title></head><body><p><a href="/ui">Continue to the kvgate dashboard</a></p>
 </body></html>
 )";
@@ -40,7 +43,7 @@ bool is_ui_path(std::string_view path) {
 }
 
 std::string AdminApi::session_cookie(const http::Exchange& ex) {
-  return std::string(kSessionCookiePrefix) + "_" + std::to_string(ex.local_port());
+  return std::string(http::kSessionCookiePrefix) + "_" + std::to_string(ex.local_port());
 }
 
 bool AdminApi::session_valid(const http::Exchange& ex, Clock::time_point now) {

@@ -22,14 +22,6 @@ uint64_t predicted_cached_tokens(const DecisionRecord& r) {
                                  r.prompt_tokens);
 }
 
-namespace {
-
-std::string pages(uint64_t tokens, int64_t page_size) {
-  return std::to_string(tokens / static_cast<uint64_t>(page_size));
-}
-
-}  // namespace
-
 std::string explain(const DecisionRecord& r) {
   std::string out(r.branch.empty() ? "?" : r.branch);
   if (!r.fallback_branch.empty()) {
@@ -39,11 +31,11 @@ std::string explain(const DecisionRecord& r) {
   }
   out += ": ";
   std::string where = r.rank >= 0 ? "rank " + std::to_string(r.rank) + " of " + r.worker : r.worker;
-  if (r.page_size > 0 && r.fallback_branch.empty()) {
-    uint64_t total = r.request_tokens / static_cast<uint64_t>(r.page_size);
-    out += where + " holds " + pages(r.predicted_tokens, r.page_size) + " of the prompt's " +
-           std::to_string(total) + " full pages (" + std::to_string(r.predicted_tokens) + " of " +
-           std::to_string(r.request_tokens) + " tokens)";
+  if (r.by_pages()) {
+    out += where + " holds " + std::to_string(r.pages(r.predicted_tokens)) + " of the prompt's " +
+           std::to_string(r.pages(r.request_tokens)) + " full pages (" +
+           std::to_string(r.predicted_tokens) + " of " + std::to_string(r.request_tokens) +
+           " tokens)";
   } else if (r.request_chars > 0) {
     char share[32];
     std::snprintf(

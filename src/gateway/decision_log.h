@@ -46,6 +46,10 @@ struct DecisionRecord {
   // As the engine reported them for this attempt (usage / meta_info), when it did.
   std::optional<int64_t> prompt_tokens;
   std::optional<int64_t> cached_tokens;
+
+  // kv_exact decided on the pages it matched (not its fallback): the prediction is in pages.
+  bool by_pages() const { return page_size > 0 && fallback_branch.empty(); }
+  uint64_t pages(uint64_t tokens) const { return tokens / static_cast<uint64_t>(page_size); }
 };
 
 // The tokens a decision expected cached on its worker, comparable with the engine's

@@ -242,7 +242,7 @@ awaitable<void> Gateway::handle(http::Exchange& ex) {
     record(ex, route->path, 404, "", false, start);
     co_return;
   }
-  bool probe = path == "/health" || path == "/liveness" || path == "/readiness";
+  bool probe = is_probe_path(path);
   if (!allows(route->methods, method)) {
     co_await fail(ex, errors::method_not_allowed(method, path, route->methods), rid);
     record(ex, route->path, 405, "", false, start);

@@ -88,6 +88,12 @@ class DoctorKey {
   std::atomic<int> armed_{0};
 };
 
+// The load balancers' probes (/health, /liveness, /readiness): answered without the API key,
+// and not traffic in the dashboard's figures (a /readiness 503 in an outage is no error rate).
+inline bool is_probe_path(std::string_view path) {
+  return path == "/health" || path == "/liveness" || path == "/readiness";
+}
+
 class Gateway {
  public:
   // Requests resolve their pool in `pools`' rule table (which the control plane may change at

@@ -24,8 +24,6 @@ namespace kvgate {
 namespace {
 
 constexpr int kClientClosedStatus = 499;  // nginx's convention for "client went away"
-// The dashboard's session cookies (AdminApi::kSessionCookiePrefix): never forwarded to a worker.
-constexpr std::string_view kSessionCookiePrefix = "kvgate_session";
 // A stream's first event is read before the client sees anything (it may be an abort): at most
 // this much of it. A longer first event is relayed without the check.
 constexpr size_t kFirstEventLimit = 65536;
@@ -1100,12 +1098,12 @@ void Gateway::Request::forward_headers() {
       return;
     }
     if (!allow_target && http::iequals(name, "x-smg-target-worker")) return;
-    if (http::iequals(name, "cookie") && value.find(kSessionCookiePrefix) != std::string_view::npos)
-        [[unlikely]] {
+    if (http::iequals(name, "cookie") &&
+        value.find(http::kSessionCookiePrefix) != std::string_view::npos) [[unlikely]] {
       // The dashboard's session cookie (the admin listener's; a browser sends it to every port
       // of the host) is not the worker's to see: dropped, the client's other cookies kept (of
       // every such field, joined into one, sent after the loop: the buffer grows meanwhile).
-      std::string kept = http::without_cookies(value, kSessionCookiePrefix);
+      std::string kept = http::without_cookies(value, http::kSessionCookiePrefix);
       if (!kept.empty()) cookie_buf_.append(cookie_buf_.empty() ? "" : "; ").append(kept);
       return;
     }
@@ -1938,9 +1936,6 @@ void Gateway::Request::dispatched(Attempt& a) {
   }
 }
 
-// Prefill/decode: the prefill half ends with its attempt. When the decode half served the client
-// the prefill's answer is awaited (it has come, or comes soon: the decode had its KV); otherwise
-// the prefill call is ended. Its dispatch then closes with what the prefill server did.
 // Prefill/decode, the request served: the prompt's figures on the prefill server's cells (it
 // computed the prompt, and the prefill policy's prediction was about it): what its own answer
 // reported, else what the decode's did. The decode server's cells count none of them.
@@ -1961,6 +1956,9 @@ void Gateway::Request::count_prefill_usage(PrefillHalf& p) {
   if (uint64_t n = p.dispatch->predicted_cached(reported); n > 0) cells->predicted_tokens->inc(n);
 }
 
+// Prefill/decode: the prefill half ends with its attempt. When the decode half served the client
+// the prefill's answer is awaited (it has come, or comes soon: the decode had its KV); otherwise
+// the prefill call is ended. Its dispatch then closes with what the prefill server did.
 awaitable<void> Gateway::Request::settle_prefill(Attempt& a, bool served) {
   Attempt::Prefill& p = *a.prefill;
   cancel_.prefill = nullptr;

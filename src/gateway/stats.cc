@@ -3,6 +3,7 @@
 #include <map>
 #include <tuple>
 
+#include "gateway/gateway.h"
 #include "policy/kv_exact.h"
 
 #ifndef KVGATE_VERSION
@@ -75,10 +76,7 @@ Json requests_json(const GatewayMetrics& m, const StatsInput& in) {
   m.requests.for_each([&](const auto& labels, const metrics::Counter& c) {
     // labels: route, status, model, streaming. Probes are not traffic: a load balancer's
     // /readiness answered 503 while no worker is healthy is not an error rate.
-    if (labels.size() < 2 || labels[0] == "/health" || labels[0] == "/liveness" ||
-        labels[0] == "/readiness") {
-      return;
-    }
+    if (labels.size() < 2 || is_probe_path(labels[0])) return;
     uint64_t n = c.value();
     total += n;
     int status = std::atoi(labels[1].c_str());
@@ -179,12 +177,8 @@ Json rule_json(const Pool& pool, const std::map<UsageKey, WorkerUsage>& usage,
 }
 
 Json decision_json(const DecisionRecord& r) {
-  auto pages = [&](uint64_t tokens) -> Json {
-    if (r.page_size <= 0) return nullptr;
-    return tokens / static_cast<uint64_t>(r.page_size);
-  };
   const bool chars = r.request_chars > 0;
-  const bool kv = r.page_size > 0 && r.fallback_branch.empty();
+  const bool kv = r.by_pages();
   return Json{{"seq", r.seq},
               {"time", unix_secs(r.time)},
               {"rid", r.rid},
@@ -200,8 +194,8 @@ Json decision_json(const DecisionRecord& r) {
               {"attempt", r.attempt},
               {"status", r.status},
               {"duration_ms", r.duration_ms},
-              {"matched_pages", kv ? pages(r.predicted_tokens) : Json()},
-              {"prompt_pages", kv ? pages(r.request_tokens) : Json()},
+              {"matched_pages", kv ? Json(r.pages(r.predicted_tokens)) : Json()},
+              {"prompt_pages", kv ? Json(r.pages(r.request_tokens)) : Json()},
               {"matched_chars", chars ? Json(r.predicted_chars) : Json()},
               {"prompt_chars", chars ? Json(r.request_chars) : Json()},
               {"predicted_tokens", predicted_cached_tokens(r)},

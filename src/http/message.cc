@@ -228,11 +228,6 @@ std::vector<std::string_view> cookie_values(std::string_view header, std::string
   return out;
 }
 
-std::string_view cookie_value(std::string_view header, std::string_view name) {
-  auto values = cookie_values(header, name, 1);
-  return values.empty() ? std::string_view{} : values.front();
-}
-
 std::string without_cookies(std::string_view header, std::string_view prefix) {
   std::string out;
   for_each_cookie(header, [&](std::string_view n, std::string_view, std::string_view pair) {

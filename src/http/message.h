@@ -95,11 +95,14 @@ std::string percent_decode(std::string_view s);
 std::string_view query_param(std::string_view target, std::string_view name);
 // The values of cookie `name` in a Cookie header ("a=1; kvgate_session=abc"), in order, at most
 // `limit` (RFC 6265 5.4: pairs separated by "; "; another site of the host may have set a pair of
-// the same name, sent first). cookie_value: the first, or "".
+// the same name, sent first).
 std::vector<std::string_view> cookie_values(std::string_view header, std::string_view name,
                                             size_t limit = 16);
-std::string_view cookie_value(std::string_view header, std::string_view name);
 // The Cookie header without the pairs whose name starts with `prefix` ("" when none is left).
 std::string without_cookies(std::string_view header, std::string_view prefix);
+// What the names of the dashboard's session cookies start with (gateway/admin_ui.cc names them
+// per admin port). A browser sends them to every port of the host: the inference listener takes
+// them out of what it forwards, and cookie-keyed routing leaves them out of its key.
+inline constexpr std::string_view kSessionCookiePrefix = "kvgate_session";
 
 }  // namespace kvgate::http

@@ -29,10 +29,11 @@ Decision ConsistentHashingPolicy::select(std::span<Worker* const> available, Rou
     key = ctx.header(header);
     branch = name;
   }
-  if (branch == "cookie" && key.find("kvgate_session") != std::string_view::npos) [[unlikely]] {
+  if (branch == "cookie" && key.find(http::kSessionCookiePrefix) != std::string_view::npos)
+      [[unlikely]] {
     // The admin listener's dashboard session (a browser sends it to every port of the host) is
     // not the client's identity: signing in or out must not move the client to another worker.
-    cookies = http::without_cookies(key, "kvgate_session");
+    cookies = http::without_cookies(key, http::kSessionCookiePrefix);
     key = cookies;
   }
   if (key.empty() || state->ring.empty()) {

@@ -101,7 +101,15 @@ try {
   });
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   page = await context.newPage();
-  page.on('console', (m) => { if (m.type() === 'error') problems.push(`console.error: ${m.text()}`); });
+  page.on('console', (m) => {
+    if (m.type() === 'error') problems.push(`console.error: ${m.text()} (${m.location()?.url || 'no url'})`);
+  });
+  // Which request an HTTP error was (the console line above names only the page).
+  page.on('response', (r) => {
+    if (r.status() >= 400) {
+      problems.push(`HTTP ${r.status()} for ${r.request().method()} ${r.url()}`);
+    }
+  });
   page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}\n${e.stack || ''}`));
 
   // 1. Login: /ui?token=KEY answers with the session cookie and a redirect to /ui.

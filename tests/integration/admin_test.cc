@@ -587,6 +587,8 @@ TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
   EXPECT_NE(linked.body.find(R"(http-equiv="refresh" content="0; url=/ui?bounced=1")"),
             std::string::npos)
       << linked.body;
+  // Neither this page nor the sign-in page sends the browser for /favicon.ico (refused: 403).
+  EXPECT_NE(linked.body.find(R"(<link rel="icon" href="data:,">)"), std::string::npos);
   // Once only: the reload seen as cross-site again gets the sign-in page, not another reload.
   auto again = c.request("GET", "/ui?bounced=1", "", {{"sec-fetch-site", "cross-site"}});
   EXPECT_EQ(again.status, 401);
@@ -602,6 +604,7 @@ TEST(Dashboard, TokenOpensASessionTheCookieReadsOnlyTheDashboard) {
   auto forged = c.request("GET", "/ui", "", {{"cookie", "kvgate_session=00ff"}});
   EXPECT_EQ(forged.status, 401);
   EXPECT_NE(forged.body.find("/ui?token="), std::string::npos) << forged.body;
+  EXPECT_NE(forged.body.find(R"(<link rel="icon" href="data:,">)"), std::string::npos);
   auto no_session = c.request("GET", "/v1/stats", "", {{"sec-fetch-site", "same-origin"}});
   EXPECT_EQ(no_session.status, 401);
   EXPECT_NE(no_session.body.find("no_session"), std::string::npos) << no_session.body;

@@ -8,43 +8,18 @@
 #include "gateway/knobs.h"
 #include "metrics/metrics.h"
 #include "support/process.h"
+#include "unit/gateway/pools_fixture.h"
 
 namespace kvgate {
 namespace {
 
-rules::Rule make_rule(std::string name, std::vector<std::string> urls,
-                      std::vector<std::string> models = {}) {
-  rules::Rule r;
-  r.name = std::move(name);
-  r.mode = 4;
-  r.sel = "round_robin";
-  r.models = std::move(models);
-  for (auto& u : urls) r.endpoints.push_back({.url = std::move(u)});
-  return r;
-}
+using testing::make_rule;
 
-class PoolsTest : public ::testing::Test {
+class PoolsTest : public testing::PoolsFixture {
  protected:
-  PoolsTest() {
-    env_.config = &cfg_;
-    env_.metrics = &metrics_;
-    env_.registry = &registry_;
-    env_.control = &control_;
-    env_.next_worker_id = &next_id_;
-    env_.health = health_config(cfg_);
-    pools_ = std::make_unique<PoolManager>(env_);
-  }
   bool exposes(const std::string& text) {
     return registry_.expose().find(text) != std::string::npos;
   }
-
-  GatewayConfig cfg_;
-  metrics::Registry registry_;
-  GatewayMetrics metrics_{registry_, metrics::latency_buckets()};
-  asio::io_context control_;
-  std::atomic<uint64_t> next_id_{1};
-  PoolEnv env_;
-  std::unique_ptr<PoolManager> pools_;
 };
 
 TEST_F(PoolsTest, ResolvesByModelThenCatchAllThenMostSpecific) {

@@ -5,38 +5,17 @@
 
 #include <gtest/gtest.h>
 
-#include <boost/asio/io_context.hpp>
-
-#include "gateway/knobs.h"
-#include "metrics/metrics.h"
+#include "unit/gateway/pools_fixture.h"
 
 namespace kvgate {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
-rules::Rule make_rule(std::string name, std::vector<std::string> urls,
-                      std::vector<std::string> models = {}) {
-  rules::Rule r;
-  r.name = std::move(name);
-  r.models = std::move(models);
-  r.mode = 4;
-  r.sel = "round_robin";
-  for (auto& u : urls) r.endpoints.push_back({.url = std::move(u)});
-  return r;
-}
+using testing::make_rule;
 
-class StatsTest : public ::testing::Test {
+class StatsTest : public testing::PoolsFixture {
  protected:
-  StatsTest() {
-    env_.config = &cfg_;
-    env_.metrics = &metrics_;
-    env_.registry = &registry_;
-    env_.control = &control_;
-    env_.next_worker_id = &next_id_;
-    env_.health = health_config(cfg_);
-    pools_ = std::make_unique<PoolManager>(env_);
-  }
   Json stats() {
     StatsInput in{.table = pools_->table(),
                   .metrics = &metrics_,
@@ -48,13 +27,6 @@ class StatsTest : public ::testing::Test {
     return stats_json(in);
   }
 
-  GatewayConfig cfg_;
-  metrics::Registry registry_;
-  GatewayMetrics metrics_{registry_, metrics::latency_buckets()};
-  boost::asio::io_context control_;
-  std::atomic<uint64_t> next_id_{1};
-  PoolEnv env_;
-  std::unique_ptr<PoolManager> pools_;
   DecisionLog log_;
 };
 

@@ -47,6 +47,11 @@ TEST(AppendHeader, WritesNameColonValueCrlf) {
   EXPECT_EQ(out, "GET / HTTP/1.1\r\nhost: a:1\r\nx-empty: \r\nx-big: " + big + "\r\n");
 }
 
+std::string_view cookie_value(std::string_view header, std::string_view name) {
+  auto values = cookie_values(header, name, 1);
+  return values.empty() ? std::string_view{} : values.front();
+}
+
 TEST(CookieValue, FindsTheNamedPairOnly) {
   EXPECT_EQ(cookie_value("kvgate_session=abc", "kvgate_session"), "abc");
   EXPECT_EQ(cookie_value("a=1; kvgate_session=abc; b=2", "kvgate_session"), "abc");
@@ -57,6 +62,13 @@ TEST(CookieValue, FindsTheNamedPairOnly) {
   EXPECT_EQ(cookie_value("kvgate_session=first; kvgate_session=second", "kvgate_session"), "first");
   EXPECT_EQ(cookie_value("", "kvgate_session"), "");
   EXPECT_EQ(cookie_value("a=1", ""), "");
+  // Every pair of the name, in order, at most `limit`.
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(cookie_values("s=1; a=2; s=3; s=4", "s"), (V{"1", "3", "4"}));
+  EXPECT_EQ(cookie_values("s=1; a=2; s=3; s=4", "s", 2), (V{"1", "3"}));
+  EXPECT_EQ(without_cookies("a=1;kvgate_session_1=x; b=2 ; kvgate_session=y", kSessionCookiePrefix),
+            "a=1; b=2");
+  EXPECT_EQ(without_cookies("kvgate_session_1=x", kSessionCookiePrefix), "");
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "gateway/stats.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "replica/sync.h"
 #include "rules/cli.h"
 #include "rules/config_file.h"
 #include "rules/rule.h"
@@ -272,8 +273,29 @@ int main(int argc, char** argv) {
         std::make_shared<tokenizer::PieceCache>(static_cast<size_t>(cfg.tokenizer_cache_bytes));
     export_piece_cache_stats(registry, piece_cache);
   }
+  // Replica sync (--replica-sync): before the pools, which use it, and destroyed after them.
+  std::unique_ptr<replica::Sync> replica_sync;
+  if (!cfg.replica_sync.empty()) {
+    replica::SyncConfig sc;
+    sc.url = cfg.replica_sync;
+    sc.subject = cfg.replica_sync_subject;
+    sc.name = cfg.replica_name;
+    if (sc.name.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof host - 1);
+      sc.name = std::string(host) + ":" + std::to_string(cfg.port);
+    }
+    sc.batch = std::chrono::milliseconds(cfg.replica_sync_batch_ms);
+    sc.load_interval = std::chrono::milliseconds(cfg.replica_load_interval_ms);
+    sc.peer_timeout = std::chrono::milliseconds(cfg.replica_peer_timeout_ms);
+    sc.chunk_bytes = static_cast<size_t>(cfg.replica_sync_chunk_bytes);
+    sc.max_chunks = static_cast<size_t>(cfg.replica_sync_max_chunks);
+    replica_sync = std::make_unique<replica::Sync>(std::move(sc), &registry);
+    if (std::string e = replica_sync->start(); !e.empty()) return fail(e);
+  }
   PoolEnv env;
   env.config = &cfg;
+  env.replica = replica_sync.get();
   env.breaker = breaker_config(cfg);
   env.health = health_config(cfg);
   env.metrics = &gm;
@@ -410,6 +432,7 @@ int main(int argc, char** argv) {
     }
   }
   Gateway gateway(cfg, pools, gm);
+  gateway.set_replica(replica_sync.get());
   gateway.response_owners().attach_metrics(registry);
   {
     auto& budget_gauge =
@@ -468,6 +491,11 @@ int main(int argc, char** argv) {
     return stats_text(in);
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
+  admin_hooks.route_only = [&gateway](std::string_view path, std::string body,
+                                      const std::function<std::string_view(std::string_view)>& h) {
+    auto r = gateway.route_only(path, std::move(body), h);
+    return std::pair<int, std::string>(r.status, std::move(r.body));
+  };
   AdminApi admin(in_force, pools, admin_hooks);
   try {
     server = std::make_unique<http::Server>(

@@ -390,6 +390,27 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
                                 std::chrono::seconds(config_.health_check_timeout_secs));
     co_return;
   }
+  if (path == "/v1/route") {
+    // The route-only debug endpoint: the decision the request path would make, without sending.
+    if (method != "POST") {
+      co_await fail(ex, 405, "method_not_allowed",
+                    "use POST /v1/route?path=/v1/chat/completions with the request's body");
+      co_return;
+    }
+    if (!hooks_.route_only) {
+      co_await fail(ex, 404, "not_found", "this kvgate has no request path to ask");
+      co_return;
+    }
+    std::string target_path(query_param(ex.target(), "path"));
+    if (target_path.empty()) target_path = "/v1/chat/completions";
+    // Routing headers of the request (sticky keys, a pinned worker) are the admin request's own.
+    auto header = [&ex](std::string_view name) { return ex.header(name); };
+    auto [status, body] = hooks_.route_only(target_path, std::string(ex.body()), header);
+    const http::Header json_type[] = {{"content-type", "application/json"},
+                                      {"cache-control", "no-store"}};
+    co_await ex.respond(status, json_type, body);
+    co_return;
+  }
   if (path == "/v1/config" && method == "GET") {
     std::string config_body =
         hooks_.effective_config ? hooks_.effective_config() : std::string("{}\n");
@@ -420,7 +441,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
                     "/v1/rules/{name}/history, /v1/rules/{name}/rollback, /workers, /workers/{id}, "
                     "/flush_cache, "
                     "/get_loads, /get_server_info, /get_model_info, /v1/config, "
-                    "/v1/config/reload, /v1/stats, /ui)");
+                    "/v1/config/reload, /v1/route, /v1/stats, /ui)");
 }
 
 awaitable<void> AdminApi::rules_route(http::Exchange& ex, std::string_view rest) {

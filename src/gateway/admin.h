@@ -67,6 +67,12 @@ class AdminApi {
     // GET /v1/stats: the dashboard's JSON (gateway/stats.h) with the `recent` newest decisions;
     // empty: "{}".
     std::function<std::string(size_t recent)> stats;
+    // POST /v1/route?path=P: the request path's decision for the body, nothing sent (status,
+    // JSON); empty: 404.
+    std::function<std::pair<int, std::string>(
+        std::string_view path, std::string body,
+        const std::function<std::string_view(std::string_view)>& header)>
+        route_only;
   };
   // `config` is the configuration in force, read when rules are created (a reload replaces it on
   // the control loop, where the admin API runs too); it outlives this.

@@ -32,6 +32,7 @@ constexpr std::string_view kHealth = "Health checks and load";
 constexpr std::string_view kAdmin = "Admin API and configuration file";
 constexpr std::string_view kMetrics = "Prometheus metrics";
 constexpr std::string_view kLogging = "Logging";
+constexpr std::string_view kReplicas = "Replicas (several kvgates that agree)";
 constexpr std::string_view kUnsupported = "Unsupported";
 
 std::string parse_prefill(C& c, std::span<const std::string> v) {
@@ -748,6 +749,66 @@ const std::vector<K>& table() {
                  "smg_cache_aware_policy_branch_total), so existing dashboards keep working",
          .field = &C::metrics_compat,
          .choices = {"none", "smg"}},
+
+        {.name = "replica-sync",
+         .group = kReplicas,
+         .value_name = "URL",
+         .help = "Share routing state with the other kvgate replicas through NATS "
+                 "(nats://host:4222, comma separated for a cluster): cache_aware's records and "
+                 "every replica's in-flight load, so each decides as one gateway would. Empty: "
+                 "this replica alone",
+         .field = &C::replica_sync},
+        {.name = "replica-sync-subject",
+         .group = kReplicas,
+         .value_name = "PREFIX",
+         .help = "NATS subject prefix of one fleet of replicas (<prefix>.chains, <prefix>.load); "
+                 "fleets sharing a NATS server need different prefixes",
+         .field = &C::replica_sync_subject},
+        {.name = "replica-name",
+         .group = kReplicas,
+         .value_name = "NAME",
+         .help = "This replica's name in NATS and logs (empty: host name and port)",
+         .field = &C::replica_name},
+        {.name = "replica-sync-batch-ms",
+         .group = kReplicas,
+         .value_name = "MS",
+         .help = "Longest a routing record waits to be sent with others (a batch also leaves at "
+                 "256 records)",
+         .field = &C::replica_sync_batch_ms,
+         .min = 1,
+         .max = 1000},
+        {.name = "replica-load-interval-ms",
+         .group = kReplicas,
+         .value_name = "MS",
+         .help = "Shortest interval between two load reports of this replica (sent when its "
+                 "in-flight counts changed, and at least every second)",
+         .field = &C::replica_load_interval_ms,
+         .min = 1,
+         .max = 1000},
+        {.name = "replica-peer-timeout-ms",
+         .group = kReplicas,
+         .value_name = "MS",
+         .help = "A replica not heard from for this long is forgotten (its load no longer "
+                 "counts)",
+         .field = &C::replica_peer_timeout_ms,
+         .min = 1500,
+         .max = 600000},
+        {.name = "replica-sync-chunk-bytes",
+         .group = kReplicas,
+         .value_name = "BYTES",
+         .help = "cache_aware with --replica-sync matches prompts in chunks of this many bytes "
+                 "(each sent as an 8-byte hash); every replica must use the same",
+         .field = &C::replica_sync_chunk_bytes,
+         .min = 16,
+         .max = 4096},
+        {.name = "replica-sync-max-chunks",
+         .group = kReplicas,
+         .value_name = "N",
+         .help = "Chunk hashes cache_aware's shared index keeps per rule (~64 bytes each); "
+                 "past it new ones are dropped (counted) until expiry makes room",
+         .field = &C::replica_sync_max_chunks,
+         .min = 1024,
+         .max = 268435456},
 
         {.name = "log-level",
          .group = kLogging,

@@ -64,6 +64,15 @@ struct GatewayConfig {
   std::string pd_prefill_rank = "room";
   int64_t worker_startup_timeout_secs = 1800;
   int64_t worker_startup_check_interval = 30;
+  // Replicas and discovery (src/replica/)
+  std::string replica_sync;
+  std::string replica_sync_subject = "kvgate";
+  std::string replica_name;
+  int64_t replica_sync_batch_ms = 5;
+  int64_t replica_load_interval_ms = 10;
+  int64_t replica_peer_timeout_ms = 3000;
+  int64_t replica_sync_chunk_bytes = 64;
+  int64_t replica_sync_max_chunks = 1048576;
   // Logging
   std::string log_dir;
   std::string log_level = "info";

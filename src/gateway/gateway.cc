@@ -8,6 +8,7 @@
 #include "gateway/admin.h"
 #include "gateway/errors.h"
 #include "gateway/knobs.h"
+#include "replica/sync.h"
 #include "util/json.h"
 #include "util/random.h"
 
@@ -334,6 +335,11 @@ awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
     body += R"(,"healthy_prefill":)" + std::to_string(prefill) + R"(,"healthy_decode":)" +
             std::to_string(decode);
   }
+  // Replicas: a replica cut off from NATS still serves (ready) on its own state, and says so.
+  if (replica_) {
+    body += R"(,"replica_sync":)" + replica_->status_json();
+    if (!replica_->connected()) body += R"(,"degraded":["replica_sync_disconnected"])";
+  }
   body += "}";
   int status = ready ? 200 : 503;
   co_await answer(ex, status, body, rid);
@@ -634,6 +640,87 @@ awaitable<void> Gateway::model_info(http::Exchange& ex, std::string_view rid,
   const http::Header h[] = {kJsonType, {"x-request-id", rid}};
   co_await ex.respond(r.status, h, r.body);
   record(ex, "/get_model_info", r.status, "", false, start);
+}
+
+namespace {
+struct RouteOnlyHeaders {
+  const std::function<std::string_view(std::string_view)>* fn;
+};
+std::string_view route_only_header(const void* self, std::string_view name) {
+  return (*static_cast<const RouteOnlyHeaders*>(self)->fn)(name);
+}
+}  // namespace
+
+Gateway::RouteOnly Gateway::route_only(
+    std::string_view path, std::string body,
+    const std::function<std::string_view(std::string_view)>& header) const {
+  auto error = [](int status, std::string_view code, std::string_view message) {
+    return RouteOnly{status, R"({"error":{"type":"invalid_request_error","code":)" +
+                                 json::quote(code) + R"(,"message":)" + json::quote(message) +
+                                 "}}"};
+  };
+  const RouteEntry* entry = find_route(path);
+  if (!entry || !entry->api || *entry->api == ApiRoute::kResponse) {
+    return error(400, "bad_path",
+                 "?path= must name a route the gateway routes (/v1/chat/completions, "
+                 "/v1/completions, /generate, ...)");
+  }
+  const ApiRoute route = *entry->api;
+  auto table = pools_.table();
+  const auto port = static_cast<uint16_t>(config_.port);
+  body.reserve(body.size() + http::kBodyPadding);
+  RequestInfo info;
+  std::string parse_error;
+  if (table->needs_model(port, path) || route == ApiRoute::kResponses) {
+    parse_error = parse_request(route, body, info);
+    if (!parse_error.empty()) info = RequestInfo{};
+  }
+  std::shared_ptr<Pool> pool = table->resolve(port, path, info.model);
+  if (!pool) {
+    return error(404, "rule_not_found",
+                 parse_error.empty() ? "no rule takes this request (model '" + info.model + "')"
+                                     : parse_error);
+  }
+  if (pool->reads_body()) {
+    const ParseOptions& options = pool->parse_options();
+    info = RequestInfo{};
+    if (std::string err = parse_request(route, body, info, options); !err.empty()) {
+      return error(400, "bad_json", err);
+    }
+  }
+  RouteContext ctx;
+  ctx.request = &info;
+  RouteOnlyHeaders headers{&header};
+  ctx.header_fn = &route_only_header;
+  ctx.header_self = &headers;
+  auto pick = [&](AvailabilityIndex& index, Policy& policy, std::string& out) {
+    CandidateList candidates;
+    candidates.list(index, {}, Clock::now());
+    if (candidates.empty()) return false;
+    ctx.candidates = candidates.view();
+    Decision d = policy.select(candidates.workers(), ctx);
+    ctx.candidates = {};
+    out += R"({"policy":)" + json::quote(policy.name()) + R"(,"branch":)" + json::quote(d.branch);
+    if (!d.inner_branch.empty()) out += R"(,"fallback_branch":)" + json::quote(d.inner_branch);
+    out += R"(,"worker":)" + (d.worker ? json::quote(d.worker->url()) : std::string("null"));
+    if (d.worker) out += R"(,"worker_id":)" + std::to_string(d.worker->id());
+    out += R"(,"dp_rank":)" + (d.dp_rank ? std::to_string(*d.dp_rank) : std::string("null"));
+    out += R"(,"predicted_chars":)" + std::to_string(d.predicted_chars) +
+           R"(,"predicted_tokens":)" + std::to_string(d.predicted_tokens) + "}";
+    return true;
+  };
+  std::string out = R"({"rule":)" + json::quote(pool->name()) + R"(,"model":)" +
+                    json::quote(info.model) + R"(,"decision":)";
+  if (!pick(pool->available(), pool->policy(), out)) {
+    return error(503, "no_available_worker",
+                 "no worker of rule '" + pool->name() + "' is available (see /readiness)");
+  }
+  if (pool->pd()) {
+    out += R"(,"decode":)";
+    if (!pick(pool->decode_available(), pool->decode_policy(), out)) out += "null";
+  }
+  out += "}";
+  return RouteOnly{200, std::move(out)};
 }
 
 }  // namespace kvgate

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,6 +95,10 @@ inline bool is_probe_path(std::string_view path) {
   return path == "/health" || path == "/liveness" || path == "/readiness";
 }
 
+namespace replica {
+class Sync;
+}  // namespace replica
+
 class Gateway {
  public:
   // Requests resolve their pool in `pools`' rule table (which the control plane may change at
@@ -113,6 +118,18 @@ class Gateway {
   ResponseOwners& response_owners() { return owners_; }
   // The last routing decisions (every dispatch's, when it closed), for /v1/stats.
   const DecisionLog& decisions() const { return decisions_; }
+  // The route-only debug endpoint (POST /v1/route on the admin listener): what the request path
+  // would decide for a request on `path` with `body` (and the routing headers `header` gives):
+  // resolve, parse and select exactly as a request does, then stop: no dispatch, no policy hook,
+  // no breaker pass, nothing forwarded. Answers a status and a JSON body. Any thread.
+  struct RouteOnly {
+    int status = 200;
+    std::string body;
+  };
+  RouteOnly route_only(std::string_view path, std::string body,
+                       const std::function<std::string_view(std::string_view)>& header) const;
+  // Replica sync (--replica-sync), for /readiness's details; before the first request.
+  void set_replica(const replica::Sync* r) { replica_ = r; }
 
  private:
   class Request;   // one proxied request's state, with a member function per phase
@@ -152,6 +169,7 @@ class Gateway {
   DoctorKey doctor_;
   ResponseOwners owners_;
   DecisionLog decisions_;
+  const replica::Sync* replica_ = nullptr;
 };
 
 }  // namespace kvgate

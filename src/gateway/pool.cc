@@ -5,6 +5,7 @@
 #include "http/io.h"
 #include "pd/pd.h"
 #include "policy/registry.h"
+#include "replica/sync.h"
 #include "request/body_rewrite.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -91,6 +92,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
     PolicyConfig pc = policy_config(rule.policy_knobs, name);
     pc.registry = env.policy_metrics ? env.registry : nullptr;
     pc.rule = label;
+    pc.replica = env.replica;
     pc.dp_default_ranks = rule.kv_dp_rank_count;
     if (kv_exact) {
       pc.kv.enabled = true;
@@ -331,6 +333,9 @@ void Pool::start() {
   }
   // Prefill/decode: a prefill server's dp_size maps the chosen rank to a bootstrap_room.
   hc.fetch_dp_size = hc.fetch_dp_size || pd();
+  if (env_.replica) {
+    for (const auto& w : registry_.snapshot()->workers) env_.replica->track(w);
+  }
   health_ = std::make_unique<HealthPlane>(*env_.control, registry_, std::move(hc));
   health_->start();
   for (Policy* p : policies) {
@@ -359,6 +364,9 @@ void Pool::start() {
 void Pool::stop() {
   if (!started_ || stopped_) return;
   stopped_ = true;
+  if (env_.replica) {
+    for (const auto& w : registry_.snapshot()->workers) env_.replica->untrack(*w);
+  }
   policy_->stop();
   if (decode_policy_) decode_policy_->stop();
   if (health_) health_->stop();

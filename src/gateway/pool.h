@@ -34,6 +34,9 @@
 #include "workers/worker.h"
 
 namespace kvgate {
+namespace replica {
+class Sync;
+}  // namespace replica
 
 // A tokenizer and chat template loaded from one directory, shared by the pools that name it.
 struct TokenizerFiles {
@@ -44,6 +47,9 @@ struct TokenizerFiles {
 // What every pool uses and the process has once. Lives longer than every pool.
 struct PoolEnv {
   const GatewayConfig* config = nullptr;  // the process-wide knobs (admission)
+  // Replica sync (--replica-sync; null: off): policies share state through it, and each started
+  // pool's workers have their load published and their peers' loads added (replica/sync.h).
+  replica::Sync* replica = nullptr;
   // Every worker's breaker and every pool's probes (main builds them from its knobs).
   BreakerConfig breaker = breaker_config(GatewayConfig{});
   HealthConfig health = health_config(GatewayConfig{});

@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <mutex>
 
+#define XXH_INLINE_ALL  // header-only xxHash: no library to link
+#include <xxhash.h>
+
+#include "replica/sync.h"
 #include "util/log.h"
 
 namespace kvgate {
@@ -13,6 +17,11 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
       rng_(config.seed),
       max_trees_(static_cast<size_t>(std::max<int64_t>(1, config.max_prefix_trees))),
       overflow_(std::make_shared<prefix::ApproxTree>()) {
+  if (config.replica) {
+    chunk_bytes_ = config.replica->config().chunk_bytes;
+    chunks_ = std::make_unique<prefix::ChunkIndex>(config.replica->config().max_chunks);
+    ttl_ms_ = config.eviction_interval_secs * 1000;
+  }
   if (config.registry) {
     // Every series carries the rule (pool) whose policy this is: two pools never overwrite each
     // other's, and a deleted rule's series go with it (PoolManager). Nothing is set here: a
@@ -45,6 +54,17 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
                                  "--max-prefix-trees model trees already existed",
                                  {"rule"})
                            .with({rule});
+    if (config.replica) {
+      chunk_entries_ = &r.gauge("kvgate_prefix_chunk_index_entries",
+                                "Chunk hashes in cache_aware's index shared by replicas "
+                                "(--replica-sync; at most --replica-sync-max-chunks)",
+                                {"rule"})
+                            .with({rule});
+      chunk_dropped_ =
+          &r.counter("kvgate_prefix_chunk_index_dropped_total",
+                     "Chunk hashes not recorded because the shared index was full", {"rule"})
+               .with({rule});
+    }
     trees_gauge_ = &r.gauge("kvgate_prefix_trees",
                             "Model trees of the approximate prefix tree (at most "
                             "--max-prefix-trees; the shared overflow tree not counted)",
@@ -102,6 +122,7 @@ const std::string kNoText;
 
 Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteContext& ctx) {
   ctx.approx_path.tree = 0;  // a hint is only ever this select's
+  if (chunks_) return select_shared(available, ctx);
   if (ctx.candidates.describes(available)) return select_indexed(available, ctx);
   LoadSpread spread = load_spread(available, inflight_load);
   const std::string& text = ctx.request ? ctx.request->text : kNoText;
@@ -143,7 +164,7 @@ Decision CacheAwarePolicy::select(std::span<Worker* const> available, RouteConte
     uint64_t ties = 0;
     for (size_t i = 0; i < available.size(); ++i) {
       if (matched[i] != best) continue;
-      int64_t l = available[i]->inflight();
+      int64_t l = available[i]->fleet_inflight();
       if (pick == nullptr || l < best_load) {
         pick = available[i];
         best_load = l;
@@ -196,7 +217,7 @@ Decision CacheAwarePolicy::select_indexed(std::span<Worker* const> available, Ro
     uint64_t ties = 0;
     for (prefix::Slot slot : longest) {
       Worker* w = set.find(slot);
-      int64_t l = w->inflight();
+      int64_t l = w->fleet_inflight();
       if (pick == nullptr || l < best_load) {
         pick = w;
         best_load = l;
@@ -212,6 +233,123 @@ Decision CacheAwarePolicy::select_indexed(std::span<Worker* const> available, Ro
   return {pick, std::nullopt, "cache_miss_min_load", predicted};
 }
 
+namespace {
+// splitmix64's finalizer over a request key and a worker key: the tie-break every replica
+// computes alike.
+uint64_t tie_key(uint64_t request, uint64_t worker) {
+  uint64_t z = request ^ (worker * 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+const std::vector<uint64_t>& CacheAwarePolicy::chain_of(RouteContext& ctx) {
+  if (!ctx.chunk_chain_set) {
+    ctx.chunk_chain_set = true;
+    if (ctx.request) {
+      prefix::chunk_chain(ctx.request->model, ctx.request->text, chunk_bytes_, ctx.chunk_chain);
+    } else {
+      ctx.chunk_chain.clear();
+    }
+  }
+  return ctx.chunk_chain;
+}
+
+// select() when replicas share the state: the same rules as select(), over the chunk index and
+// fleet loads, ties broken by tie_key (no random draw), so every replica decides alike.
+Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, RouteContext& ctx) {
+  const std::string& text = ctx.request ? ctx.request->text : kNoText;
+  const std::vector<uint64_t>& chain = chain_of(ctx);
+  const uint64_t request = chain.empty() ? XXH3_64bits(text.data(), text.size()) : chain.back();
+  thread_local std::vector<uint64_t> keys;
+  thread_local std::vector<size_t> matched;
+  keys.resize(available.size());
+  matched.assign(available.size(), 0);
+  for (size_t i = 0; i < available.size(); ++i) keys[i] = replica::worker_key(available[i]->url());
+  const int64_t now = replica::Sync::now_ms();
+  const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, now);
+  auto covered = [&](size_t chunks) {
+    return prefix::chunk_bytes_covered(chunks, chunk_bytes_, text.size());
+  };
+  // The least loaded of the workers `eligible` accepts, ties to the lowest tie_key.
+  auto pick = [&](auto eligible) {
+    size_t at = available.size();
+    int64_t load = 0;
+    uint64_t tie = 0;
+    for (size_t i = 0; i < available.size(); ++i) {
+      if (!eligible(i)) continue;
+      const int64_t l = available[i]->fleet_inflight();
+      const uint64_t t = tie_key(request, keys[i]);
+      if (at == available.size() || l < load || (l == load && t < tie)) {
+        at = i;
+        load = l;
+        tie = t;
+      }
+    }
+    return at;
+  };
+  auto any = [](size_t) { return true; };
+  Decision d;
+  d.origin_ms = now;
+  if (imbalanced(load_spread(available, inflight_load), config_.balance_abs_threshold,
+                 config_.balance_rel_threshold)) {
+    const size_t i = pick(any);
+    d.worker = available[i];
+    d.branch = "imbalanced";
+    d.predicted_chars = covered(matched[i]);
+    return d;
+  }
+  const size_t best_bytes = covered(best);
+  const double rate =
+      text.empty() ? 0.0 : static_cast<double>(best_bytes) / static_cast<double>(text.size());
+  if (rate > config_.cache_threshold) {
+    const size_t i = pick([&](size_t k) { return matched[k] == best; });
+    d.worker = available[i];
+    d.branch = "cache_hit";
+    d.predicted_chars = best_bytes;
+    return d;
+  }
+  const size_t i = pick(any);
+  d.worker = available[i];
+  d.branch = "cache_miss_min_load";
+  d.predicted_chars = covered(matched[i]);
+  return d;
+}
+
+void CacheAwarePolicy::apply_peer(const replica::ChainRecord& r) {
+  if (r.predict) return;  // kv_exact's, not this policy's
+  if (r.chunk_bytes != chunk_bytes_) {
+    static log::RateLimit limit(1, std::chrono::seconds(60));
+    log::warn(limit, "replica sync: a peer chunks prompts differently; its records are dropped")
+        .kv("rule", config_.rule)
+        .kv("peer_chunk_bytes", r.chunk_bytes)
+        .kv("chunk_bytes", chunk_bytes_);
+    return;
+  }
+  const int64_t expiry = r.origin_ms + ttl_ms_;
+  if (r.retract) {
+    chunks_->retract(r.hashes, r.worker, expiry);
+    return;
+  }
+  const size_t dropped = chunks_->apply(r.hashes, r.worker, expiry);
+  if (dropped > 0 && chunk_dropped_) chunk_dropped_->inc(dropped);
+}
+
+void CacheAwarePolicy::start() {
+  std::lock_guard lock(start_mu_);
+  if (starts_++ > 0 || !config_.replica || !chunks_) return;
+  sink_ = config_.replica->add_sink(config_.rule,
+                                    [this](const replica::ChainRecord& r) { apply_peer(r); });
+}
+
+void CacheAwarePolicy::stop() {
+  std::lock_guard lock(start_mu_);
+  if (starts_ == 0 || --starts_ > 0 || sink_ == 0) return;
+  config_.replica->remove_sink(sink_);
+  sink_ = 0;
+}
+
 size_t CacheAwarePolicy::held_by(std::string_view model, std::string_view text, const Worker* w) {
   if (text.empty()) return 0;
   size_t held = 0;
@@ -224,6 +362,19 @@ size_t CacheAwarePolicy::held_by(std::string_view model, std::string_view text, 
 
 void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
   if (!ctx.request || ctx.request->text.empty()) return;
+  if (chunks_) {
+    const std::vector<uint64_t>& chain = chain_of(ctx);
+    if (chain.empty()) return;
+    replica::ChainRecord r{.rule = config_.rule,
+                           .worker = replica::worker_key(d.worker->url()),
+                           .origin_ms = d.origin_ms != 0 ? d.origin_ms : replica::Sync::now_ms(),
+                           .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),
+                           .hashes = chain};
+    const size_t dropped = chunks_->apply(chain, r.worker, r.origin_ms + ttl_ms_);
+    if (dropped > 0 && chunk_dropped_) chunk_dropped_->inc(dropped);
+    config_.replica->publish(std::move(r));
+    return;
+  }
   bool overflowed = false;
   with_tree(ctx.request->model, true, [&](prefix::ApproxTree* t, bool over) {
     t->insert(ctx.request->text, static_cast<prefix::Slot>(d.worker->id()), &ctx.approx_path);
@@ -241,6 +392,34 @@ void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
 void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const Outcome& outcome) {
   if (!ctx.request || ctx.request->text.empty()) return;
   const std::string& text = ctx.request->text;
+  if (chunks_) {
+    const std::vector<uint64_t>& chain = chain_of(ctx);
+    if (!outcome.started) {
+      if (chain.empty() || d.origin_ms == 0) return;
+      replica::ChainRecord r{.rule = config_.rule,
+                             .worker = replica::worker_key(d.worker->url()),
+                             .origin_ms = d.origin_ms,
+                             .retract = true,
+                             .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),
+                             .hashes = chain};
+      chunks_->retract(chain, r.worker, r.origin_ms + ttl_ms_);
+      config_.replica->publish(std::move(r));
+      if (withdrawn_) withdrawn_->with({config_.rule, d.worker->url()}).inc();
+      return;
+    }
+    if (!outcome.cached_tokens || !outcome.prompt_tokens || *outcome.prompt_tokens <= 0) return;
+    // predicted_chars are bytes here (the index covers bytes).
+    const double bytes_per_token =
+        static_cast<double>(text.size()) / static_cast<double>(*outcome.prompt_tokens);
+    const auto predicted_tokens =
+        static_cast<uint64_t>(static_cast<double>(d.predicted_chars) / bytes_per_token);
+    if (predicted_) predicted_->with({config_.rule, d.worker->url()}).inc(predicted_tokens);
+    if (cached_) {
+      cached_->with({config_.rule, d.worker->url()})
+          .inc(static_cast<uint64_t>(std::max<int64_t>(0, *outcome.cached_tokens)));
+    }
+    return;
+  }
   if (!outcome.started) {
     // The worker never ran it: withdraw what on_dispatched recorded, back to what the tree
     // believed the worker held before (a dispatch of the same text meanwhile loses its record too;
@@ -291,6 +470,9 @@ void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
   std::vector<uint64_t> gone;
   std::set_difference(known_workers_.begin(), known_workers_.end(), now.begin(), now.end(),
                       std::back_inserter(gone));
+  if (chunks_) {
+    for (uint64_t id : gone) chunks_->remove_worker(replica::worker_key(worker_urls_[id]));
+  }
   if (!gone.empty()) {
     std::shared_lock lock(trees_mu_);
     for (uint64_t id : gone) {
@@ -306,10 +488,19 @@ void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
 }
 
 std::chrono::milliseconds CacheAwarePolicy::period() const {
-  return std::chrono::seconds(config_.eviction_interval_secs);
+  std::chrono::milliseconds p = std::chrono::seconds(config_.eviction_interval_secs);
+  // The shared index is bounded by expiry: swept often enough that it stays under its cap.
+  if (chunks_) p = std::min<std::chrono::milliseconds>(p, std::chrono::seconds(10));
+  return p;
 }
 
 void CacheAwarePolicy::on_period() {
+  if (chunks_) {
+    const size_t removed = chunks_->expire(replica::Sync::now_ms());
+    if (removed > 0)
+      log::debug("chunk index swept").kv("rule", config_.rule).kv("entries", removed);
+    if (chunk_entries_) chunk_entries_->set(static_cast<double>(chunks_->size()));
+  }
   size_t nodes = 0;
   std::map<uint64_t, size_t> chars;
   std::vector<std::string> emptied;

@@ -14,6 +14,18 @@
 // model tree left empty (eviction, corrections, workers leaving) is removed at the next eviction,
 // making room for another model.
 //
+// Several replicas (--replica-sync, PolicyConfig::replica): the tree needs a request's text, which
+// replicas do not send each other, so the policy routes on a chunk index instead
+// (prefix/chunk_index.h): each dispatch is applied to it at once and published (the chain of the
+// prompt's chunks, the worker, the origin time), and peers' records of the same rule are applied
+// as they arrive, each counting until its origin time + --eviction-interval. The decision is then
+// a function of state every replica holds: the index, fleet loads (Worker::fleet_inflight), and
+// ties broken by a hash of the request and the worker instead of a random draw, so the same
+// request asked of any replica goes to the same worker. A withdrawal is published as the
+// retraction of the record it undoes; a worker's report of fewer cached tokens is counted
+// (predicted vs cached) but corrects nothing, since the index holds no other text of the worker to
+// cut.
+//
 // Concurrency: select/on_dispatched/on_completed run on request threads while on_period runs on
 // the control thread. Each use of a tree holds the table's reader lock (one walk down one tree);
 // removing a tree takes the writer lock, so a tree is never destroyed while a request uses it.
@@ -22,6 +34,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -29,6 +42,8 @@
 #include "policy/common.h"
 #include "policy/registry.h"
 #include "prefix/approx_tree.h"
+#include "prefix/chunk_index.h"
+#include "replica/wire.h"
 
 namespace kvgate {
 
@@ -44,6 +59,11 @@ class CacheAwarePolicy final : public Policy {
   bool wants_usage() const override { return true; }
   std::chrono::milliseconds period() const override;
   void on_period() override;
+  void start() override;
+  void stop() override;
+  bool shared() const { return chunks_ != nullptr; }
+  // Applies a peer's record (replica/sync.h's sink; also for tests).
+  void apply_peer(const replica::ChainRecord& r);
 
   // The tree requests naming `model` use (created on first use; the overflow tree when the table
   // is full). Exposed for tests and benchmarks: the pointer keeps it alive even once removed.
@@ -57,6 +77,8 @@ class CacheAwarePolicy final : public Policy {
   template <class F>
   void with_tree(std::string_view model, bool create, F&& f);
   Decision select_indexed(std::span<Worker* const> available, RouteContext& ctx);
+  Decision select_shared(std::span<Worker* const> available, RouteContext& ctx);
+  const std::vector<uint64_t>& chain_of(RouteContext& ctx);
   // Characters of `text` the tree of `model` holds for worker `w`.
   size_t held_by(std::string_view model, std::string_view text, const Worker* w);
 
@@ -77,6 +99,16 @@ class CacheAwarePolicy final : public Policy {
   metrics::Counter* overflow_total_ = nullptr;
   metrics::Gauge* trees_gauge_ = nullptr;
   std::map<uint64_t, std::string> worker_urls_;  // id -> url, for the per-worker gauges
+
+  // Shared by replicas (null: this replica alone).
+  std::unique_ptr<prefix::ChunkIndex> chunks_;
+  size_t chunk_bytes_ = 0;
+  int64_t ttl_ms_ = 0;
+  std::mutex start_mu_;
+  int starts_ = 0;
+  uint64_t sink_ = 0;
+  metrics::Gauge* chunk_entries_ = nullptr;
+  metrics::Counter* chunk_dropped_ = nullptr;
 };
 
 }  // namespace kvgate

@@ -32,7 +32,7 @@ Decision ChwblPolicy::select(std::span<Worker* const> available, RouteContext& c
   bool first = true;
   state->ring.walk(prefix::hash64(key), [&](size_t m) {
     Worker* w = find_available(available, ctx, state->ids[m]);
-    bool fits = w && w->inflight() < cap;
+    bool fits = w && w->fleet_inflight() < cap;
     if (!fits && first) owner = false;
     first = false;
     if (fits) pick = w;

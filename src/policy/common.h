@@ -40,9 +40,10 @@ inline std::string_view first_chars(std::string_view s, size_t chars) {
   return s.substr(0, i);
 }
 
-// Load as cache_aware and friends count it: requests in flight through this gateway.
+// Load as cache_aware and friends count it: requests in flight through this gateway and, with
+// --replica-sync, through its peers (Worker::fleet_inflight).
 inline int64_t inflight_load(const Worker* w) {
-  return w->inflight();
+  return w->fleet_inflight();
 }
 
 struct LoadSpread {
@@ -114,7 +115,7 @@ inline InflightSpread inflight_spread(std::span<Worker* const> available, const 
     }
   }
   InflightSpread out{load_spread(available, inflight_load), 0};
-  for (Worker* w : available) out.total += w->inflight();
+  for (Worker* w : available) out.total += w->fleet_inflight();
   return out;
 }
 

@@ -914,11 +914,15 @@ void KvExactPolicy::on_period() {
 }
 
 void KvExactPolicy::start() {
-  std::lock_guard lock(change_mu_);
-  if (starts_++ == 0) subscriber_.start();
+  {
+    std::lock_guard lock(change_mu_);
+    if (starts_++ == 0) subscriber_.start();
+  }
+  fallback_->start();  // (counted by the fallback itself)
 }
 
 void KvExactPolicy::stop() {
+  fallback_->stop();
   std::lock_guard lock(change_mu_);
   if (starts_ > 0 && --starts_ == 0) subscriber_.stop();
 }

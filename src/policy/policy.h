@@ -38,6 +38,10 @@ struct RouteContext {
   // on_dispatched() / on_completed() and by every retry (the request does not change).
   std::vector<uint64_t> page_keys;
   bool page_keys_set = false;
+  // cache_aware shared by replicas (--replica-sync): the chain of the text's chunks
+  // (prefix/chunk_index.h), computed once by select() and reused the same way.
+  std::vector<uint64_t> chunk_chain;
+  bool chunk_chain_set = false;
   // cache_aware's match of the request text, for its on_dispatched to record the text where the
   // match ended rather than walking the tree again (checked there against the tree's shape).
   prefix::PathHint approx_path;
@@ -59,6 +63,9 @@ struct Decision {
   // A policy that let another decide (kv_exact's fallback) keeps that one's branch here, to
   // give the decision back to it in on_dispatched / on_completed.
   std::string_view inner_branch;
+  // When the decision was made (unix ms; 0: not recorded). cache_aware shared by replicas dates
+  // its record with it, so a withdrawal names the record it undoes.
+  int64_t origin_ms = 0;
 };
 
 // How one dispatched attempt ended. The gateway calls on_completed() exactly once for every

@@ -15,6 +15,9 @@
 #include "policy/policy.h"
 
 namespace kvgate {
+namespace replica {
+class Sync;
+}  // namespace replica
 
 // Built by policy_config() (gateway/knobs.h) from the knob table, which holds the defaults: the
 // fields have none of their own.
@@ -67,6 +70,9 @@ struct PolicyConfig {
   // policies built for a dry run), and the rule (pool) their series are labelled with.
   metrics::Registry* registry = nullptr;
   std::string rule;
+  // Several kvgate replicas share state through it (--replica-sync; null: this replica alone):
+  // cache_aware then routes on the chunk index every replica builds alike (prefix/chunk_index.h).
+  replica::Sync* replica = nullptr;
   bool operator==(const PolicyConfig&) const = default;
 };
 

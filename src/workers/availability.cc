@@ -44,9 +44,21 @@ void AvailabilityIndex::inflight_changed(uint32_t pos, int64_t delta) {
   const int64_t to = level_[pos];
   if (to < min_) min_ = to;
   if (to > max_) max_ = to;
-  // Moves are by one: an emptied extreme level's neighbour is the new extreme.
-  if (from == min_ && bucket_[static_cast<size_t>(from)].empty()) min_ = to;
-  if (from == max_ && bucket_[static_cast<size_t>(from)].empty()) max_ = to;
+  if (delta == 1 || delta == -1) {
+    // A move by one: an emptied extreme level's neighbour is the new extreme.
+    if (from == min_ && bucket_[static_cast<size_t>(from)].empty()) min_ = to;
+    if (from == max_ && bucket_[static_cast<size_t>(from)].empty()) max_ = to;
+    return;
+  }
+  // Peers' loads (replica/sync.h) move by any amount: find the extremes again.
+  bool first = true;
+  for (size_t i = 0; i < level_.size(); ++i) {
+    if (!available_[i]) continue;
+    const int64_t l = std::max<int64_t>(0, level_[i]);
+    min_ = first ? l : std::min(min_, l);
+    max_ = first ? l : std::max(max_, l);
+    first = false;
+  }
 }
 
 void AvailabilityIndex::place(uint32_t pos) {

@@ -38,10 +38,18 @@ void Worker::end_request() {
   if (metrics_.inflight) metrics_.inflight->add(-1);
 }
 
+void Worker::set_peer_inflight(int64_t n) {
+  n = std::max<int64_t>(0, n);
+  std::lock_guard lock(listeners_mu_);
+  const int64_t delta = n - peer_inflight_.exchange(n, std::memory_order_relaxed);
+  if (delta == 0) return;
+  for (const Listener& l : listeners_) l.l->inflight_changed(l.cookie, delta);
+}
+
 void Worker::add_listener(WorkerListener* l, uint32_t cookie, int64_t& inflight) {
   std::lock_guard lock(listeners_mu_);
   listeners_.push_back({l, cookie});
-  inflight = inflight_.load(std::memory_order_relaxed);
+  inflight = fleet_inflight();
 }
 
 void Worker::remove_listener(WorkerListener* l) {

@@ -71,9 +71,15 @@ class Worker {
   bool available(Clock::time_point now) const { return healthy() && breaker_.could_pass(now); }
   CircuitBreaker::Pass admit(Clock::time_point now);
 
+  // Requests this gateway has in flight to the worker.
   int64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
   void begin_request();
   void end_request();
+  // What the other kvgate replicas last said they have in flight to it (replica/sync.h; 0
+  // without --replica-sync), and the sum the policies compare.
+  int64_t peer_inflight() const { return peer_inflight_.load(std::memory_order_relaxed); }
+  int64_t fleet_inflight() const { return inflight() + peer_inflight(); }
+  void set_peer_inflight(int64_t n);
   // Load the server last reported on /get_load (running + waiting requests), 0 before the first
   // report. When polls fail, the health plane keeps the last value or raises it (never lowers it
   // to look idle).
@@ -105,8 +111,9 @@ class Worker {
   std::vector<int64_t> rank_loads() const;
   void set_rank_loads(std::vector<int64_t> loads);
 
-  // Listeners hear every availability change and in-flight move from here on; `inflight` is
-  // told the count at the moment of registration (consistent with the moves that follow).
+  // Listeners hear every availability change and in-flight move (fleet_inflight: this
+  // gateway's and its peers') from here on; `inflight` is told the fleet count at the moment of
+  // registration (consistent with the moves that follow).
   // Remove before the listener goes.
   void add_listener(WorkerListener* l, uint32_t cookie, int64_t& inflight);
   void remove_listener(WorkerListener* l);
@@ -129,7 +136,8 @@ class Worker {
   uint64_t id_;
   http::Target target_;
   std::atomic<bool> healthy_{false};
-  std::atomic<int64_t> inflight_{0};  // changed under listeners_mu_ (see add_listener)
+  std::atomic<int64_t> inflight_{0};       // changed under listeners_mu_ (see add_listener)
+  std::atomic<int64_t> peer_inflight_{0};  // the same
   std::mutex listeners_mu_;
   std::vector<Listener> listeners_;
   std::atomic<int64_t> reported_load_{0};

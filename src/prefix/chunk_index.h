@@ -1,0 +1,80 @@
+// prefix/chunk_index: cache_aware's approximate state when several kvgate replicas share it
+// (--replica-sync). The character tree (approx_tree.h) needs a request's text; what replicas send
+// each other is only the chain of hashes of the prompt's fixed-size chunks (chunk i's hash covers
+// bytes [0, (i + 1) x chunk) of the prompt, seeded by the model), so this index holds, per chain
+// hash, the workers it was sent to and until when. A worker holding hash i was sent a prompt
+// whose first i + 1 chunks equal this one's: its match is the deepest hash of the request's chain
+// it holds.
+//
+// Every update is a maximum (a holder's expiry only moves later) or the exact undo of one record
+// (a retraction removes a holder only while its expiry is the record's own): applying the same
+// records in any order, any number of times, leaves every replica with the same index. Expiry is
+// the record's origin time plus the TTL, so it does not depend on when a replica heard it.
+//
+// Bounded: at most `max_entries` hashes (16 shards, each capped at a 16th; an insert into a full
+// shard is dropped and counted); expired holders are swept by expire(), which also trims a shard
+// above 90% of its cap back to 75%, oldest expiry first.
+//
+// Threads: any. Each shard has a reader-writer lock held for one hash's update or lookup.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <shared_mutex>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvgate::prefix {
+
+// The chain of `text`'s chunks of `chunk_bytes` (the last one may be shorter), seeded by `model`,
+// appended to `out` (cleared first).
+void chunk_chain(std::string_view model, std::string_view text, size_t chunk_bytes,
+                 std::vector<uint64_t>& out);
+// Bytes of a `text_bytes` prompt the first `chunks` hashes of its chain cover.
+inline size_t chunk_bytes_covered(size_t chunks, size_t chunk_bytes, size_t text_bytes) {
+  return std::min(text_bytes, chunks * chunk_bytes);
+}
+
+class ChunkIndex {
+ public:
+  explicit ChunkIndex(size_t max_entries);
+
+  // `worker` was sent a prompt with this chain; it counts until `expiry_ms`. Returns the hashes
+  // not recorded because their shard was full.
+  size_t apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms);
+  // Undoes apply(chain, worker, expiry_ms) where no later record of the worker refreshed it.
+  void retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms);
+  // For each of `workers`, how many leading hashes of `chain` it holds at `now_ms` (into
+  // `matched`, same size). Returns the largest.
+  size_t match(std::span<const uint64_t> chain, std::span<const uint64_t> workers,
+               std::span<size_t> matched, int64_t now_ms) const;
+  size_t held(std::span<const uint64_t> chain, uint64_t worker, int64_t now_ms) const;
+  // Drops expired holders (and trims full shards); returns the entries removed.
+  size_t expire(int64_t now_ms);
+  void remove_worker(uint64_t worker);
+  size_t size() const { return size_.load(std::memory_order_relaxed); }
+  size_t max_entries() const { return max_entries_; }
+
+ private:
+  struct Holder {
+    uint64_t worker;
+    int64_t expiry_ms;
+  };
+  struct Shard {
+    mutable std::shared_mutex mu;
+    std::unordered_map<uint64_t, std::vector<Holder>> entries;
+  };
+  static constexpr size_t kShards = 16;
+  Shard& shard(uint64_t h) { return shards_[(h >> 60) & (kShards - 1)]; }
+  const Shard& shard(uint64_t h) const { return shards_[(h >> 60) & (kShards - 1)]; }
+
+  size_t max_entries_;
+  size_t shard_cap_;
+  std::array<Shard, kShards> shards_;
+  std::atomic<size_t> size_{0};
+};
+
+}  // namespace kvgate::prefix

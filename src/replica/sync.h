@@ -1,0 +1,166 @@
+// replica/sync: what several kvgate replicas share through NATS (--replica-sync nats://...), so
+// that each decides as if it were the only one: no protocol of kvgate's own, only NATS subjects.
+//
+//   <subject>.chains   cache_aware's records (the chunk chain of each dispatched prompt, the
+//                      worker, the origin time) and kv_exact's predicted pages, batched: a
+//                      message leaves at most --replica-sync-batch-ms after its first record, or
+//                      at 256 records. Peers apply them to the policy of the same rule name
+//                      (ChainSink); the sender applied its own already.
+//   <subject>.load     each replica's own load, absolute: requests in flight per worker (and
+//                      kv_exact's per rank, with the prefill tokens queued there), sent when it
+//                      changed (at most every --replica-load-interval-ms) and at least every
+//                      second. A worker's fleet load is its own count plus the latest of each peer
+//                      (Worker::peer_inflight); a peer silent for --replica-peer-timeout-ms is
+//                      forgotten, so a lost message heals with the next and a dead replica books
+//                      nothing.
+//
+// NATS down: the client reconnects forever in the background (libnats), publications wait in its
+// reconnect buffer (8 MB) and go when it returns; routing meanwhile runs on what this replica
+// knows (peers' loads expire), and /readiness details and kvgate_replica_sync_connected say it.
+//
+// Threads: libnats delivers each subscription's messages on a thread of its own; one thread of
+// this class's batches records and publishes loads. The public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "metrics/metrics.h"
+#include "replica/wire.h"
+#include "workers/worker.h"
+
+struct __natsConnection;
+struct __natsSubscription;
+struct __natsMsg;
+
+namespace kvgate::replica {
+
+struct SyncConfig {
+  std::string url;                 // nats://host:port[,nats://...]
+  std::string subject = "kvgate";  // subject prefix
+  std::string name;                // this replica's name (NATS connection name, logs)
+  std::chrono::milliseconds batch{5};
+  size_t batch_records = 256;
+  std::chrono::milliseconds load_interval{10};
+  std::chrono::milliseconds load_heartbeat{1000};
+  std::chrono::milliseconds peer_timeout{3000};
+  // cache_aware's chunk index (prefix/chunk_index.h): chunk size (every replica must use the same;
+  // records of another size are dropped) and entries kept per rule.
+  size_t chunk_bytes = 64;
+  size_t max_chunks = 1 << 20;
+};
+
+// A rule's policy hears peers' records for its rule here (on a libnats thread).
+using ChainSink = std::function<void(const ChainRecord&)>;
+
+class Sync {
+ public:
+  Sync(SyncConfig config, metrics::Registry* registry);
+  ~Sync();
+  Sync(const Sync&) = delete;
+  Sync& operator=(const Sync&) = delete;
+
+  // Connects (in the background when NATS is not there yet) and starts the threads. Returns ""
+  // or what is wrong with the configuration.
+  std::string start();
+  void stop();
+
+  uint64_t id() const { return id_; }
+  const SyncConfig& config() const { return config_; }
+  bool connected() const { return connected_.load(std::memory_order_relaxed); }
+  size_t peers() const;
+  // Wall-clock milliseconds (what origin times are in).
+  static int64_t now_ms();
+
+  // Queues a record for the next batch.
+  void publish(ChainRecord record);
+  // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
+  // of that sink is running.
+  uint64_t add_sink(const std::string& rule, ChainSink sink);
+  void remove_sink(uint64_t token);
+
+  // Workers whose load this replica publishes and whose peers' loads it adds up (each pool's,
+  // counted: a worker listed by two pools is tracked until both untrack it).
+  void track(const WorkerPtr& w);
+  void untrack(const Worker& w);
+
+  // For /readiness and /v1/stats: {"connected":..,"peers":..,...}.
+  std::string status_json() const;
+
+ private:
+  static void on_message(__natsConnection*, __natsSubscription*, __natsMsg* msg, void* self);
+  static void on_disconnected(__natsConnection*, void* self);
+  static void on_reconnected(__natsConnection*, void* self);
+  void handle(std::string_view data);
+  void apply_load(const Header& h, LoadReport report);
+  void run();  // the batching / load thread
+  void flush_records(std::vector<ChainRecord>& batch);
+  void publish_load(bool force);
+  void expire_peers();
+  // Sets every tracked worker's peer sum from peers_ (load_mu_ held) for the given keys.
+  void resum(const std::vector<uint64_t>& keys);
+  void send(const std::string& subject, const std::string& data, std::string_view kind);
+
+  SyncConfig config_;
+  uint64_t id_;
+  std::string chains_subject_, load_subject_;
+  __natsConnection* nc_ = nullptr;
+  std::vector<__natsSubscription*> subs_;
+  std::atomic<bool> connected_{false};
+
+  // Records waiting for the next batch.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ChainRecord> pending_;
+  Clock::time_point first_pending_{};
+  bool stopping_ = false;
+  std::thread thread_;
+
+  // Sinks by rule.
+  mutable std::shared_mutex sinks_mu_;
+  struct SinkEntry {
+    std::string rule;
+    ChainSink sink;
+  };
+  std::map<uint64_t, SinkEntry> sinks_;
+  uint64_t next_sink_ = 1;
+
+  // Load: tracked workers by key, and each peer's latest report.
+  mutable std::mutex load_mu_;
+  struct Tracked {
+    WorkerPtr worker;
+    int count = 0;
+    int64_t published = -1;  // the in-flight count last published
+  };
+  std::unordered_map<uint64_t, Tracked> tracked_;
+  struct Peer {
+    Clock::time_point seen;
+    uint64_t seq = 0;
+    std::unordered_map<uint64_t, int64_t> inflight;  // worker key -> requests (rank -1 entries)
+  };
+  std::unordered_map<uint64_t, Peer> peers_;
+  uint64_t load_seq_ = 0;
+  Clock::time_point last_load_{};
+
+  // Metrics (null without a registry).
+  metrics::Gauge* connected_gauge_ = nullptr;
+  metrics::Gauge* peers_gauge_ = nullptr;
+  metrics::Counter* disconnects_ = nullptr;
+  metrics::CounterFamily* messages_ = nullptr;  // {direction, kind}
+  metrics::CounterFamily* bytes_ = nullptr;     // {direction}
+  metrics::CounterFamily* records_ = nullptr;   // {result}
+  metrics::Histogram* lag_ = nullptr;           // origin age of applied records
+  metrics::CounterFamily* errors_ = nullptr;    // {reason}
+};
+
+}  // namespace kvgate::replica

@@ -20,7 +20,7 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
   if (config.replica) {
     chunk_bytes_ = config.replica->config().chunk_bytes;
     chunks_ = std::make_unique<prefix::ChunkIndex>(config.replica->config().max_chunks);
-    ttl_ms_ = config.eviction_interval_secs * 1000;
+    ttl_us_ = config.eviction_interval_secs * 1000000;
   }
   if (config.registry) {
     // Every series carries the rule (pool) whose policy this is: two pools never overwrite each
@@ -267,7 +267,7 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
   keys.resize(available.size());
   matched.assign(available.size(), 0);
   for (size_t i = 0; i < available.size(); ++i) keys[i] = replica::worker_key(available[i]->url());
-  const int64_t now = replica::Sync::now_ms();
+  const int64_t now = replica::Sync::now_us();
   const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, now);
   auto covered = [&](size_t chunks) {
     return prefix::chunk_bytes_covered(chunks, chunk_bytes_, text.size());
@@ -291,7 +291,7 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
   };
   auto any = [](size_t) { return true; };
   Decision d;
-  d.origin_ms = now;
+  d.origin_us = now;
   if (imbalanced(load_spread(available, inflight_load), config_.balance_abs_threshold,
                  config_.balance_rel_threshold)) {
     const size_t i = pick(any);
@@ -327,7 +327,7 @@ void CacheAwarePolicy::apply_peer(const replica::ChainRecord& r) {
         .kv("chunk_bytes", chunk_bytes_);
     return;
   }
-  const int64_t expiry = r.origin_ms + ttl_ms_;
+  const int64_t expiry = r.origin_us + ttl_us_;
   if (r.retract) {
     chunks_->retract(r.hashes, r.worker, expiry);
     return;
@@ -367,10 +367,10 @@ void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
     if (chain.empty()) return;
     replica::ChainRecord r{.rule = config_.rule,
                            .worker = replica::worker_key(d.worker->url()),
-                           .origin_ms = d.origin_ms != 0 ? d.origin_ms : replica::Sync::now_ms(),
+                           .origin_us = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us(),
                            .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),
                            .hashes = chain};
-    const size_t dropped = chunks_->apply(chain, r.worker, r.origin_ms + ttl_ms_);
+    const size_t dropped = chunks_->apply(chain, r.worker, r.origin_us + ttl_us_);
     if (dropped > 0 && chunk_dropped_) chunk_dropped_->inc(dropped);
     config_.replica->publish(std::move(r));
     return;
@@ -395,14 +395,14 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
   if (chunks_) {
     const std::vector<uint64_t>& chain = chain_of(ctx);
     if (!outcome.started) {
-      if (chain.empty() || d.origin_ms == 0) return;
+      if (chain.empty() || d.origin_us == 0) return;
       replica::ChainRecord r{.rule = config_.rule,
                              .worker = replica::worker_key(d.worker->url()),
-                             .origin_ms = d.origin_ms,
+                             .origin_us = d.origin_us,
                              .retract = true,
                              .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),
                              .hashes = chain};
-      chunks_->retract(chain, r.worker, r.origin_ms + ttl_ms_);
+      chunks_->retract(chain, r.worker, r.origin_us + ttl_us_);
       config_.replica->publish(std::move(r));
       if (withdrawn_) withdrawn_->with({config_.rule, d.worker->url()}).inc();
       return;
@@ -496,7 +496,7 @@ std::chrono::milliseconds CacheAwarePolicy::period() const {
 
 void CacheAwarePolicy::on_period() {
   if (chunks_) {
-    const size_t removed = chunks_->expire(replica::Sync::now_ms());
+    const size_t removed = chunks_->expire(replica::Sync::now_us());
     if (removed > 0)
       log::debug("chunk index swept").kv("rule", config_.rule).kv("entries", removed);
     if (chunk_entries_) chunk_entries_->set(static_cast<double>(chunks_->size()));

@@ -103,7 +103,7 @@ class CacheAwarePolicy final : public Policy {
   // Shared by replicas (null: this replica alone).
   std::unique_ptr<prefix::ChunkIndex> chunks_;
   size_t chunk_bytes_ = 0;
-  int64_t ttl_ms_ = 0;
+  int64_t ttl_us_ = 0;
   std::mutex start_mu_;
   int starts_ = 0;
   uint64_t sink_ = 0;

@@ -63,9 +63,9 @@ struct Decision {
   // A policy that let another decide (kv_exact's fallback) keeps that one's branch here, to
   // give the decision back to it in on_dispatched / on_completed.
   std::string_view inner_branch;
-  // When the decision was made (unix ms; 0: not recorded). cache_aware shared by replicas dates
+  // When the decision was made (unix microseconds; 0: not recorded). cache_aware shared by replicas dates
   // its record with it, so a withdrawal names the record it undoes.
-  int64_t origin_ms = 0;
+  int64_t origin_us = 0;
 };
 
 // How one dispatched attempt ended. The gateway calls on_completed() exactly once for every

@@ -29,7 +29,7 @@ void chunk_chain(std::string_view model, std::string_view text, size_t chunk_byt
 ChunkIndex::ChunkIndex(size_t max_entries)
     : max_entries_(std::max<size_t>(max_entries, kShards)), shard_cap_(max_entries_ / kShards) {}
 
-size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms) {
+size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us) {
   size_t dropped = 0;
   for (uint64_t h : chain) {
     Shard& s = shard(h);
@@ -47,22 +47,40 @@ size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64
     auto hit = std::find_if(holders.begin(), holders.end(),
                             [worker](const Holder& x) { return x.worker == worker; });
     if (hit == holders.end()) {
-      holders.push_back({worker, expiry_ms});
-    } else {
-      hit->expiry_ms = std::max(hit->expiry_ms, expiry_ms);
+      Holder h{worker, {}};
+      h.expiries[0] = expiry_us;
+      holders.push_back(h);
+      continue;
     }
+    auto& e = hit->expiries;
+    if (std::find(e.begin(), e.end(), expiry_us) != e.end()) continue;  // applied already
+    if (expiry_us <= e[kKept - 1]) continue;                            // older than all kept
+    // Insert in order, the earliest falling off.
+    size_t at = kKept - 1;
+    while (at > 0 && e[at - 1] < expiry_us) {
+      e[at] = e[at - 1];
+      --at;
+    }
+    e[at] = expiry_us;
   }
   return dropped;
 }
 
-void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms) {
+void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us) {
   for (uint64_t h : chain) {
     Shard& s = shard(h);
     std::unique_lock lock(s.mu);
     auto it = s.entries.find(h);
     if (it == s.entries.end()) continue;
-    std::erase_if(it->second,
-                  [&](const Holder& x) { return x.worker == worker && x.expiry_ms == expiry_ms; });
+    for (Holder& x : it->second) {
+      if (x.worker != worker) continue;
+      auto& e = x.expiries;
+      auto at = std::find(e.begin(), e.end(), expiry_us);
+      if (at == e.end()) continue;
+      std::move(at + 1, e.end(), at);
+      e[kKept - 1] = 0;
+    }
+    std::erase_if(it->second, [](const Holder& x) { return x.latest() == 0; });
     if (it->second.empty()) {
       s.entries.erase(it);
       size_.fetch_sub(1, std::memory_order_relaxed);
@@ -71,7 +89,7 @@ void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64
 }
 
 size_t ChunkIndex::match(std::span<const uint64_t> chain, std::span<const uint64_t> workers,
-                         std::span<size_t> matched, int64_t now_ms) const {
+                         std::span<size_t> matched, int64_t now_us) const {
   std::fill(matched.begin(), matched.end(), 0);
   size_t best = 0;
   for (size_t i = 0; i < chain.size(); ++i) {
@@ -80,7 +98,7 @@ size_t ChunkIndex::match(std::span<const uint64_t> chain, std::span<const uint64
     auto it = s.entries.find(chain[i]);
     if (it == s.entries.end()) break;  // nobody holds it, so nobody holds what follows it
     for (const Holder& x : it->second) {
-      if (x.expiry_ms <= now_ms) continue;
+      if (x.latest() <= now_us) continue;
       for (size_t k = 0; k < workers.size(); ++k) {
         if (workers[k] == x.worker) {
           matched[k] = i + 1;
@@ -92,18 +110,18 @@ size_t ChunkIndex::match(std::span<const uint64_t> chain, std::span<const uint64
   return best;
 }
 
-size_t ChunkIndex::held(std::span<const uint64_t> chain, uint64_t worker, int64_t now_ms) const {
+size_t ChunkIndex::held(std::span<const uint64_t> chain, uint64_t worker, int64_t now_us) const {
   size_t m = 0;
-  match(chain, std::span<const uint64_t>(&worker, 1), std::span<size_t>(&m, 1), now_ms);
+  match(chain, std::span<const uint64_t>(&worker, 1), std::span<size_t>(&m, 1), now_us);
   return m;
 }
 
-size_t ChunkIndex::expire(int64_t now_ms) {
+size_t ChunkIndex::expire(int64_t now_us) {
   size_t removed = 0;
   for (Shard& s : shards_) {
     std::unique_lock lock(s.mu);
     for (auto it = s.entries.begin(); it != s.entries.end();) {
-      std::erase_if(it->second, [now_ms](const Holder& x) { return x.expiry_ms <= now_ms; });
+      std::erase_if(it->second, [now_us](const Holder& x) { return x.latest() <= now_us; });
       if (it->second.empty()) {
         it = s.entries.erase(it);
         ++removed;
@@ -117,7 +135,7 @@ size_t ChunkIndex::expire(int64_t now_ms) {
       by_expiry.reserve(s.entries.size());
       for (const auto& [h, holders] : s.entries) {
         int64_t last = 0;
-        for (const Holder& x : holders) last = std::max(last, x.expiry_ms);
+        for (const Holder& x : holders) last = std::max(last, x.latest());
         by_expiry.emplace_back(last, h);
       }
       const size_t keep = shard_cap_ * 3 / 4;

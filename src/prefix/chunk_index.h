@@ -6,10 +6,13 @@
 // whose first i + 1 chunks equal this one's: its match is the deepest hash of the request's chain
 // it holds.
 //
-// Every update is a maximum (a holder's expiry only moves later) or the exact undo of one record
-// (a retraction removes a holder only while its expiry is the record's own): applying the same
-// records in any order, any number of times, leaves every replica with the same index. Expiry is
-// the record's origin time plus the TTL, so it does not depend on when a replica heard it.
+// A holder keeps the expiries of the records that named it (the 4 latest; a record is known by
+// its expiry, its origin time in microseconds plus the TTL) and counts until the latest. A
+// record applied twice is applied once; a retraction removes its own expiry only, so another
+// record of the same worker keeps it held. Applying the same records in any order (each
+// retraction after its record, as NATS delivers one publisher's messages) leaves every replica
+// with the same holders and latest expiries (unless more than 4 records of one worker and chunk
+// were all retracted). Expiry does not depend on when a replica heard the record.
 //
 // Bounded: at most `max_entries` hashes (16 shards, each capped at a 16th; an insert into a full
 // shard is dropped and counted); expired holders are swept by expire(), which also trims a shard
@@ -42,26 +45,28 @@ class ChunkIndex {
  public:
   explicit ChunkIndex(size_t max_entries);
 
-  // `worker` was sent a prompt with this chain; it counts until `expiry_ms`. Returns the hashes
+  // `worker` was sent a prompt with this chain; it counts until `expiry_us`. Returns the hashes
   // not recorded because their shard was full.
-  size_t apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms);
-  // Undoes apply(chain, worker, expiry_ms) where no later record of the worker refreshed it.
-  void retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_ms);
-  // For each of `workers`, how many leading hashes of `chain` it holds at `now_ms` (into
+  size_t apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us);
+  // Undoes apply(chain, worker, expiry_us) where no later record of the worker refreshed it.
+  void retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us);
+  // For each of `workers`, how many leading hashes of `chain` it holds at `now_us` (into
   // `matched`, same size). Returns the largest.
   size_t match(std::span<const uint64_t> chain, std::span<const uint64_t> workers,
-               std::span<size_t> matched, int64_t now_ms) const;
-  size_t held(std::span<const uint64_t> chain, uint64_t worker, int64_t now_ms) const;
+               std::span<size_t> matched, int64_t now_us) const;
+  size_t held(std::span<const uint64_t> chain, uint64_t worker, int64_t now_us) const;
   // Drops expired holders (and trims full shards); returns the entries removed.
-  size_t expire(int64_t now_ms);
+  size_t expire(int64_t now_us);
   void remove_worker(uint64_t worker);
   size_t size() const { return size_.load(std::memory_order_relaxed); }
   size_t max_entries() const { return max_entries_; }
 
  private:
+  static constexpr size_t kKept = 4;  // record expiries kept per holder
   struct Holder {
     uint64_t worker;
-    int64_t expiry_ms;
+    std::array<int64_t, kKept> expiries;  // latest first; 0: none
+    int64_t latest() const { return expiries[0]; }
   };
   struct Shard {
     mutable std::shared_mutex mu;

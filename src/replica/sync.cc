@@ -26,8 +26,8 @@ std::vector<double> lag_buckets() {
 
 }  // namespace
 
-int64_t Sync::now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
+int64_t Sync::now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
@@ -64,8 +64,18 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
                       "includes the sender's batching and clock skew)",
                       {}, lag_buckets())
               .with({});
+  peer_inflight_ = &r.gauge("kvgate_replica_peer_inflight",
+                            "Requests the other replicas last said they have in flight to each "
+                            "worker (added to this replica's own in every load comparison)",
+                            {"worker"});
+  r.add_collector([this] {
+    std::lock_guard lock(load_mu_);
+    for (const auto& [key, t] : tracked_) {
+      peer_inflight_->with({t.worker->url()}).set(static_cast<double>(t.worker->peer_inflight()));
+    }
+  });
   errors_ = &r.counter("kvgate_replica_sync_errors_total",
-                       "Replica sync failures by reason (publish, decode)", {"reason"});
+                       "Replica sync failures by reason (publish, decode, queue_full)", {"reason"});
 }
 
 Sync::~Sync() {
@@ -208,7 +218,7 @@ void Sync::handle(std::string_view data) {
     return;
   }
   if (messages_) messages_->with({"in", "chains"}).inc();
-  const int64_t now = now_ms();
+  const int64_t now = now_us();
   std::shared_lock lock(sinks_mu_);
   for (const ChainRecord& r : records) {
     bool applied = false;
@@ -219,7 +229,7 @@ void Sync::handle(std::string_view data) {
     }
     if (records_) records_->with({applied ? "applied" : "dropped"}).inc();
     if (applied && lag_)
-      lag_->observe(static_cast<double>(std::max<int64_t>(0, now - r.origin_ms)) / 1000.0);
+      lag_->observe(static_cast<double>(std::max<int64_t>(0, now - r.origin_us)) / 1e6);
   }
 }
 
@@ -227,11 +237,22 @@ void Sync::publish(ChainRecord record) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return;
+    if (pending_.size() >= kMaxPending) {
+      if (errors_) errors_->with({"queue_full"}).inc();
+      return;
+    }
     if (pending_.empty()) first_pending_ = Clock::now();
     pending_.push_back(std::move(record));
     if (pending_.size() < config_.batch_records) return;
   }
   cv_.notify_all();
+}
+
+std::vector<ChainRecord> Sync::take_pending() {
+  std::lock_guard lock(mu_);
+  std::vector<ChainRecord> out;
+  out.swap(pending_);
+  return out;
 }
 
 uint64_t Sync::add_sink(const std::string& rule, ChainSink sink) {
@@ -262,6 +283,7 @@ void Sync::untrack(const Worker& w) {
   auto it = tracked_.find(worker_key(w.url()));
   if (it == tracked_.end() || --it->second.count > 0) return;
   it->second.worker->set_peer_inflight(0);
+  if (peer_inflight_) peer_inflight_->remove({it->second.worker->url()});
   tracked_.erase(it);
 }
 
@@ -333,7 +355,7 @@ void Sync::send(const std::string& subject, const std::string& data, std::string
 }
 
 void Sync::flush_records(std::vector<ChainRecord>& batch) {
-  Header h{.kind = Kind::kChains, .replica = id_, .sent_ms = now_ms()};
+  Header h{.kind = Kind::kChains, .replica = id_, .sent_us = now_us()};
   std::span<const ChainRecord> rest(batch);
   std::string msg;
   while (!rest.empty()) {
@@ -364,7 +386,7 @@ void Sync::publish_load(bool force) {
     }
   }
   std::string msg;
-  encode_load(Header{.kind = Kind::kLoad, .replica = id_, .sent_ms = now_ms()}, report, msg);
+  encode_load(Header{.kind = Kind::kLoad, .replica = id_, .sent_us = now_us()}, report, msg);
   send(load_subject_, msg, "load");
 }
 

@@ -79,11 +79,15 @@ class Sync {
   const SyncConfig& config() const { return config_; }
   bool connected() const { return connected_.load(std::memory_order_relaxed); }
   size_t peers() const;
-  // Wall-clock milliseconds (what origin times are in).
-  static int64_t now_ms();
+  // Wall-clock microseconds since the epoch (what origin times are in).
+  static int64_t now_us();
 
-  // Queues a record for the next batch.
+  // Queues a record for the next batch (at most kMaxPending wait: past that, while NATS does not
+  // take them, records are dropped and counted).
   void publish(ChainRecord record);
+  static constexpr size_t kMaxPending = 65536;
+  // The records waiting for the next batch, taken (tests: a Sync never started keeps them).
+  std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
   // of that sink is running.
   uint64_t add_sink(const std::string& rule, ChainSink sink);
@@ -156,11 +160,12 @@ class Sync {
   metrics::Gauge* connected_gauge_ = nullptr;
   metrics::Gauge* peers_gauge_ = nullptr;
   metrics::Counter* disconnects_ = nullptr;
-  metrics::CounterFamily* messages_ = nullptr;  // {direction, kind}
-  metrics::CounterFamily* bytes_ = nullptr;     // {direction}
-  metrics::CounterFamily* records_ = nullptr;   // {result}
-  metrics::Histogram* lag_ = nullptr;           // origin age of applied records
-  metrics::CounterFamily* errors_ = nullptr;    // {reason}
+  metrics::CounterFamily* messages_ = nullptr;     // {direction, kind}
+  metrics::CounterFamily* bytes_ = nullptr;        // {direction}
+  metrics::CounterFamily* records_ = nullptr;      // {result}
+  metrics::Histogram* lag_ = nullptr;              // origin age of applied records
+  metrics::CounterFamily* errors_ = nullptr;       // {reason}
+  metrics::GaugeFamily* peer_inflight_ = nullptr;  // {worker}, set by a collector
 };
 
 }  // namespace kvgate::replica

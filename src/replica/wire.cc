@@ -20,7 +20,7 @@ void put_header(const Header& h, std::string& out) {
   w.u8(static_cast<uint8_t>(h.kind));
   w.u16(0);
   w.u64(h.replica);
-  w.u64(static_cast<uint64_t>(h.sent_ms));
+  w.u64(static_cast<uint64_t>(h.sent_us));
 }
 
 uint16_t clamp16(size_t n) {
@@ -116,7 +116,7 @@ void encode_chains(const Header& h, std::span<const ChainRecord> records, std::s
     w.u16(clamp16(r.chunk_bytes));
     w.u16(static_cast<uint16_t>(static_cast<int16_t>(std::clamp<int32_t>(r.rank, -1, INT16_MAX))));
     w.u64(r.worker);
-    w.u64(static_cast<uint64_t>(r.origin_ms));
+    w.u64(static_cast<uint64_t>(r.origin_us));
     const uint16_t count = clamp16(r.hashes.size());
     w.u16(count);
     for (uint16_t k = 0; k < count; ++k) w.u64(r.hashes[k]);
@@ -157,18 +157,30 @@ std::string decode_header(std::string_view msg, Header& h) {
   if (!r.u8(kind) || !r.u16(reserved) || !r.u64(replica) || !r.u64(sent)) {
     return r.error("header", "message ends within the header");
   }
+  if (reserved != 0) return r.error("reserved", "must be zero in version 1");
   if (kind < static_cast<uint8_t>(Kind::kChains) ||
       kind > static_cast<uint8_t>(Kind::kInventoryReply)) {
     return r.error("kind", "unknown kind " + std::to_string(kind));
   }
   h.kind = static_cast<Kind>(kind);
   h.replica = replica;
-  h.sent_ms = static_cast<int64_t>(sent);
+  h.sent_us = static_cast<int64_t>(sent);
   return "";
 }
 
+namespace {
+std::string decode_chains_into(std::string_view msg, std::vector<ChainRecord>& out);
+}  // namespace
+
 std::string decode_chains(std::string_view msg, std::vector<ChainRecord>& out) {
   out.clear();
+  std::string e = decode_chains_into(msg, out);
+  if (!e.empty()) out.clear();  // all or nothing
+  return e;
+}
+
+namespace {
+std::string decode_chains_into(std::string_view msg, std::vector<ChainRecord>& out) {
   Header h;
   if (std::string e = decode_header(msg, h); !e.empty()) return e;
   if (h.kind != Kind::kChains) return "kind: not a chains message";
@@ -210,7 +222,7 @@ std::string decode_chains(std::string_view msg, std::vector<ChainRecord>& out) {
     rec.rule = std::string(names[rule]);
     rec.worker = worker;
     rec.rank = signed_rank;
-    rec.origin_ms = static_cast<int64_t>(origin);
+    rec.origin_us = static_cast<int64_t>(origin);
     rec.retract = (flags & 1) != 0;
     rec.predict = (flags & 2) != 0;
     rec.chunk_bytes = chunk;
@@ -221,9 +233,21 @@ std::string decode_chains(std::string_view msg, std::vector<ChainRecord>& out) {
   if (r.left() != 0) return r.error("records", "bytes left after the last record");
   return "";
 }
+}  // namespace
+
+namespace {
+std::string decode_load_into(std::string_view msg, LoadReport& out);
+}  // namespace
 
 std::string decode_load(std::string_view msg, LoadReport& out) {
   out = {};
+  std::string e = decode_load_into(msg, out);
+  if (!e.empty()) out = {};
+  return e;
+}
+
+namespace {
+std::string decode_load_into(std::string_view msg, LoadReport& out) {
   Header h;
   if (std::string e = decode_header(msg, h); !e.empty()) return e;
   if (h.kind != Kind::kLoad) return "kind: not a load message";
@@ -247,9 +271,13 @@ std::string decode_load(std::string_view msg, LoadReport& out) {
     e.rank = static_cast<int16_t>(rank);
     if (e.rank < -1) return r.error("entries", "rank below -1");
     e.inflight = inflight;
-    e.prefill_tokens = static_cast<int64_t>(std::min<uint64_t>(tokens, INT64_MAX));
+    if (tokens > static_cast<uint64_t>(INT64_MAX))
+      return r.error("entries", "prefill tokens out of range");
+    e.prefill_tokens = static_cast<int64_t>(tokens);
   }
   return "";
 }
+
+}  // namespace
 
 }  // namespace kvgate::replica

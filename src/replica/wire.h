@@ -3,12 +3,12 @@
 // of its chunks (prefix/chunk_index.h), a worker the hash of its URL.
 //
 // Every message starts with a 24-byte header:
-//   magic "KVGR" | version (1) | kind (1) | reserved (2, zero) | replica id (8) | sent, unix ms (8)
+//   magic "KVGR" | version (1) | kind (1) | reserved (2, zero) | replica id (8) | sent, unix us (8)
 // then the body of its kind:
 //   kChains (cache_aware's records, kv_exact's predictions): a table of rule names (u16 count, each
 //     u8 length + bytes, 1..64 bytes), then u16 records, each: u8 rule index, u8 flags (bit 0:
 //     retraction; bit 1: a kv_exact prediction), u16 chunk size in bytes (0 for pages), i16 DP
-//     rank (-1: none), u64 worker, i64 origin (unix ms), u16 hashes, u64 hashes[...].
+//     rank (-1: none), u64 worker, i64 origin (unix us), u16 hashes, u64 hashes[...].
 //   kLoad (one replica's load, absolute values): u64 sequence, u32 entries, each: u64 worker, i16
 //     DP rank (-1: the worker as a whole), u32 requests in flight, u64 prefill tokens queued.
 //   kInventoryRequest / kInventoryReply: a warm replica's kv_exact inventory (see the encoders).
@@ -42,7 +42,7 @@ enum class Kind : uint8_t {
 struct Header {
   Kind kind = Kind::kChains;
   uint64_t replica = 0;  // the sender's id (random per process start)
-  int64_t sent_ms = 0;   // the sender's clock when it sent the message
+  int64_t sent_us = 0;   // the sender's clock when it sent the message (unix microseconds)
 };
 
 // One dispatch's record: `worker` (rank) was sent a prompt whose chunk chain is `hashes`.
@@ -50,7 +50,7 @@ struct ChainRecord {
   std::string rule;
   uint64_t worker = 0;
   int32_t rank = -1;
-  int64_t origin_ms = 0;  // when the deciding replica dispatched it (its clock)
+  int64_t origin_us = 0;  // when the deciding replica dispatched it (its clock, unix us)
   bool retract = false;   // the worker never ran it: take this record back
   bool predict = false;   // kv_exact's predicted pages (else cache_aware's chunks)
   uint32_t chunk_bytes = 0;

@@ -1,0 +1,267 @@
+// Several kvgate replicas sharing routing state through NATS (--replica-sync), end to end: Debian's
+// nats-server, kvgate-sim servers, and three kvgates in front of them, with a client that sends
+// each conversation's turns to a different replica (as a front balancer without affinity does).
+// A follow-up turn goes where its conversation is, whichever replica takes it; every replica
+// decides every request alike (the route-only endpoint); in-flight load is shared and forgotten
+// with a silent peer; a NATS outage leaves the replicas serving (degraded) and they agree again
+// once it is back.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/chats.h"
+#include "support/cluster.h"
+#include "support/http_client.h"
+#include "support/process.h"
+
+namespace kvgate::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kNatsServer = "/usr/sbin/nats-server";
+
+// A NATS server on a loopback port (the test fails, not skips, without it: scripts/setup).
+struct Nats {
+  Nats() : port(free_port()) { start(); }
+  void start() {
+    EXPECT_EQ(access(kNatsServer, X_OK), 0)
+        << kNatsServer << " is missing: run scripts/setup (Debian's nats-server)";
+    process = std::make_unique<Process>(
+        kNatsServer, std::vector<std::string>{"-a", "127.0.0.1", "-p", std::to_string(port)});
+    EXPECT_TRUE(
+        wait_until([&] { return HttpClient(port).raw("PING\r\n", 200ms).find("INFO") == 0; }, 10s))
+        << "nats-server did not start: " << process->log();
+  }
+  void stop() { process->stop(); }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port); }
+  int port;
+  std::unique_ptr<Process> process;
+};
+
+struct Replica {
+  int port = 0, admin = 0, metrics = 0;
+  std::unique_ptr<Process> process;
+  double metric(const std::string& series) {
+    Response r = HttpClient(metrics).get("/metrics");
+    double total = -1;
+    size_t at = 0;
+    // The sum of every sample whose name and labels start with `series`.
+    while ((at = r.body.find("\n" + series, at)) != std::string::npos) {
+      size_t sp = r.body.find(' ', at + 1);
+      size_t nl = r.body.find('\n', sp);
+      total = (total < 0 ? 0 : total) + std::stod(r.body.substr(sp + 1, nl - sp - 1));
+      at = nl;
+    }
+    return total;
+  }
+  std::string readiness() { return HttpClient(port).get("/readiness").body; }
+  // What this replica would decide for `body`, without sending it.
+  std::string route(const std::string& body) {
+    Response r = HttpClient(admin).post("/v1/route?path=/v1/chat/completions", body,
+                                        {{"content-type", "application/json"}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json_string_field(r.body, "worker") + " " + json_string_field(r.body, "branch");
+  }
+};
+
+struct Fleet {
+  Fleet(int sims_n, int replicas_n, const std::vector<std::string>& extra = {}) {
+    for (int i = 0; i < sims_n; ++i) {
+      sims.push_back(Sim::launch({"--time-scale", "0", "--enable-cache-report"}));
+    }
+    for (int i = 0; i < replicas_n; ++i) start_replica(extra);
+    for (auto& r : replicas) {
+      EXPECT_TRUE(wait_until(
+          [&] {
+            return json_number_field(r.readiness(), "healthy_workers") == sims_n &&
+                   r.metric("kvgate_replica_peers") == replicas_n - 1;
+          },
+          15s))
+          << r.readiness() << r.process->log();
+    }
+  }
+  void start_replica(const std::vector<std::string>& extra) {
+    Replica r;
+    r.port = free_port();
+    r.admin = free_port();
+    r.metrics = free_port();
+    std::vector<std::string> args{"--host",
+                                  "127.0.0.1",
+                                  "--port",
+                                  std::to_string(r.port),
+                                  "--admin-port",
+                                  std::to_string(r.admin),
+                                  "--prometheus-host",
+                                  "127.0.0.1",
+                                  "--prometheus-port",
+                                  std::to_string(r.metrics),
+                                  "--policy",
+                                  "cache_aware",
+                                  "--replica-sync",
+                                  nats.url(),
+                                  "--replica-peer-timeout-ms",
+                                  "1500",
+                                  "--debug-headers",
+                                  "--threads",
+                                  "1",
+                                  "--health-check-interval-secs",
+                                  "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.emplace_back("--worker-urls");
+    for (auto& s : sims) args.push_back(s.url());
+    r.process = std::make_unique<Process>("kvgate", args);
+    replicas.push_back(std::move(r));
+  }
+  // Every replica has applied every record its peers published (each dispatch is one record).
+  bool synced(double dispatches) {
+    double applied = 0;
+    for (auto& r : replicas)
+      applied += std::max(0.0, r.metric("kvgate_replica_sync_records_total{result=\"applied\"}"));
+    return applied >= dispatches * static_cast<double>(replicas.size() - 1);
+  }
+  Nats nats;
+  std::vector<Sim> sims;
+  std::vector<Replica> replicas;
+};
+
+struct Turn {
+  int status = 0;
+  std::string worker, route, reply;
+  double cached = -1, prompt = -1;
+};
+
+Turn send(int port, const std::vector<std::string>& turns) {
+  Response r = HttpClient(port).post("/v1/chat/completions", chat_body(turns),
+                                     {{"content-type", "application/json"}});
+  Turn t;
+  t.status = r.status;
+  t.worker = r.header("x-kvgate-worker");
+  t.route = r.header("x-kvgate-route");
+  t.reply = json_string_field(r.body, "content");
+  t.cached = json_number_field(r.body, "cached_tokens");
+  t.prompt = json_number_field(r.body, "prompt_tokens");
+  return t;
+}
+
+TEST(Replicas, FollowUpsLandWhereTheirConversationIsWhicheverReplicaTakesThem) {
+  Fleet fleet(4, 3);
+  constexpr int kConversations = 24, kTurns = 3;
+  std::vector<std::vector<std::string>> convs(kConversations);
+  std::vector<std::string> home(kConversations);
+  double dispatched = 0;
+  double follow_ups = 0, followed = 0, cached = 0, prompt = 0;
+  for (int t = 0; t < kTurns; ++t) {
+    for (int c = 0; c < kConversations; ++c) {
+      auto& turns = convs[static_cast<size_t>(c)];
+      turns.push_back(turn_message(c, t));
+      // The front balancer: turn t of conversation c to replica (c + t) % 3.
+      Replica& via = fleet.replicas[static_cast<size_t>((c + t) % 3)];
+      Turn got = send(via.port, turns);
+      ASSERT_EQ(got.status, 200) << via.process->log();
+      turns.push_back(got.reply);
+      ++dispatched;
+      if (t == 0) {
+        home[static_cast<size_t>(c)] = got.worker;
+      } else {
+        ++follow_ups;
+        followed += got.worker == home[static_cast<size_t>(c)];
+        EXPECT_EQ(got.route, "cache_aware/cache_hit") << "conversation " << c << " turn " << t;
+        cached += got.cached;
+        prompt += got.prompt;
+      }
+      // The records reach every peer before the next request (quiesced, not racing the batch).
+      ASSERT_TRUE(wait_until([&] { return fleet.synced(dispatched); }, 5s));
+    }
+  }
+  EXPECT_EQ(followed, follow_ups);
+  // The engines confirm it: most of each follow-up's prompt was cached where it went.
+  EXPECT_GT(cached / prompt, 0.6) << cached << " / " << prompt;
+  // Conversations were spread: every server is home to some.
+  std::set<std::string> homes(home.begin(), home.end());
+  EXPECT_EQ(homes.size(), fleet.sims.size());
+
+  // Quiesced, every replica decides every request alike: the next turns and new conversations.
+  int agreed = 0, asked = 0;
+  for (int c = 0; c < kConversations; ++c) {
+    for (const auto& body :
+         {chat_body(convs[static_cast<size_t>(c)]), chat_body({turn_message(100 + c, 0)})}) {
+      const std::string first = fleet.replicas[0].route(body);
+      bool same = true;
+      for (size_t k = 1; k < fleet.replicas.size(); ++k)
+        same = same && fleet.replicas[k].route(body) == first;
+      agreed += same;
+      ++asked;
+    }
+  }
+  EXPECT_EQ(agreed, asked);
+}
+
+TEST(Replicas, InFlightLoadIsSharedAndASilentPeersIsForgotten) {
+  Fleet fleet(2, 2);
+  // Requests that never end: the workers hold them.
+  for (auto& s : fleet.sims) {
+    ASSERT_EQ(HttpClient(s.port).post("/sim/faults", R"({"hang_rate":1.0})").status, 200);
+  }
+  constexpr int kHeld = 4;
+  std::vector<std::thread> clients;
+  const int port = fleet.replicas[0].port;
+  for (int i = 0; i < kHeld; ++i) {
+    clients.emplace_back([port, i] {
+      HttpClient c(port);
+      c.set_timeout(20s);
+      c.post("/v1/chat/completions", chat_body({turn_message(i, 0)}),
+             {{"content-type", "application/json"}});
+    });
+  }
+  Replica& peer = fleet.replicas[1];
+  EXPECT_TRUE(wait_until([&] { return peer.metric("kvgate_replica_peer_inflight") == kHeld; }, 5s))
+      << peer.metric("kvgate_replica_peer_inflight");
+  // The peer dies without a word: after --replica-peer-timeout-ms its load no longer counts.
+  fleet.replicas[0].process->kill_now();
+  EXPECT_TRUE(wait_until([&] { return peer.metric("kvgate_replica_peer_inflight") == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return peer.metric("kvgate_replica_peers") == 0; }, 5s));
+  for (auto& c : clients) c.join();
+  for (auto& s : fleet.sims) HttpClient(s.port).post("/sim/faults", R"({"hang_rate":0})");
+}
+
+TEST(Replicas, ANatsOutageLeavesThemServingAndTheyAgreeAgainWhenItReturns) {
+  Fleet fleet(3, 2);
+  fleet.nats.stop();
+  for (auto& r : fleet.replicas) {
+    EXPECT_TRUE(wait_until([&] { return r.metric("kvgate_replica_sync_connected") == 0; }, 10s));
+    EXPECT_NE(r.readiness().find("replica_sync_disconnected"), std::string::npos) << r.readiness();
+    // Still serving, on their own state.
+    EXPECT_EQ(send(r.port, {turn_message(1, 0)}).status, 200);
+  }
+  fleet.nats.start();
+  for (auto& r : fleet.replicas) {
+    EXPECT_TRUE(wait_until([&] { return r.metric("kvgate_replica_sync_connected") == 1; }, 15s))
+        << r.process->log();
+    EXPECT_TRUE(wait_until([&] { return r.metric("kvgate_replica_peers") == 1; }, 10s));
+    EXPECT_EQ(r.readiness().find("degraded"), std::string::npos);
+  }
+  EXPECT_GE(fleet.replicas[0].metric("kvgate_replica_sync_disconnects_total"), 1);
+  // Records flow again: a conversation started on one replica continues on the other.
+  const std::string applied = "kvgate_replica_sync_records_total{result=\"applied\"}";
+  const double before = std::max(0.0, fleet.replicas[1].metric(applied));
+  std::vector<std::string> turns{turn_message(7, 0)};
+  Turn first = send(fleet.replicas[0].port, turns);
+  ASSERT_EQ(first.status, 200);
+  turns.push_back(first.reply);
+  ASSERT_TRUE(wait_until([&] { return fleet.replicas[1].metric(applied) > before; }, 5s));
+  turns.push_back(turn_message(7, 1));
+  Turn second = send(fleet.replicas[1].port, turns);
+  EXPECT_EQ(second.worker, first.worker);
+  EXPECT_EQ(second.route, "cache_aware/cache_hit");
+}
+
+}  // namespace
+}  // namespace kvgate::testing

@@ -10,6 +10,7 @@
 #include "http/client.h"
 #include "http/io.h"
 #include "policy/registry.h"
+#include "replica/sync.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -47,9 +48,20 @@ struct KvExactPolicy::Source {
   int rank = 0;
   std::string url;
   uint64_t tiebreak = 0;
+  uint64_t key = 0;                         // replica::worker_key of the url
   std::atomic<int64_t> active{0};           // requests dispatched here, not completed
   std::atomic<int64_t> pending_prefill{0};  // their prompt tokens not cached here
-  std::atomic<bool> ready{false};           // trusted (kvWarmupSec, or holding blocks)
+  // The same two as the other kvgate replicas last reported them (--replica-sync; else 0).
+  std::atomic<int64_t> peer_active{0};
+  std::atomic<int64_t> peer_pending{0};
+  int64_t fleet_active() const {
+    return active.load(std::memory_order_relaxed) + peer_active.load(std::memory_order_relaxed);
+  }
+  int64_t fleet_pending() const {
+    return pending_prefill.load(std::memory_order_relaxed) +
+           peer_pending.load(std::memory_order_relaxed);
+  }
+  std::atomic<bool> ready{false};  // trusted (kvWarmupSec, or holding blocks)
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
   // with a warning and a metric, instead of silently missing.
   std::atomic<bool> page_size_mismatch{false};
@@ -92,6 +104,13 @@ struct KvExactPolicy::Sources {
     auto it = by_id.find(static_cast<kv::SourceId>(id));
     return it == by_id.end() ? nullptr : it->second;
   }
+  // By (worker key, rank): what other replicas name a source by.
+  Source* by_key(uint64_t key, int rank) const {
+    for (const auto& s : all) {
+      if (s->key == key && s->rank == rank) return s.get();
+    }
+    return nullptr;
+  }
 };
 
 namespace {
@@ -124,6 +143,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       inventory_(inventory_options(config)),
       subscriber_(kv::SubscriberOptions{}, *this),
       sources_(std::make_shared<const Sources>()) {
+  replica_ = config.replica;
   if (config.kv.hash_algo == "sha256_sglang") {
     hasher_ = std::make_unique<kv::BlockHasher>(kv::HashScheme::kSglang);
   } else if (config.kv.hash_algo == "sha256_cbor") {
@@ -268,8 +288,7 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
     int best = 0;
     int64_t best_load = std::numeric_limits<int64_t>::max();
     for (const Source* s : it->second) {
-      int64_t load = s->pending_prefill.load(std::memory_order_relaxed) +
-                     s->active.load(std::memory_order_relaxed);
+      int64_t load = s->fleet_pending() + s->fleet_active();
       if (load < best_load) {
         best_load = load;
         best = s->rank;
@@ -358,11 +377,11 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   kv::SourceId predicted_source = 0;
   int64_t predicted_pages = 0;
   if (predict_ttl_.count() > 0 && !keys.empty()) {
-    auto now = std::chrono::steady_clock::now();
+    const int64_t now = replica::Sync::now_us();
     std::lock_guard lock(predict_mu_);
     for (kv::BlockKey k : keys) {
       auto it = predicted_.find(k);
-      if (it == predicted_.end() || it->second.expires < now) break;
+      if (it == predicted_.end() || it->second.expires_us < now) break;
       if (predicted_pages == 0) predicted_source = it->second.source;
       if (it->second.source != predicted_source) break;
       ++predicted_pages;
@@ -419,7 +438,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
           break;
         }
       }
-      int64_t pending = s->pending_prefill.load(std::memory_order_relaxed);
+      int64_t pending = s->fleet_pending();
       if (s->id == predicted_source) {
         // The prefix is being prefilled there for the requests just sent: this one waits for
         // that work instead of doing it again, so the part the engine has not confirmed yet is
@@ -430,7 +449,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
         pending = std::max<int64_t>(0, pending - unconfirmed);
       }
       longest = std::max(longest, cached);
-      int64_t active = s->active.load(std::memory_order_relaxed);
+      int64_t active = s->fleet_active();
       double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
                     static_cast<double>(pending) + load_tokens_ * static_cast<double>(active);
       uint64_t tie = mix(request_hash ^ s->tiebreak);
@@ -464,6 +483,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     d.dp_rank = best->rank;
   }
   d.branch = best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
+  d.origin_us = replica::Sync::now_us();
   d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
   d.target_id = best->id;
   return d;
@@ -480,23 +500,17 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
     if (predict_ttl_.count() > 0 && !req.tokens.empty() && (!req.names_lora || req.lora)) {
       const std::vector<kv::BlockKey>& all = request_keys(ctx);
       std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
-      auto now = std::chrono::steady_clock::now();
-      auto expires = now + predict_ttl_;
-      std::lock_guard lock(predict_mu_);
-      // A prediction lasts its TTL from the dispatch that made it: later dispatches do not renew
-      // it (the engine's events are the truth after that). At the bound, nothing new is
-      // predicted until the periodic sweep drops expired entries (no scan on a request thread).
-      for (kv::BlockKey k : keys) {
-        auto it = predicted_.find(k);
-        if (it != predicted_.end() && it->second.expires >= now) {
-          if (it->second.source == s->id) ++it->second.holders;
-          continue;
-        }
-        if (it != predicted_.end()) {
-          it->second = Prediction{s->id, expires};
-        } else if (predicted_.size() < kMaxPredicted) {
-          predicted_.emplace(k, Prediction{s->id, expires});
-        }
+      const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
+      predict(keys, *s, origin, false);
+      if (replica_) {
+        // Every replica, this one included, holds the same predictions: siblings of a burst
+        // co-locate whichever replica they reach.
+        replica_->publish(replica::ChainRecord{.rule = rule_,
+                                               .worker = s->key,
+                                               .rank = s->rank,
+                                               .origin_us = origin,
+                                               .predict = true,
+                                               .hashes = {keys.begin(), keys.end()}});
       }
     }
   }
@@ -537,14 +551,19 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
     }
     if (!o.started && predict_ttl_.count() > 0 && !req.tokens.empty() &&
         (!req.names_lora || req.lora)) {
-      // The worker never ran it: what it predicted there is withdrawn.
-      const std::vector<kv::BlockKey>& keys = request_keys(ctx);
-      std::lock_guard lock(predict_mu_);
-      for (kv::BlockKey k : keys) {
-        auto it = predicted_.find(k);
-        if (it != predicted_.end() && it->second.source == s->id && --it->second.holders == 0) {
-          predicted_.erase(it);
-        }
+      // The worker never ran it: what it predicted there is withdrawn (on every replica).
+      const std::vector<kv::BlockKey>& all = request_keys(ctx);
+      std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
+      const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
+      predict(keys, *s, origin, true);
+      if (replica_) {
+        replica_->publish(replica::ChainRecord{.rule = rule_,
+                                               .worker = s->key,
+                                               .rank = s->rank,
+                                               .origin_us = origin,
+                                               .retract = true,
+                                               .predict = true,
+                                               .hashes = {keys.begin(), keys.end()}});
       }
     }
   }
@@ -652,6 +671,12 @@ void KvExactPolicy::rebuild_sources() {
         s->rank = r;
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
+        s->key = replica::worker_key(w->url());
+        if (replica_) {
+          const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, r);
+          s->peer_active.store(peers.active, std::memory_order_relaxed);
+          s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
+        }
         if (predicted_tokens_) {
           std::string rank = std::to_string(r);
           s->predicted_tokens = &predicted_tokens_->with({rule_, s->url, rank});
@@ -883,9 +908,9 @@ void KvExactPolicy::on_period() {
     });
   }
   if (predict_ttl_.count() > 0) {
-    auto now = std::chrono::steady_clock::now();
+    const int64_t now = replica::Sync::now_us();
     std::lock_guard lock(predict_mu_);
-    std::erase_if(predicted_, [&](const auto& e) { return e.second.expires < now; });
+    std::erase_if(predicted_, [&](const auto& e) { return e.second.expires_us < now; });
   }
   auto sources = sources_.load();
   std::unordered_map<kv::SourceId, kv::SourceStatus> status;
@@ -916,7 +941,39 @@ void KvExactPolicy::on_period() {
 void KvExactPolicy::start() {
   {
     std::lock_guard lock(change_mu_);
-    if (starts_++ == 0) subscriber_.start();
+    if (starts_++ == 0) {
+      subscriber_.start();
+      if (replica_) {
+        // The fleet's load per rank: this replica's own in each report, the peers' summed here.
+        rank_token_ = replica_->add_rank_load(
+            [this](std::vector<replica::LoadEntry>& out) {
+              auto sources = sources_.load();
+              for (const auto& s : sources->all) {
+                out.push_back({.worker = s->key,
+                               .rank = s->rank,
+                               .inflight = s->active.load(std::memory_order_relaxed),
+                               .prefill_tokens = std::max<int64_t>(
+                                   0, s->pending_prefill.load(std::memory_order_relaxed))});
+              }
+            },
+            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad peers) {
+              auto sources = sources_.load();
+              if (Source* s = sources->by_key(key, rank)) {
+                s->peer_active.store(peers.active, std::memory_order_relaxed);
+                s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
+              }
+            });
+        chain_token_ = replica_->add_sink(rule_, [this](const replica::ChainRecord& r) {
+          if (!r.predict || predict_ttl_.count() <= 0) return;
+          auto sources = sources_.load();
+          if (Source* s = sources->by_key(r.worker, r.rank)) {
+            predict(std::span<const kv::BlockKey>(
+                        r.hashes.data(), std::min(r.hashes.size(), kMaxPredictedPerRequest)),
+                    *s, r.origin_us, r.retract);
+          }
+        });
+      }
+    }
   }
   fallback_->start();  // (counted by the fallback itself)
 }
@@ -924,7 +981,50 @@ void KvExactPolicy::start() {
 void KvExactPolicy::stop() {
   fallback_->stop();
   std::lock_guard lock(change_mu_);
-  if (starts_ > 0 && --starts_ == 0) subscriber_.stop();
+  if (starts_ > 0 && --starts_ == 0) {
+    subscriber_.stop();
+    if (replica_) {
+      replica_->remove_rank_load(rank_token_);
+      replica_->remove_sink(chain_token_);
+      rank_token_ = chain_token_ = 0;
+    }
+  }
+}
+
+void KvExactPolicy::predict(std::span<const kv::BlockKey> keys, const Source& s, int64_t origin_us,
+                            bool retract) {
+  const int64_t now = replica::Sync::now_us();
+  const int64_t expires =
+      origin_us + std::chrono::duration_cast<std::chrono::microseconds>(predict_ttl_).count();
+  if (expires < now) return;  // heard too late to matter
+  std::lock_guard lock(predict_mu_);
+  for (kv::BlockKey k : keys) {
+    auto it = predicted_.find(k);
+    const bool live = it != predicted_.end() && it->second.expires_us >= now;
+    if (retract) {
+      // Only the dispatches relying on this source's prediction withdraw their share.
+      if (live && it->second.source == s.id && --it->second.holders == 0) predicted_.erase(it);
+      continue;
+    }
+    if (live) {
+      // The earliest dispatch wins a page, whichever replica heard which first; later ones to the
+      // same source rely on it (and do not renew it: the engine's events are the truth after).
+      if (it->second.source == s.id) {
+        ++it->second.holders;
+        it->second.origin_us = std::min(it->second.origin_us, origin_us);
+      } else if (origin_us < it->second.origin_us) {
+        it->second = Prediction{s.id, origin_us, expires};
+      }
+      continue;
+    }
+    if (it != predicted_.end()) {
+      it->second = Prediction{s.id, origin_us, expires};
+    } else if (predicted_.size() < kMaxPredicted) {
+      // At the bound, nothing new is predicted until the periodic sweep drops expired entries
+      // (no scan on a request thread).
+      predicted_.emplace(k, Prediction{s.id, origin_us, expires});
+    }
+  }
 }
 
 // ------------------------------------------------------------------ tokenizer parity probes

@@ -38,6 +38,9 @@ struct FetchResult;
 }  // namespace http
 
 struct PolicyConfig;
+namespace replica {
+class Sync;
+}  // namespace replica
 
 class KvExactPolicy final : public Policy, private kv::EventSink {
  public:
@@ -139,13 +142,18 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   // until they expire (the engine's events then say the truth). Last dispatch wins a page.
   struct Prediction {
     kv::SourceId source = 0;
-    std::chrono::steady_clock::time_point expires;
+    int64_t origin_us = 0;   // the dispatch that made it (unix microseconds, its replica's clock)
+    int64_t expires_us = 0;  // origin + kvPredictTtlMs
     // Dispatches to `source` that rely on it: one that never ran withdraws only its own share
     // (a sibling sent there on the prediction is still prefilling those pages).
     uint32_t holders = 1;
   };
   static constexpr size_t kMaxPredicted = 1 << 16;
   static constexpr size_t kMaxPredictedPerRequest = 1024;
+  // Applies one dispatch's predicted pages (or, `retract`, withdraws its share), this replica's
+  // or a peer's: the same result in any order of arrival (the earliest dispatch wins a page).
+  void predict(std::span<const kv::BlockKey> keys, const Source& s, int64_t origin_us,
+               bool retract);
   std::chrono::milliseconds predict_ttl_;
   bool parity_probe_;
   mutable std::mutex predict_mu_;
@@ -168,6 +176,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   std::vector<RetiredSeries> retired_series_;  // change_mu_
   kv::SourceId next_id_ = 1;
   int starts_ = 0;
+  // Replica sync (--replica-sync; null: alone): fleet loads per rank and predictions shared.
+  replica::Sync* replica_ = nullptr;
+  uint64_t rank_token_ = 0, chain_token_ = 0;
   std::chrono::steady_clock::time_point
       next_fallback_period_{};  // control thread only  // start/stop are balanced per pool; a kept
                                 // policy serves two pools a moment

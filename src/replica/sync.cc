@@ -157,6 +157,7 @@ void Sync::stop() {
   std::lock_guard lock(load_mu_);
   for (auto& [key, t] : tracked_) t.worker->set_peer_inflight(0);
   peers_.clear();
+  rank_sums_.clear();
 }
 
 void Sync::on_disconnected(natsConnection*, void* self) {
@@ -293,22 +294,85 @@ size_t Sync::peers() const {
 }
 
 void Sync::apply_load(const Header& h, LoadReport report) {
-  std::lock_guard lock(load_mu_);
-  Peer& p = peers_[h.replica];
-  if (p.seq != 0 && report.seq <= p.seq) return;  // an older report arriving late
-  p.seq = report.seq;
-  p.seen = Clock::now();
-  std::vector<uint64_t> keys;
-  keys.reserve(p.inflight.size() + report.entries.size());
-  for (const auto& [key, n] : p.inflight) keys.push_back(key);
-  p.inflight.clear();
-  for (const LoadEntry& e : report.entries) {
-    if (e.rank != -1) continue;
-    p.inflight[e.worker] = e.inflight;
-    keys.push_back(e.worker);
+  std::vector<std::pair<RankKey, RankLoad>> changed;
+  {
+    std::lock_guard lock(load_mu_);
+    Peer& p = peers_[h.replica];
+    if (p.seq != 0 && report.seq <= p.seq) return;  // an older report arriving late
+    p.seq = report.seq;
+    p.seen = Clock::now();
+    std::vector<uint64_t> keys;
+    std::vector<RankKey> rank_keys;
+    keys.reserve(p.inflight.size() + report.entries.size());
+    for (const auto& [key, n] : p.inflight) keys.push_back(key);
+    for (const auto& [key, n] : p.ranks) rank_keys.push_back(key);
+    p.inflight.clear();
+    p.ranks.clear();
+    for (const LoadEntry& e : report.entries) {
+      if (e.rank == -1) {
+        p.inflight[e.worker] = e.inflight;
+        keys.push_back(e.worker);
+      } else {
+        const RankKey k{e.worker, e.rank};
+        p.ranks[k] = RankLoad{e.inflight, e.prefill_tokens};
+        rank_keys.push_back(k);
+      }
+    }
+    if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
+    resum(keys);
+    resum_ranks(rank_keys, changed);
+    // Told under load_mu_: two reports (or a report and an expiry) are told in the order they
+    // were summed, so a stale sum never lands last.
+    tell_rank_sinks(changed);
   }
-  if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
-  resum(keys);
+}
+
+void Sync::resum_ranks(const std::vector<RankKey>& keys,
+                       std::vector<std::pair<RankKey, RankLoad>>& changed) {
+  for (const RankKey& k : keys) {
+    RankLoad sum;
+    for (const auto& [id, peer] : peers_) {
+      auto f = peer.ranks.find(k);
+      if (f == peer.ranks.end()) continue;
+      sum.active += f->second.active;
+      sum.prefill_tokens += f->second.prefill_tokens;
+    }
+    auto it = rank_sums_.find(k);
+    const RankLoad old = it == rank_sums_.end() ? RankLoad{} : it->second;
+    if (old == sum) continue;
+    if (sum == RankLoad{}) {
+      rank_sums_.erase(it);
+    } else {
+      rank_sums_[k] = sum;
+    }
+    changed.emplace_back(k, sum);
+  }
+}
+
+void Sync::tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed) {
+  if (changed.empty()) return;
+  std::shared_lock lock(rank_mu_);
+  for (const auto& [token, reg] : rank_regs_) {
+    for (const auto& [k, sum] : changed) reg.hear(k.worker, k.rank, sum);
+  }
+}
+
+uint64_t Sync::add_rank_load(RankLoadProvider provide, RankLoadSink hear) {
+  std::unique_lock lock(rank_mu_);
+  const uint64_t token = next_rank_reg_++;
+  rank_regs_.emplace(token, RankReg{std::move(provide), std::move(hear)});
+  return token;
+}
+
+void Sync::remove_rank_load(uint64_t token) {
+  std::unique_lock lock(rank_mu_);
+  rank_regs_.erase(token);
+}
+
+Sync::RankLoad Sync::peer_rank_load(uint64_t worker, int32_t rank) const {
+  std::lock_guard lock(load_mu_);
+  auto it = rank_sums_.find(RankKey{worker, rank});
+  return it == rank_sums_.end() ? RankLoad{} : it->second;
 }
 
 void Sync::resum(const std::vector<uint64_t>& keys) {
@@ -325,20 +389,27 @@ void Sync::resum(const std::vector<uint64_t>& keys) {
 }
 
 void Sync::expire_peers() {
-  std::lock_guard lock(load_mu_);
-  const auto now = Clock::now();
-  std::vector<uint64_t> keys;
-  for (auto it = peers_.begin(); it != peers_.end();) {
-    if (now - it->second.seen < config_.peer_timeout) {
-      ++it;
-      continue;
+  std::vector<std::pair<RankKey, RankLoad>> changed;
+  {
+    std::lock_guard lock(load_mu_);
+    const auto now = Clock::now();
+    std::vector<uint64_t> keys;
+    std::vector<RankKey> rank_keys;
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      if (now - it->second.seen < config_.peer_timeout) {
+        ++it;
+        continue;
+      }
+      log::info("replica sync: peer silent, its load forgotten").kv("peer", it->first);
+      for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
+      for (const auto& [key, n] : it->second.ranks) rank_keys.push_back(key);
+      it = peers_.erase(it);
     }
-    log::info("replica sync: peer silent, its load forgotten").kv("peer", it->first);
-    for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
-    it = peers_.erase(it);
+    if (!keys.empty()) resum(keys);
+    if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
+    if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
+    tell_rank_sinks(changed);
   }
-  if (!keys.empty()) resum(keys);
-  if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
 }
 
 void Sync::send(const std::string& subject, const std::string& data, std::string_view kind) {
@@ -370,9 +441,27 @@ void Sync::flush_records(std::vector<ChainRecord>& batch) {
 
 void Sync::publish_load(bool force) {
   LoadReport report;
+  std::vector<LoadEntry> ranks;
+  {
+    std::shared_lock lock(rank_mu_);
+    for (const auto& [token, reg] : rank_regs_) reg.provide(ranks);
+  }
+  // Two rules over one server report its ranks once, summed.
+  std::sort(ranks.begin(), ranks.end(), [](const LoadEntry& a, const LoadEntry& b) {
+    return a.worker != b.worker ? a.worker < b.worker : a.rank < b.rank;
+  });
+  std::vector<LoadEntry> merged;
+  for (const LoadEntry& e : ranks) {
+    if (!merged.empty() && merged.back().worker == e.worker && merged.back().rank == e.rank) {
+      merged.back().inflight += e.inflight;
+      merged.back().prefill_tokens += e.prefill_tokens;
+    } else {
+      merged.push_back(e);
+    }
+  }
   {
     std::lock_guard lock(load_mu_);
-    bool changed = false;
+    bool changed = merged != last_ranks_;
     for (auto& [key, t] : tracked_) {
       const int64_t n = t.worker->inflight();
       changed = changed || n != t.published;
@@ -384,6 +473,8 @@ void Sync::publish_load(bool force) {
       t.published = t.worker->inflight();
       report.entries.push_back({.worker = key, .rank = -1, .inflight = t.published});
     }
+    report.entries.insert(report.entries.end(), merged.begin(), merged.end());
+    last_ranks_ = std::move(merged);
   }
   std::string msg;
   encode_load(Header{.kind = Kind::kLoad, .replica = id_, .sent_us = now_us()}, report, msg);

@@ -98,6 +98,23 @@ class Sync {
   void track(const WorkerPtr& w);
   void untrack(const Worker& w);
 
+  // kv_exact's per-rank load: `provide` appends this replica's own entries (rank >= 0: requests
+  // active and prefill tokens queued per (worker key, rank)) to each load report; `hear` is told
+  // the sum of the peers' latest for every (worker key, rank) whose sum changed (on a libnats
+  // thread or this class's, in the order the sums were made; it must not call into Sync).
+  // remove_rank_load returns once no call of either is running.
+  struct RankLoad {
+    int64_t active = 0;
+    int64_t prefill_tokens = 0;
+    bool operator==(const RankLoad&) const = default;
+  };
+  using RankLoadProvider = std::function<void(std::vector<LoadEntry>& out)>;
+  using RankLoadSink = std::function<void(uint64_t worker, int32_t rank, RankLoad peers)>;
+  uint64_t add_rank_load(RankLoadProvider provide, RankLoadSink hear);
+  void remove_rank_load(uint64_t token);
+  // The peers' sum for one (worker key, rank) now (a source made after the last report).
+  RankLoad peer_rank_load(uint64_t worker, int32_t rank) const;
+
   // For /readiness and /v1/stats: {"connected":..,"peers":..,...}.
   std::string status_json() const;
 
@@ -147,11 +164,41 @@ class Sync {
     int64_t published = -1;  // the in-flight count last published
   };
   std::unordered_map<uint64_t, Tracked> tracked_;
+  struct RankKey {
+    uint64_t worker;
+    int32_t rank;
+    bool operator==(const RankKey&) const = default;
+  };
+  struct RankKeyHash {
+    size_t operator()(const RankKey& k) const {
+      return static_cast<size_t>(k.worker ^
+                                 (static_cast<uint64_t>(k.rank) * 0x9e3779b97f4a7c15ULL));
+    }
+  };
   struct Peer {
     Clock::time_point seen;
     uint64_t seq = 0;
     std::unordered_map<uint64_t, int64_t> inflight;  // worker key -> requests (rank -1 entries)
+    std::unordered_map<RankKey, RankLoad, RankKeyHash> ranks;  // rank >= 0 entries
   };
+  // The peers' sums per (worker, rank) as last told to the sinks (load_mu_).
+  std::unordered_map<RankKey, RankLoad, RankKeyHash> rank_sums_;
+  // Rank-load registrations (their own lock: providers run while publishing, sinks while a
+  // report is applied; neither under load_mu_).
+  mutable std::shared_mutex rank_mu_;
+  struct RankReg {
+    RankLoadProvider provide;
+    RankLoadSink hear;
+  };
+  std::map<uint64_t, RankReg> rank_regs_;
+  uint64_t next_rank_reg_ = 1;
+  // The rank entries last published, to send only on a change.
+  std::vector<LoadEntry> last_ranks_;
+  // Sums changed by apply_load / expire_peers, told to the sinks (load_mu_ held).
+  void tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed);
+  // Recomputes rank_sums_ for `keys` (load_mu_ held); appends what changed.
+  void resum_ranks(const std::vector<RankKey>& keys,
+                   std::vector<std::pair<RankKey, RankLoad>>& changed);
   std::unordered_map<uint64_t, Peer> peers_;
   uint64_t load_seq_ = 0;
   Clock::time_point last_load_{};

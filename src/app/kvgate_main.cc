@@ -276,20 +276,12 @@ int main(int argc, char** argv) {
   // Replica sync (--replica-sync): before the pools, which use it, and destroyed after them.
   std::unique_ptr<replica::Sync> replica_sync;
   if (!cfg.replica_sync.empty()) {
-    replica::SyncConfig sc;
-    sc.url = cfg.replica_sync;
-    sc.subject = cfg.replica_sync_subject;
-    sc.name = cfg.replica_name;
+    replica::SyncConfig sc = sync_config(cfg);
     if (sc.name.empty()) {
       char host[256] = {};
       gethostname(host, sizeof host - 1);
       sc.name = std::string(host) + ":" + std::to_string(cfg.port);
     }
-    sc.batch = std::chrono::milliseconds(cfg.replica_sync_batch_ms);
-    sc.load_interval = std::chrono::milliseconds(cfg.replica_load_interval_ms);
-    sc.peer_timeout = std::chrono::milliseconds(cfg.replica_peer_timeout_ms);
-    sc.chunk_bytes = static_cast<size_t>(cfg.replica_sync_chunk_bytes);
-    sc.max_chunks = static_cast<size_t>(cfg.replica_sync_max_chunks);
     replica_sync = std::make_unique<replica::Sync>(std::move(sc), &registry);
     if (std::string e = replica_sync->start(); !e.empty()) return fail(e);
   }

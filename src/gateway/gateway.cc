@@ -335,6 +335,15 @@ awaitable<void> Gateway::readiness(http::Exchange& ex, std::string_view rid,
     body += R"(,"healthy_prefill":)" + std::to_string(prefill) + R"(,"healthy_decode":)" +
             std::to_string(decode);
   }
+  // kv_exact's ranks per rule: how many are trusted, which are not yet and why (cold: began
+  // mid-stream; pending: no event yet).
+  std::string kv;
+  for (const auto& p : table->pools) {
+    std::string d = p->policy().readiness_details();
+    if (d.empty()) continue;
+    kv += (kv.empty() ? "" : ",") + json::quote(p->name()) + ":" + d;
+  }
+  if (!kv.empty()) body += R"(,"kv_exact":{)" + kv + "}";
   // Replicas: a replica cut off from NATS still serves (ready) on its own state, and says so.
   if (replica_) {
     body += R"(,"replica_sync":)" + replica_->status_json();

@@ -87,4 +87,17 @@ http::ConnectionPool::Options upstream_pool_options(const GatewayConfig& c) {
   return o;
 }
 
+replica::SyncConfig sync_config(const GatewayConfig& c) {
+  replica::SyncConfig s;
+  s.url = c.replica_sync;
+  s.subject = c.replica_sync_subject;
+  s.name = c.replica_name;
+  s.batch = std::chrono::milliseconds(c.replica_sync_batch_ms);
+  s.load_interval = std::chrono::milliseconds(c.replica_load_interval_ms);
+  s.peer_timeout = std::chrono::milliseconds(c.replica_peer_timeout_ms);
+  s.chunk_bytes = static_cast<size_t>(c.replica_sync_chunk_bytes);
+  s.max_chunks = static_cast<size_t>(c.replica_sync_max_chunks);
+  return s;
+}
+
 }  // namespace kvgate

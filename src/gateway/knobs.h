@@ -10,6 +10,7 @@
 #include "http/client.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "replica/sync.h"
 #include "workers/circuit_breaker.h"
 #include "workers/health.h"
 
@@ -23,6 +24,9 @@ RetryConfig retry_config(const GatewayConfig& c);
 // The public (inference) listener; max_connections is resolved by the caller (0 = from the
 // open-file limit).
 http::ServerConfig server_config(const GatewayConfig& c, size_t max_connections);
+// Replica sync (--replica-sync); the name is left empty when --replica-name is (the binary
+// names it after its host and port).
+replica::SyncConfig sync_config(const GatewayConfig& c);
 // Each request thread's keep-alive pool of upstream connections.
 http::ConnectionPool::Options upstream_pool_options(const GatewayConfig& c);
 

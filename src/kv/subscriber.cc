@@ -23,6 +23,22 @@
 
 namespace kvgate::kv {
 
+std::string_view to_string(Bootstrap b) {
+  switch (b) {
+    case Bootstrap::kPending:
+      return "pending";
+    case Bootstrap::kLive:
+      return "live";
+    case Bootstrap::kEngineReplay:
+      return "engine_replay";
+    case Bootstrap::kPeer:
+      return "peer";
+    case Bootstrap::kCold:
+      return "cold";
+  }
+  return "pending";
+}
+
 std::string_view to_string(ResetReason r) {
   switch (r) {
     case ResetReason::kGapNoReplay:
@@ -113,8 +129,11 @@ struct Subscriber::Impl {
     bool ever_connected = false;
 
     bool have_seq = false;  // false: the next message is taken as it is
-    uint64_t next = 0;      // the sequence number expected next
-    std::string epoch;      // the publisher lifetime the sequence belongs to ("" unknown)
+    // The view has not begun yet: the first delivery (or the replay from 0) decides how.
+    bool bootstrapping = true;
+    bool delivered = false;  // some batch was delivered since the bootstrap began
+    uint64_t next = 0;       // the sequence number expected next
+    std::string epoch;       // the publisher lifetime the sequence belongs to ("" unknown)
 
     bool replaying = false;
     uint64_t replay_from = 0;  // the start asked of the replay
@@ -185,6 +204,9 @@ struct Subscriber::Impl {
   void deliver(Source& s, uint64_t seq, const Held& h, bool replayed);
   void reset(Source& s, ResetReason why);
   void start_replay(Source& s, uint64_t seq, Held&& h);
+  // A new view of the source begins: `replay` asks for every batch from 0 first when it can.
+  void begin_bootstrap(Source& s, bool replay);
+  void end_bootstrap(Source& s, Bootstrap how);
   void end_replay(Source& s, bool failed, std::string_view why);
   void abort_replay(Source& s);
   void drain_held(Source& s);
@@ -295,6 +317,7 @@ void Subscriber::Impl::open(const SourceSpec& spec) {
   auto src = std::make_unique<Source>();
   Source& s = *src;
   s.spec = spec;
+  begin_bootstrap(s, true);
   try {
     s.sub = zmq::socket_t(ctx, zmq::socket_type::sub);
     s.sub.set(zmq::sockopt::linger, 0);
@@ -414,7 +437,8 @@ void Subscriber::Impl::read_live(Source& s) {
 
 void Subscriber::Impl::take_live(Source& s, uint64_t seq, Held h, std::string_view topic) {
   if (std::string_view ep = epoch_of(topic); !ep.empty() && ep != s.epoch) {
-    const bool restarted = !s.epoch.empty() && s.have_seq;
+    // (A source still waiting for its first batch has nothing of the old lifetime to forget.)
+    const bool restarted = !s.epoch.empty() && s.have_seq && !(s.bootstrapping && !s.delivered);
     s.epoch.assign(ep);
     if (restarted) {
       // A new publisher lifetime: nothing before this batch is continuous with it, and whatever a
@@ -455,7 +479,7 @@ void Subscriber::Impl::accept(Source& s, uint64_t seq, Held& h, bool from_held) 
     deliver(s, seq, h, false);
     return;
   }
-  ++s.status.gaps;
+  if (!s.bootstrapping) ++s.status.gaps;  // (the first batch of a bootstrap is not a gap)
   if (s.spec.replay.empty()) {
     reset(s, ResetReason::kGapNoReplay);
     deliver(s, seq, h, false);
@@ -464,9 +488,36 @@ void Subscriber::Impl::accept(Source& s, uint64_t seq, Held& h, bool from_held) 
   start_replay(s, seq, std::move(h));
 }
 
+void Subscriber::Impl::begin_bootstrap(Source& s, bool replay) {
+  s.bootstrapping = true;
+  s.delivered = false;
+  s.status.bootstrap = Bootstrap::kPending;
+  // With a replay endpoint, batch 0 is what comes next: a later first batch is a gap, filled
+  // from the replay (the whole history, when the publisher still buffers it).
+  s.have_seq = replay && options.bootstrap_replay && !s.spec.replay.empty();
+  s.next = 0;
+}
+
+void Subscriber::Impl::end_bootstrap(Source& s, Bootstrap how) {
+  s.bootstrapping = false;
+  s.status.bootstrap = how;
+  s.status.bootstrap_at = std::chrono::system_clock::now();
+  if (how == Bootstrap::kCold) {
+    log::info("kv events: source began mid-stream; what its engine stored before is unknown")
+        .kv("source", s.spec.id)
+        .kv("worker", s.spec.endpoint)
+        .kv("rank", s.spec.rank);
+  }
+}
+
 void Subscriber::Impl::deliver(Source& s, uint64_t seq, const Held& h, bool replayed) {
   s.have_seq = true;
   s.next = seq + 1;
+  // The first batch decides how the view began, unless a replay from 0 is running (its end does).
+  if (s.bootstrapping && !(replayed && s.replaying)) {
+    end_bootstrap(s, seq == 0 ? Bootstrap::kLive : Bootstrap::kCold);
+  }
+  s.delivered = true;
   if (!h.ok) return;  // counted where it was read; it only holds its place
   sink.on_batch(s.spec.id, seq, h.batch);
   ++s.status.messages;
@@ -476,7 +527,9 @@ void Subscriber::Impl::deliver(Source& s, uint64_t seq, const Held& h, bool repl
 }
 
 void Subscriber::Impl::reset(Source& s, ResetReason why) {
-  s.have_seq = false;
+  // A new view begins. After a disconnect the next batch comes from a publisher that may have
+  // restarted (its first batches lost to the reconnect): its history is asked for again.
+  begin_bootstrap(s, why == ResetReason::kDisconnected);
   s.late_from.reset();
   ++s.status.resets;
   log::info("kv events: source reset")
@@ -557,6 +610,25 @@ void Subscriber::Impl::end_replay(Source& s, bool failed, std::string_view why) 
   s.dealer.close();
   s.replaying = false;
   if (!failed) s.late_from = s.replay_from;
+  if (s.bootstrapping) {
+    if (!failed) {
+      end_bootstrap(s, Bootstrap::kEngineReplay);
+      log::info("kv events: source bootstrapped from its publisher's replay")
+          .kv("source", s.spec.id)
+          .kv("batches", s.next);
+    } else if (!s.delivered) {
+      // Batch 0 is no longer buffered: nothing was delivered, so nothing is reset; the held
+      // live batches begin the view (cold).
+      log::info("kv events: the publisher no longer buffers its history; starting mid-stream")
+          .kv("source", s.spec.id)
+          .kv("error", why);
+      s.have_seq = false;
+      drain_held(s);
+      if (s.bootstrapping) end_bootstrap(s, Bootstrap::kCold);
+      publish(s);
+      return;
+    }
+  }
   if (failed) {
     log::warn("kv events: replay failed")
         .kv("source", s.spec.id)

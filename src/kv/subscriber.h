@@ -9,7 +9,12 @@
 //     out, the sink is told to reset the source (forget it) and it rebuilds from new events;
 //   - a number below the expected one (the publisher restarted, its sequence back near 0): a
 //     reset too, not a storm of gaps;
-//   - the first message of a source: taken as it is (nothing before it is known).
+//   - the first message of a source (and the first after it reconnects): with a replay endpoint
+//     and a sequence above 0, every batch from 0 is asked of the replay first, so a subscriber
+//     that joins late (a kvgate restarted, another replica) knows what the engine stored before
+//     it came (`bootstrap` engine_replay); sequence 0 needs nothing (live); otherwise, or when
+//     the publisher no longer buffers batch 0, it is taken as it is and what came before is
+//     unknown (cold: the owner should not trust it at once).
 // A malformed message is counted and skipped; it never stops the thread. One whose sequence frame
 // is readable but whose payload is not still takes its place in the sequence (no gap, no replay:
 // a replay would return the same bytes). Sockets reconnect by themselves with backoff
@@ -61,6 +66,20 @@ enum class ResetReason : uint8_t {
 };
 std::string_view to_string(ResetReason r);
 
+// How a source's view began (since it was added or last reset): whether it knows everything the
+// engine stored before (live, engine_replay, peer) or only what came after (cold).
+enum class Bootstrap : uint8_t {
+  kPending,       // no batch delivered yet
+  kLive,          // the stream was followed from sequence 0
+  kEngineReplay,  // the publisher's replay gave every batch from 0
+  kPeer,          // seeded by the owner (another replica's inventory) up to a sequence
+  kCold,          // began mid-stream: what the engine stored before is unknown
+};
+std::string_view to_string(Bootstrap b);
+inline bool complete(Bootstrap b) {
+  return b == Bootstrap::kLive || b == Bootstrap::kEngineReplay || b == Bootstrap::kPeer;
+}
+
 // Called on the subscriber's thread, one call at a time; it must not throw.
 class EventSink {
  public:
@@ -81,6 +100,8 @@ struct SourceStatus {
   uint64_t reconnects = 0;                                  // connections after the first
   std::chrono::system_clock::time_point connected_since{};  // valid when connected
   std::chrono::system_clock::time_point last_message{};     // valid when messages > 0
+  Bootstrap bootstrap = Bootstrap::kPending;
+  std::chrono::system_clock::time_point bootstrap_at{};  // when it was decided (not pending)
 };
 
 struct SubscriberOptions {
@@ -89,6 +110,8 @@ struct SubscriberOptions {
   std::chrono::milliseconds replay_timeout{2000};
   int rcvhwm = 100000;
   size_t max_held = 10000;  // live batches held per source while its replay runs
+  // Ask a new (or reconnected) source's replay for every batch from 0 (see above).
+  bool bootstrap_replay = true;
 };
 
 class Subscriber {

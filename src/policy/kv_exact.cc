@@ -12,6 +12,7 @@
 #include "policy/registry.h"
 #include "replica/sync.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace kvgate {
@@ -94,6 +95,7 @@ struct KvExactPolicy::Source {
   std::unordered_set<uint64_t> capture_blocks;
   // Its events named an adapter (lora_name): its adapters' pages are in their namespaces.
   std::atomic<bool> lora_names{false};
+  std::atomic<uint8_t> bootstrap{0};  // kv::Bootstrap as of the last upkeep
 };
 
 struct KvExactPolicy::Sources {
@@ -240,6 +242,12 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
                                     "from kvgate's (chat template, BOS, tokenizer)",
                                     {"rule"})
                               .with({rule_});
+    bootstrap_ = &r.gauge("kvgate_kv_source_bootstrap",
+                          "kv_exact: how the (endpoint, rank)'s view began, 1 for the current "
+                          "state: live (followed from sequence 0), engine_replay (the engine's "
+                          "replay gave its history), peer (another replica's inventory), cold "
+                          "(began mid-stream: trusted only after kvWarmupSec), pending",
+                          {"rule", "endpoint", "rank", "how"});
     cached_tokens_ = &r.counter("kvgate_kv_exact_cached_tokens_total",
                                 "kv_exact: prompt tokens the (endpoint, rank) reported cached for "
                                 "the requests kv_exact routed there",
@@ -919,12 +927,30 @@ void KvExactPolicy::on_period() {
   for (const auto& s : sources->all) {
     auto it = status.find(s->id);
     bool connected = it != status.end() && it->second.connected;
-    bool warm = connected && now - it->second.connected_since >= warmup_;
+    const kv::Bootstrap how = it != status.end() ? it->second.bootstrap : kv::Bootstrap::kPending;
     size_t gpu = inventory_.blocks(s->id, true), other = inventory_.blocks(s->id, false);
     bool excluded = s->page_size_mismatch.load(std::memory_order_relaxed);
     // Trusted: connected (a disconnected rank's inventory may be stale: its engine may have
-    // restarted), not excluded, and warm or holding blocks.
-    const bool ready = !excluded && connected && (warm || gpu + other > 0);
+    // restarted), not excluded, and either knowing all the engine stored (followed from
+    // sequence 0, or bootstrapped from the engine's replay or a peer) or warm: kvWarmupSec since
+    // it began mid-stream (cold), or connected that long with no event at all (an idle engine).
+    bool warm = false;
+    if (connected && how == kv::Bootstrap::kCold) {
+      warm = now - std::max(it->second.connected_since, it->second.bootstrap_at) >= warmup_;
+    } else if (connected && how == kv::Bootstrap::kPending) {
+      warm = now - it->second.connected_since >= warmup_;
+    }
+    const bool ready = !excluded && connected && (kv::complete(how) || warm);
+    s->bootstrap.store(static_cast<uint8_t>(how), std::memory_order_relaxed);
+    if (bootstrap_) {
+      std::string rank = std::to_string(s->rank);
+      for (kv::Bootstrap b :
+           {kv::Bootstrap::kPending, kv::Bootstrap::kLive, kv::Bootstrap::kEngineReplay,
+            kv::Bootstrap::kPeer, kv::Bootstrap::kCold}) {
+        bootstrap_->with({rule_, s->url, rank, std::string(kv::to_string(b))})
+            .set(b == how ? 1 : 0);
+      }
+    }
     if (ready) any_ready_.store(true, std::memory_order_relaxed);  // before the source says so
     s->ready.store(ready, std::memory_order_relaxed);
     if (connected_) {
@@ -936,6 +962,27 @@ void KvExactPolicy::on_period() {
     }
   }
   launch_probes(status);
+}
+
+std::string KvExactPolicy::readiness_details() const {
+  auto sources = sources_.load();
+  size_t ready = 0, cold = 0, pending = 0;
+  std::string untrusted;
+  for (const auto& s : sources->all) {
+    const bool r = s->ready.load(std::memory_order_relaxed);
+    const auto how = static_cast<kv::Bootstrap>(s->bootstrap.load(std::memory_order_relaxed));
+    ready += r;
+    cold += how == kv::Bootstrap::kCold;
+    pending += how == kv::Bootstrap::kPending;
+    if (!r && untrusted.size() < 4096) {
+      untrusted += std::string(untrusted.empty() ? "" : ",") +
+                   "{\"endpoint\":" + json::quote(s->url) + ",\"rank\":" + std::to_string(s->rank) +
+                   ",\"bootstrap\":" + json::quote(kv::to_string(how)) + "}";
+    }
+  }
+  return "{\"ranks\":" + std::to_string(sources->all.size()) +
+         ",\"trusted\":" + std::to_string(ready) + ",\"cold\":" + std::to_string(cold) +
+         ",\"pending\":" + std::to_string(pending) + ",\"untrusted\":[" + untrusted + "]}";
 }
 
 void KvExactPolicy::start() {

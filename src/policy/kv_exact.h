@@ -63,6 +63,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void start() override;
   void stop() override;
   void attach(const PolicyRuntime& runtime) override;
+  std::string readiness_details() const override;
 
   // Tokenizer parity (see kv_parity.h): every (endpoint, rank) is probed once its subscriber is
   // connected, again after its engine restarts, and when this asks (the admin API).
@@ -231,6 +232,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   std::atomic<bool> lora_names_seen_{false};  // an event named an adapter (lora_name)
   uint64_t probe_nonce_ = 0;
   metrics::GaugeFamily* parity_ = nullptr;
+  metrics::GaugeFamily* bootstrap_ = nullptr;
   metrics::Counter* parity_mismatches_ = nullptr;
 };
 

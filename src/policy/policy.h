@@ -133,6 +133,9 @@ class Policy {
   virtual void stop() {}
   // The pool's control loop and tokenizer (kv_exact's tokenizer parity probe). Before start().
   virtual void attach(const PolicyRuntime&) {}
+  // What /readiness says of the policy beyond the workers' health (a JSON object, "" for
+  // nothing): kv_exact's ranks not trusted yet and why.
+  virtual std::string readiness_details() const { return {}; }
 };
 
 }  // namespace kvgate

@@ -56,8 +56,9 @@ struct SyncConfig {
   std::chrono::milliseconds peer_timeout{3000};
   // cache_aware's chunk index (prefix/chunk_index.h): chunk size (every replica must use the same;
   // records of another size are dropped) and entries kept per rule.
-  size_t chunk_bytes = 64;
-  size_t max_chunks = 1 << 20;
+  size_t chunk_bytes = 0;
+  size_t max_chunks = 0;
+  bool operator==(const SyncConfig&) const = default;
 };
 
 // A rule's policy hears peers' records for its rule here (on a libnats thread).

@@ -293,26 +293,14 @@ TEST(Metrics, DocumentedSeriesAreTheExposedOnes) {
       ranks.url() + "]\n";
   const std::string config = dir.write("kvgate.yaml", yaml);
   const int port = free_port(), metrics_port = free_port(), admin_port = free_port();
-  Process gateway("kvgate", {"--config",
-                             config,
-                             "--host",
-                             "127.0.0.1",
-                             "--port",
-                             std::to_string(port),
-                             "--prometheus-host",
-                             "127.0.0.1",
-                             "--prometheus-port",
-                             std::to_string(metrics_port),
-                             "--admin-port",
-                             std::to_string(admin_port),
-                             "--metrics-compat",
-                             "smg",
-                             "--max-concurrent-requests",
-                             "8",
-                             "--health-check-interval-secs",
-                             "1",
-                             "--retry-initial-backoff-ms",
-                             "1"});
+  Process gateway("kvgate",
+                  {"--config", config, "--host", "127.0.0.1", "--port", std::to_string(port),
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                   std::to_string(metrics_port), "--admin-port", std::to_string(admin_port),
+                   "--metrics-compat", "smg", "--max-concurrent-requests", "8",
+                   "--health-check-interval-secs", "1", "--retry-initial-backoff-ms", "1",
+                   // (no NATS there: the replica series exist all the same)
+                   "--replica-sync", "nats://127.0.0.1:" + std::to_string(free_port())});
   auto scrape = [&] {
     HttpClient m(metrics_port);
     auto r = m.get("/metrics");

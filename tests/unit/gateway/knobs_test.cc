@@ -19,12 +19,14 @@ struct Derived {
   RetryConfig retry;
   http::ServerConfig server;
   http::ConnectionPool::Options upstream;
+  replica::SyncConfig sync;
   bool operator==(const Derived&) const = default;
 };
 
 Derived derive(const GatewayConfig& c) {
   return {policy_config(c), breaker_config(c),   health_config(c),
-          retry_config(c),  server_config(c, 0), upstream_pool_options(c)};
+          retry_config(c),  server_config(c, 0), upstream_pool_options(c),
+          sync_config(c)};
 }
 
 // Sets knob `k` of `c` to another valid value; false if it has no plain field.

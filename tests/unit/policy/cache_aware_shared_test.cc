@@ -21,7 +21,7 @@ using testing::Pool;
 using testing::Req;
 
 struct Replica {
-  explicit Replica(const Pool& pool) : sync(replica::SyncConfig{}, nullptr) {
+  explicit Replica(const Pool& pool) : sync(sync_config(GatewayConfig{}), nullptr) {
     PolicyConfig c = policy_config(GatewayConfig{});
     c.name = "cache_aware";
     c.rule = "default";

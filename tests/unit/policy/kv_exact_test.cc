@@ -3,7 +3,8 @@
 // the tests check the choices: the cost (uncached tokens + queued prefill + load_tokens x active)
 // and its tie-breaks (fewer active, then a hash of the request and the source, the same in every
 // instance); predict on route (a dispatched request's pages count as held where it went until
-// predict_ttl, or until it is known not to have started); readiness (warmup, or holding blocks);
+// predict_ttl, or until it is known not to have started); readiness (a view followed from the
+// start or replayed by the publisher at once, one begun mid-stream after warmup);
 // the zero-hit watchdog; and the fallback's branches, the fallback hearing only its own
 // decisions. No fixed sleeps: every wait is for a condition, with on_period() run in the loop.
 #include "policy/kv_exact.h"
@@ -504,15 +505,18 @@ TEST(KvExactPolicyPredict, DispatchPredictsUntilTtlOrWithdrawal) {
   p->stop();
 }
 
-// 4. Warmup: a connected source holding nothing is not trusted before kv.warmup; one holding
-// blocks is.
-TEST(KvExactPolicyWarmup, NotReadyUntilWarmOrHoldingBlocks) {
+// 4. Trust: a source that began mid-stream (cold: its publisher has no replay, and the policy
+// subscribed after its first batches) is not trusted before kv.warmup, even holding blocks (what
+// its engine stored before is unknown), and /readiness says so; one whose whole history came
+// from its publisher's replay is trusted at once.
+TEST(KvExactPolicyWarmup, AColdSourceWaitsForWarmupEvenHoldingBlocks) {
   Rig rig(2, 1);
   PolicyConfig c = rig.config();
   c.kv.warmup = 3600s;
   auto p = rig.make(c);
   ASSERT_TRUE(p);
-  // Connected (and a batch received, which holds nothing).
+  // Connected (and a batch received, which holds nothing; PUB/SUB's slow join loses the first
+  // ones, so the view begins mid-stream).
   ASSERT_NO_FATAL_FAILURE(rig.sync({p.get()}));
   p->on_period();
   const kv::SourceId s0 = rig.source(*p, 0, 0), s1 = rig.source(*p, 1, 0);
@@ -529,25 +533,86 @@ TEST(KvExactPolicyWarmup, NotReadyUntilWarmOrHoldingBlocks) {
     p->on_completed(d, r.ctx, Outcome{.status = 200, .ok = true});
   }
   EXPECT_EQ(rig.metric(R"(kvgate_kv_exact_misses_total{rule="r",reason="not_ready"})"), "1");
-
   ASSERT_NO_FATAL_FAILURE(rig.store({p.get()}, 1, 0, {prefix}, 2));
-  ASSERT_TRUE(wait_until([&] {
-    p->on_period();
-    return p->ready(s1);
-  }));
-  EXPECT_FALSE(p->ready(s0));  // still holding nothing, still cold
+  p->on_period();
+  EXPECT_FALSE(p->ready(s1));  // holding blocks, but cold
   {
     TokReq r(concat(prefix, page_tokens(3, 1)));
-    Decision d = route(*p, rig.ptrs, r);
-    EXPECT_EQ(d.branch, "kv_exact_hit");
-    EXPECT_EQ(d.worker, rig.ptrs[1]);
-    EXPECT_EQ(d.target_id, s1);
+    EXPECT_EQ(route(*p, rig.ptrs, r).branch, "kv_exact_not_ready");
   }
+  const std::string details = p->readiness_details();
+  EXPECT_NE(details.find(R"("trusted":0,"cold":2)"), std::string::npos) << details;
+  EXPECT_NE(details.find(R"("bootstrap":"cold")"), std::string::npos) << details;
+  EXPECT_NE(rig.metric(R"(kvgate_kv_source_bootstrap{rule="r",endpoint=")" + rig.owned[1]->url() +
+                       R"(",rank="0",how="cold"})"),
+            "absent");
+  p->stop();
+
+  // The same sources with no warmup: trusted once they began (cold, warm at once).
+  PolicyConfig now = rig.config();
+  auto q = rig.make(now);
+  ASSERT_NO_FATAL_FAILURE(rig.sync({q.get()}));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(*q));
   {
     // A trusted source now: an unknown prefix is a miss, not a cold start.
     TokReq r(page_tokens(4, 3));
-    EXPECT_EQ(route(*p, rig.ptrs, r).branch, "kv_exact_miss");
+    EXPECT_EQ(route(*q, rig.ptrs, r).branch, "kv_exact_miss");
   }
+  q->stop();
+}
+
+TEST(KvExactPolicyWarmup, AHistoryReplayedByThePublisherIsTrustedAtOnce) {
+  // A publisher with a replay endpoint that stored a prefix before the policy subscribed.
+  const int pub_port = free_ports(1), replay_port = free_ports(1);
+  kv::PublisherOptions o;
+  o.endpoint = "tcp://*:" + std::to_string(pub_port);
+  o.replay_endpoint = "tcp://*:" + std::to_string(replay_port);
+  std::string err;
+  auto publisher = kv::Publisher::create(o, err);
+  ASSERT_TRUE(publisher) << err;
+  uint64_t next_id = 1;
+  const auto prefix = page_tokens(1, 3);
+  publisher->publish(stored_payload({prefix}, next_id));  // sequence 0, before anyone listens
+  publisher->publish(stored_payload({page_tokens(9, 2)}, next_id));
+  http::Target t;
+  http::parse_url("http://127.0.0.1:" + std::to_string(free_port()), t);
+  auto w = std::make_shared<Worker>(1, t, breaker_config(GatewayConfig{}));
+  w->set_kv_events(KvEventsInfo{.host = "127.0.0.1",
+                                .port_base = pub_port,
+                                .replay_port_base = replay_port,
+                                .block_size = kPage});
+  Rig rig(0, 1);
+  PolicyConfig c = rig.config();
+  c.kv.warmup = 3600s;
+  std::string perr;
+  std::unique_ptr<Policy> made = make_policy(c, perr);
+  ASSERT_TRUE(made) << perr;
+  auto* p = dynamic_cast<KvExactPolicy*>(made.get());
+  ASSERT_TRUE(p);
+  p->on_workers_changed(WorkerSet{{w}});
+  p->start();
+  // Live batches until one arrives: the first seen is past 0, so the replay brings 0 onwards.
+  kv::EventBatch empty;
+  empty.ts = 2.0;
+  std::string nothing;
+  kv::encode_batch(empty, kv::WireFormat::kSglang, nothing);
+  ASSERT_TRUE(wait_until([&] {
+    p->on_period();
+    for (const auto& [spec, st] : p->sources()) {
+      if (st.bootstrap == kv::Bootstrap::kPending) publisher->publish(nothing);
+      if (st.bootstrap != kv::Bootstrap::kPending && p->ready(spec.id)) return true;
+    }
+    return false;
+  }));
+  for (const auto& [spec, st] : p->sources()) {
+    EXPECT_EQ(st.bootstrap, kv::Bootstrap::kEngineReplay);
+    EXPECT_EQ(p->inventory().blocks(spec.id, true), 5u);
+  }
+  Worker* avail[] = {w.get()};
+  TokReq r(concat(prefix, page_tokens(2, 1)));
+  Decision d = route(*p, avail, r);
+  EXPECT_EQ(d.branch, "kv_exact_hit");
+  EXPECT_EQ(d.predicted_tokens, static_cast<size_t>(3 * kPage));
   p->stop();
 }
 

@@ -146,7 +146,7 @@ TEST(DnsAnswerParse, MalformedNeverCrashes) {
   EXPECT_NE(parse_dns_answer(bad_len.data(), bad_len.size(), a).find("wrong length"),
             std::string::npos);
   DnsPacket short_srv;
-  short_srv.question("_a._b.c", ns_t_srv).answer("@q", ns_t_srv, 5, "\x00\x01");
+  short_srv.question("_a._b.c", ns_t_srv).answer("@q", ns_t_srv, 5, std::string("\x00\x01", 2));
   EXPECT_NE(parse_dns_answer(short_srv.data(), short_srv.size(), a), "");
   // An SRV target that runs past its record's data.
   DnsPacket long_target;
@@ -391,7 +391,8 @@ TEST(DnsWatcherThread, ReportsChangesAndDrains) {
 
 TEST(DnsWatcherThread, StopWakesALongWaitAtOnce) {
   DnsWatcher w([] { return ok({"http://a:1"}, 3600); },
-               {.min_interval = 3600s, .max_interval = 3600s}, [](std::vector<std::string>) {});
+               {.min_interval = 3600s, .max_interval = 3600s},
+               [](const std::vector<std::string>&) {});
   w.start();
   ASSERT_TRUE(testing::wait_until([&] { return w.stats().resolutions.load() == 1; }));
   auto t0 = std::chrono::steady_clock::now();
@@ -408,7 +409,7 @@ TEST(DnsWatcherThread, ExceptionsStayInTheThread) {
         return ok({"http://a:1"});
       },
       {.min_interval = 1ms, .max_interval = 1ms},
-      [&](std::vector<std::string>) {
+      [&](const std::vector<std::string>&) {
         ++reported;
         throw std::runtime_error("callback boom");
       });

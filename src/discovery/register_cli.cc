@@ -176,8 +176,16 @@ std::string parse_register_args(std::span<const std::string> args, RegisterOptio
   WorkerRecord check;
   if (std::string e = parse_worker_record(serialize_worker_record(r), check); !e.empty()) {
     // Name the flags, not the JSON fields.
-    if (e.find("\"url\"") != std::string::npos) return "--url: " + e;
-    if (e.find("kv_events") != std::string::npos) return "--kv-events-endpoint: " + e;
+    auto flag_error = [&](const char* flag, const char* field) {
+      for (const std::string& lead : {std::string(field) + ": ", std::string(field) + " "}) {
+        if (e.starts_with(lead)) return std::string(flag) + ": " + e.substr(lead.size());
+      }
+      return std::string(flag) + ": " + e;
+    };
+    if (e.find("\"url\"") != std::string::npos) return flag_error("--url", "\"url\"");
+    if (e.find("kv_events") != std::string::npos) {
+      return flag_error("--kv-events-endpoint", "\"kv_events.endpoint\"");
+    }
     return e;
   }
   out.etcd = cfg.etcd;

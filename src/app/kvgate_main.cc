@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "discovery/register_cli.h"
 #include "gateway/admin.h"
 #include "gateway/config.h"
 #include "gateway/doctor.h"
@@ -43,7 +44,8 @@ namespace {
 constexpr std::string_view kUsage =
     "kvgate [--worker-urls URL ...] [--policy NAME] [--config FILE] [options]\n"
     "       kvgate check-config FILE | print-config [--config FILE] [options] | tokenize ...\n"
-    "       kvgate doctor (--admin-url URL | --config FILE) [options]   (see doctor --help)";
+    "       kvgate doctor (--admin-url URL | --config FILE) [options]   (see doctor --help)\n"
+    "       kvgate register --etcd URL --url URL [--model NAME] [options]   (see register --help)";
 constexpr std::string_view kIntro =
     "kvgate: a KV-cache-aware gateway for LLM inference servers (SGLang, vLLM).\n"
     "Sends each request to a healthy worker chosen by the routing policy, with retries, circuit\n"
@@ -186,6 +188,9 @@ int main(int argc, char** argv) {
     // The private gateway of `doctor --config` is this binary again.
     std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     return kvgate::doctor::run_doctor_command(argc - 2, argv + 2, self.c_str());
+  }
+  if (argc > 1 && std::string_view(argv[1]) == "register") {
+    return kvgate::discovery::register_main(argc - 2, argv + 2);
   }
   if (argc > 1 && std::string_view(argv[1]) == "check-config") {
     return kvgate::rules::run_check_config_command(argc - 2, argv + 2);

@@ -152,7 +152,8 @@ class Child {
 };
 
 http::FetchResult fetch_sync(const std::string& url, std::string_view method, std::string_view path,
-                             std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
+                             std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
+                             std::string_view body = {}) {
   http::Target t;
   http::FetchResult out;
   if (!http::parse_url(url, t).empty() || !http::resolve(t).empty()) {
@@ -160,14 +161,47 @@ http::FetchResult fetch_sync(const std::string& url, std::string_view method, st
     return out;
   }
   asio::io_context ctx(1);
+  static constexpr http::Header kJson[] = {{"content-type", "application/json"}};
+  std::span<const http::Header> headers;
+  if (!body.empty()) headers = kJson;
   asio::co_spawn(
       ctx,
       [&]() -> awaitable<void> {
-        out = co_await http::fetch(ctx.get_executor(), t, method, path, timeout);
+        out = co_await http::fetch(ctx.get_executor(), t, method, path, timeout, body, headers);
       },
       asio::detached);
   ctx.run();
   return out;
+}
+
+// The value of the sample `series` (its name and labels as exposed) in a /metrics text; -1 when
+// absent.
+double metric_value(std::string_view text, std::string_view series) {
+  for (size_t at = text.find(series); at != std::string_view::npos;
+       at = text.find(series, at + 1)) {
+    const size_t end = at + series.size();
+    if ((at == 0 || text[at - 1] == '\n') && end < text.size() && text[end] == ' ') {
+      return std::atof(std::string(text.substr(end + 1, text.find('\n', end) - end - 1)).c_str());
+    }
+  }
+  return -1;
+}
+
+// Waits until something accepts connections on 127.0.0.1:port (a server without HTTP).
+bool wait_tcp(int port, Child& child, std::chrono::seconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end && child.running()) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 bool wait_status(const std::string& url, std::string_view path, int status, Child& child,
@@ -239,6 +273,10 @@ void add_routing(std::string_view text, std::map<std::string, double>& out) {
       out["kv_hash_mismatches"] += v;
     } else if (line.starts_with("kvgate_kv_exact_zero_hit_watchdog_total{")) {
       out["kv_zero_hit_watchdog"] += v;
+    } else if (line.starts_with("kvgate_replica_sync_bytes_total{direction=\"out\"}")) {
+      out["replica_sync_bytes_out"] += v;
+    } else if (line.starts_with("kvgate_replica_sync_records_total{result=\"applied\"}")) {
+      out["replica_records_applied"] += v;
     }
   }
 }
@@ -311,19 +349,63 @@ std::string wait_kv_ready(const Gateway& g,
 
 // "kv_exact:kv-load-tokens=32" -> the policy "kv_exact" and the flags --kv-load-tokens 32 for its
 // kvgates only: one policy under several settings, side by side in one run.
-std::string policy_name(const std::string& entry, std::vector<std::string>* flags = nullptr) {
+// What an entry of --policies says besides kvgate's own flags: `gateways=N` (kvgates for this
+// run, instead of --gateways) and `sync` (they share state through NATS: --replica-sync).
+struct EntryOptions {
+  int gateways = 0;  // 0: --gateways
+  bool sync = false;
+};
+
+std::string policy_name(const std::string& entry, std::vector<std::string>* flags = nullptr,
+                        EntryOptions* opts = nullptr) {
   size_t colon = entry.find(':');
   if (flags) {
     for (size_t at = colon; at != std::string::npos;) {
       size_t next = entry.find(':', at + 1);
       std::string kv = entry.substr(at + 1, next == std::string::npos ? next : next - at - 1);
       size_t eq = kv.find('=');
-      flags->push_back("--" + kv.substr(0, eq));
-      if (eq != std::string::npos) flags->push_back(kv.substr(eq + 1));
       at = next;
+      const std::string key = kv.substr(0, eq);
+      if (opts && key == "sync" && eq == std::string::npos) {
+        opts->sync = true;
+        continue;
+      }
+      if (opts && key == "gateways" && eq != std::string::npos) {
+        opts->gateways = std::max(1, std::min(16, std::atoi(kv.substr(eq + 1).c_str())));
+        continue;
+      }
+      flags->push_back("--" + key);
+      if (eq != std::string::npos) flags->push_back(kv.substr(eq + 1));
     }
   }
   return entry.substr(0, colon);
+}
+
+std::string_view api_path(Api api) {
+  switch (api) {
+    case Api::kChat:
+      return "/v1/chat/completions";
+    case Api::kCompletions:
+      return "/v1/completions";
+    case Api::kGenerate:
+      return "/generate";
+  }
+  return "/v1/chat/completions";
+}
+
+// A sampled request asked of every kvgate's route-only endpoint: "worker rank" each would choose.
+std::string route_of(int admin_port, std::string_view path, const std::string& body) {
+  auto r = fetch_sync("http://127.0.0.1:" + std::to_string(admin_port), "POST",
+                      "/v1/route?path=" + std::string(path), std::chrono::milliseconds(5000), body);
+  if (r.error != http::CallError::kNone || r.status != 200) return "error";
+  auto field = [&](std::string_view key) {
+    size_t at = r.body.find("\"" + std::string(key) + "\":");
+    if (at == std::string::npos) return std::string();
+    at += key.size() + 3;
+    size_t end = r.body.find_first_of(",}", at);
+    return r.body.substr(at, end - at);
+  };
+  return field("worker") + " " + field("dp_rank");
 }
 
 }  // namespace
@@ -406,8 +488,33 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
   }
   status("started " + std::to_string(o.sims) + " kvgate-sim servers" +
          (pd ? " (prefill) and " + std::to_string(o.pd_decode) + " decode servers" : ""));
-  const int replicas = std::max(1, o.replicas);
+  // NATS for the entries whose kvgates share state (:sync).
+  std::unique_ptr<Child> nats;
+  std::string nats_url;
+  if (std::any_of(o.policies.begin(), o.policies.end(), [](const std::string& p) {
+        std::vector<std::string> f;
+        EntryOptions e;
+        policy_name(p, &f, &e);
+        return e.sync;
+      })) {
+    const std::string server = "/usr/sbin/nats-server";
+    if (access(server.c_str(), X_OK) != 0) {
+      error = server + " is missing: run scripts/setup (Debian's nats-server), needed by :sync";
+      return {};
+    }
+    const int port = free_port();
+    nats = std::make_unique<Child>(
+        server, std::vector<std::string>{"-a", "127.0.0.1", "-p", std::to_string(port)},
+        o.log_dir + "/nats-server.log");
+    nats_url = "nats://127.0.0.1:" + std::to_string(port);
+    if (!wait_tcp(port, *nats, std::chrono::seconds(10))) {
+      error = "nats-server did not start (log " + nats->log() + "):\n" + last_lines(nats->log());
+      return {};
+    }
+    status("started nats-server at " + nats_url);
+  }
   std::vector<Summary> out;
+  int entry_index = 0;
   auto flush_all = [&] {
     for (const auto& url : sim_urls) {
       for (int tries = 0; tries < 100; ++tries) {  // 400 while requests still run
@@ -423,13 +530,16 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     before.reserve(sim_urls.size());
     for (const auto& url : sim_urls) before.push_back(scrape(url));
     std::vector<std::string> own_flags;
-    const std::string name = policy_name(policy, &own_flags);
+    EntryOptions entry;
+    const std::string name = policy_name(policy, &own_flags, &entry);
     const bool is_kv = name == "kv_exact";
+    const int replicas = entry.gateways > 0 ? entry.gateways : std::max(1, o.replicas);
+    ++entry_index;
     std::vector<Gateway> gateways;
     for (int g = 0; g < replicas; ++g) {
       Gateway gw;
       int port = free_port(), metrics_port = free_port();
-      gw.admin_port = is_kv ? free_port() : 0;
+      gw.admin_port = is_kv || replicas > 1 ? free_port() : 0;
       std::vector<std::string> args = {"--host",
                                        "127.0.0.1",
                                        "--port",
@@ -465,6 +575,12 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                                  "--kv-dp-rank-count", std::to_string(dp), "--kv-zmq-port",
                                  std::to_string(free_port()), "--kv-warmup-secs", "0",
                                  "--kv-fallback-policy", o.kv_fallback});
+      }
+      if (entry.sync) {
+        // One subject per run: a run never hears the one before it.
+        args.insert(args.end(), {"--replica-sync", nats_url, "--replica-sync-subject",
+                                 "kvgate-bench-" + std::to_string(entry_index), "--replica-name",
+                                 "bench-" + std::to_string(g)});
       }
       args.insert(args.end(), o.gateway_args.begin(), o.gateway_args.end());
       args.insert(args.end(), own_flags.begin(), own_flags.end());
@@ -503,6 +619,24 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       status("kv_exact: " + std::to_string(publishers.size()) + " event subscribers connected" +
              (replicas > 1 ? " in each of " + std::to_string(replicas) + " kvgates" : ""));
     }
+    if (entry.sync) {
+      // Every kvgate hears every other before the first request.
+      for (auto& gw : gateways) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+        double peers = -1;
+        while (std::chrono::steady_clock::now() < end) {
+          auto m = fetch_sync(gw.metrics_url, "GET", "/metrics");
+          peers = m.status == 200 ? metric_value(m.body, "kvgate_replica_peers") : -1;
+          if (peers == replicas - 1) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        if (peers != replicas - 1) {
+          error = "kvgate --replica-sync: the replicas did not hear each other (log " +
+                  gw.child->log() + "):\n" + last_lines(gw.child->log());
+          return {};
+        }
+      }
+    }
     status("running the workload through kvgate --policy " + policy +
            (replicas > 1 ? " (" + std::to_string(replicas) + " replicas)" : ""));
     DriverConfig dc = o.driver;
@@ -522,6 +656,15 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       oracle = std::make_unique<PrefixOracle>(
           std::move(tok), sim::make_chat_template(o.tokenizer_path), o.page_size);
       dc.oracle = oracle.get();
+    }
+    // A sample of the requests, asked again of every kvgate once the run is over (agreement).
+    std::vector<std::string> sampled;
+    size_t seen_bodies = 0;
+    if (replicas > 1) {
+      dc.on_body = [&](int, size_t, const std::string& body) {
+        // Every k-th, at most 200: spread over the run, every turn kind.
+        if (seen_bodies++ % 4 == 0 && sampled.size() < 200) sampled.push_back(body);
+      };
     }
     size_t done = 0;
     dc.on_done = [&](const RequestRecord& r) {
@@ -565,6 +708,36 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       }
       if (sum > 0) sm.spread_requests = max / (sum / static_cast<double>(sim_urls.size()));
     }
+    Summary& sm = out.back();
+    sm.gateways = replicas;
+    sm.synced = entry.sync;
+    if (replicas > 1 && !sampled.empty()) {
+      // Quiesced: every record published has been applied (the applied count stops moving).
+      double last = -1;
+      for (int i = 0; i < 100; ++i) {
+        double applied = 0;
+        for (const auto& gw : gateways) {
+          auto m = fetch_sync(gw.metrics_url, "GET", "/metrics");
+          applied +=
+              m.status == 200
+                  ? metric_value(m.body, "kvgate_replica_sync_records_total{result=\"applied\"}")
+                  : 0;
+        }
+        if (applied == last) break;
+        last = applied;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      size_t agree = 0;
+      for (const auto& body : sampled) {
+        const std::string first = route_of(gateways.front().admin_port, api_path(dc.api), body);
+        bool same = first != "error";
+        for (size_t g = 1; g < gateways.size() && same; ++g) {
+          same = route_of(gateways[g].admin_port, api_path(dc.api), body) == first;
+        }
+        agree += same;
+      }
+      sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
+    }
     // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event
     // counts per source), and the routing counters summed into the results.
     for (const auto& gw : gateways) {
@@ -578,11 +751,17 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::fclose(f);
       }
     }
+    if (auto it = sm.routing.find("replica_sync_bytes_out");
+        it != sm.routing.end() && sm.requests > 0) {
+      sm.sync_bytes_per_request = it->second / static_cast<double>(sm.requests);
+    }
     for (auto& gw : gateways) {
       error = gw.child->stop_checked("kvgate --policy " + policy);
       if (!error.empty()) return {};
     }
   }
+  // (nats-server exits 1 on SIGTERM: it is not what is measured, so its status is not checked.)
+  nats.reset();
   for (size_t i = 0; i < sims.size(); ++i) {
     error = sims[i]->stop_checked(
         "kvgate-sim " + (i < sim_urls.size() ? sim_urls[i] : decode_urls[i - sim_urls.size()]));

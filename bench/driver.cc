@@ -192,6 +192,7 @@ struct Runner {
       r.oracle_reusable_tokens = c.oracle->arrive(prompt);
     }
     std::string body = request_body(c, h, turn);
+    if (c.on_body) c.on_body(session, turn, body);
     static constexpr http::Header kHeaders[] = {{"content-type", "application/json"}};
     size_t which = (static_cast<size_t>(session) + turn) % targets.size();
     http::UpstreamCall call(ctx.get_executor(), pool, targets[which], which + 1);

@@ -241,7 +241,10 @@ const std::vector<K>& knobs() {
        .group = "Compare",
        .value_name = "A,B,...",
        .help = "Routing policies to compare, in order; POLICY:FLAG=VALUE:... gives that run's "
-               "kvgates more flags (kv_exact:kv-load-tokens=32 beside kv_exact)",
+               "kvgates more flags (kv_exact:kv-load-tokens=32 beside kv_exact); "
+               ":gateways=N runs N kvgates for that entry, :sync has them share state through "
+               "NATS (the bench starts nats-server): "
+               "cache_aware:gateways=1,cache_aware:gateways=4,cache_aware:gateways=4:sync",
        .field = &C::policies},
       {.name = "sims",
        .group = "Compare",
@@ -270,11 +273,20 @@ const std::vector<K>& knobs() {
        .field = &C::sim_dp_size,
        .min = 1,
        .max = 64},
-      {.name = "replicas",
+      {.name = "gateways",
        .group = "Compare",
        .value_name = "N",
        .help = "kvgates per policy in front of the same sims; turn t of conversation s goes to "
-               "replica (s + t) % N, as behind a front balancer without affinity",
+               "kvgate (s + t) % N, as behind a front balancer without affinity; with N > 1 the "
+               "report adds their agreement (the share of sampled requests every kvgate routes "
+               "alike after the run) and sync traffic",
+       .field = &C::replicas,
+       .min = 1,
+       .max = 16},
+      {.name = "replicas",
+       .group = "Compare",
+       .value_name = "N",
+       .help = "Another name of --gateways",
        .field = &C::replicas,
        .min = 1,
        .max = 16},

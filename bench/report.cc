@@ -92,6 +92,43 @@ Summary summarize(const std::string& label, const RunResult& run, double upper_b
   return s;
 }
 
+namespace {
+// Several kvgates per row: how many, whether they shared state, their agreement and sync traffic.
+// "" when every row ran one kvgate. `markdown`: a Markdown table, else aligned text.
+std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
+  if (std::none_of(rows.begin(), rows.end(), [](const Summary& s) { return s.gateways > 1; })) {
+    return "";
+  }
+  std::string out = markdown ? "\n| policy | kvgates | shared state | agreement | sync bytes / "
+                               "request | spread max/mean |\n|---|---|---|---|---|---|\n"
+                             : "\n";
+  char line[512];
+  int w = 16;
+  for (const auto& s : rows) w = std::max(w, static_cast<int>(s.label.size()));
+  if (!markdown) {
+    std::snprintf(line, sizeof line, "%-*s %8s %7s %10s %12s %7s\n", w, "policy", "kvgates",
+                  "shared", "agreement", "sync B/req", "spread");
+    out += line;
+  }
+  for (const auto& s : rows) {
+    const std::string agree = s.agreement < 0 ? "-" : fmt("%.1f%%", s.agreement * 100);
+    const std::string bytes =
+        s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
+    if (markdown) {
+      out += "| " + s.label + " | " + std::to_string(s.gateways) + " | " +
+             (s.synced ? "NATS" : "no") + " | " + agree + " | " + bytes + " | " +
+             fmt("%.2f", s.spread_requests) + " |\n";
+    } else {
+      std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %12s %7.2f\n", w, s.label.c_str(),
+                    s.gateways, s.synced ? "NATS" : "no", agree.c_str(), bytes.c_str(),
+                    s.spread_requests);
+      out += line;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::string table(const std::vector<Summary>& rows, bool with_bound) {
   std::string out;
   char line[512];
@@ -110,6 +147,7 @@ std::string table(const std::vector<Summary>& rows, bool with_bound) {
                   s.output_tokens_per_s, s.spread_requests, s.errors);
     out += line;
   }
+  out += replicas_table(rows, false);
   return out;
 }
 
@@ -151,6 +189,11 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
       o += "}";
     }
     if (!s.first_error.empty()) o += ",\"first_error\":" + json::quote(s.first_error);
+    o += ",\"gateways\":" + std::to_string(s.gateways) +
+         ",\"shared_state\":" + (s.synced ? "true" : "false") +
+         ",\"agreement\":" + (s.agreement < 0 ? "null" : num(s.agreement)) +
+         ",\"sync_bytes_per_request\":" +
+         (s.sync_bytes_per_request < 0 ? "null" : num(s.sync_bytes_per_request));
     o += "}";
   }
   o += "]}\n";
@@ -187,6 +230,7 @@ std::string to_markdown(const std::vector<Summary>& rows, const std::string& wor
         "\nUpper bound (an infinite cache with perfect routing): " + pct(rows.front().upper_bound) +
         " of prompt tokens.\n";
   }
+  o += replicas_table(rows, true);
   return o;
 }
 

@@ -31,6 +31,14 @@ struct Summary {
   // "kv_exact_miss_<reason>"); empty for other policies.
   std::map<std::string, double> routing;
   std::string first_error;
+  // Several kvgates (compare --gateways, or an entry's :gateways=N): how many, whether they shared
+  // state (:sync, through NATS), the share of sampled requests every one of them would route to
+  // the same worker and rank once the run was over (their route-only endpoint), and the sync
+  // traffic per request (bytes the kvgates published, summed).
+  int gateways = 1;
+  bool synced = false;
+  double agreement = -1;
+  double sync_bytes_per_request = -1;
 };
 
 double percentile(std::vector<double> v, double p);  // p in [0, 100]

@@ -231,6 +231,12 @@ Json kv_sources_json(const KvExactPolicy& kv) {
     s["hits"] = counts.hits;
     s["predicted_tokens"] = counts.predicted_tokens;
     s["cached_tokens"] = counts.cached_tokens;
+    s["bootstrap"] = std::string(kv::to_string(st.bootstrap));
+    // Load: this kvgate's, and what the other replicas last reported (--replica-sync).
+    s["active"] = counts.active;
+    s["pending_prefill_tokens"] = counts.pending_prefill;
+    s["peer_active"] = counts.peer_active;
+    s["peer_pending_prefill_tokens"] = counts.peer_pending;
     s["tokenizer_parity"] = Json{{"state", parity.state}, {"detail", parity.detail}};
     if (st.messages > 0) {
       s["last_seq"] = st.last_seq;

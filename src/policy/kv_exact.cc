@@ -1177,6 +1177,8 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.hash_mismatched = s->hash_mismatched.load(std::memory_order_relaxed);
     c.active = s->active.load(std::memory_order_relaxed);
     c.pending_prefill = s->pending_prefill.load(std::memory_order_relaxed);
+    c.peer_active = s->peer_active.load(std::memory_order_relaxed);
+    c.peer_pending = s->peer_pending.load(std::memory_order_relaxed);
   }
   return c;
 }

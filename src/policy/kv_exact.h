@@ -86,6 +86,8 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     uint64_t hash_mismatched = 0;   // of those, ids that were not what kvHashAlgo gives
     int64_t active = 0;             // requests dispatched there, not completed
     int64_t pending_prefill = 0;    // their uncached prompt tokens, until their first event
+    int64_t peer_active = 0;        // the same two as the other replicas last reported them
+    int64_t peer_pending = 0;
   };
   SourceCounts counts(kv::SourceId id) const;
 

@@ -19,6 +19,7 @@
 #include "discovery/register_cli.h"
 #include "gateway/admin.h"
 #include "gateway/config.h"
+#include "gateway/discovery.h"
 #include "gateway/doctor.h"
 #include "gateway/gateway.h"
 #include "gateway/knobs.h"
@@ -360,6 +361,10 @@ int main(int argc, char** argv) {
     }
   }
   PoolManager pools(env);
+  // Discovery: a watcher per discovery URI the rules in force use, reconciled after each change.
+  DiscoveryManager discovery(*control, pools, &registry, discovery_options(cfg));
+  pools.on_applied(
+      [&discovery](const std::vector<rules::Rule>& in_force) { discovery.reconcile(in_force); });
   if (auto errors = pools.apply(loaded.rules, /*dry_run=*/false, RuleSource::kStartup);
       !errors.empty()) {
     std::string text = rules::format_errors(errors, config_path);
@@ -685,6 +690,7 @@ int main(int argc, char** argv) {
   signals.reset();
   hangups.reset();
   drain.reset();
+  discovery.stop();
   pools.shutdown();
   control.reset();
   log::info("kvgate stopped");

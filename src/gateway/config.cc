@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "discovery/source.h"
 #include "gateway/knobs.h"
 #include "http/client.h"
 #include "policy/registry.h"
@@ -101,6 +102,24 @@ const std::vector<K>& table() {
          .value_name = "URL...",
          .help = "Upstream inference servers (http://host:port), space separated",
          .field = &C::worker_urls},
+        {.name = "discovery",
+         .group = kWorkers,
+         .value_name = "URI",
+         .help = "Find workers (besides --worker-urls): dns://NAME:PORT (every A/AAAA address "
+                 "of NAME, as a Kubernetes headless Service gives), dns://_service._tcp.NAME "
+                 "(SRV records), with ?server=IP:PORT to ask that nameserver; "
+                 "etcd://HOST:PORT[/MODEL] (workers registered in etcd by kvgate register). "
+                 "Changes apply live",
+         .field = &C::discovery},
+        {.name = "discovery-interval-secs",
+         .group = kWorkers,
+         .value_name = "SECS",
+         .help = "DNS discovery: longest time between two resolutions (sooner when the answer's "
+                 "TTL is shorter, never under a second); an empty answer removes the workers "
+                 "only after 3 in a row",
+         .field = &C::discovery_interval_secs,
+         .min = 1,
+         .max = 3600},
         {.name = "threads",
          .group = kWorkers,
          .value_name = "N",
@@ -893,8 +912,15 @@ std::string validate(const GatewayConfig& c) {
   } else if (pd_servers || !c.prefill_policy.empty() || !c.decode_policy.empty()) {
     return "--prefill/--decode/--prefill-policy/--decode-policy apply to prefill/decode "
            "disaggregation: add --pd-disaggregation (or list plain servers with --worker-urls)";
-  } else if (c.worker_urls.empty()) {
-    return "no workers: give --worker-urls http://host:port [http://host:port ...]";
+  } else if (c.worker_urls.empty() && c.discovery.empty()) {
+    return "no workers: give --worker-urls http://host:port [http://host:port ...] or "
+           "--discovery dns://NAME:PORT";
+  }
+  if (!c.discovery.empty()) {
+    discovery::Spec spec;
+    if (std::string e = discovery::parse_spec(c.discovery, spec); !e.empty()) {
+      return "--discovery: " + e;
+    }
   }
   for (size_t i = 0; i < c.worker_urls.size(); ++i) {
     http::Target t;

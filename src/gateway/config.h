@@ -22,6 +22,8 @@ struct GatewayConfig {
   std::string host = "0.0.0.0";
   int64_t port = 30000;
   std::vector<std::string> worker_urls;
+  std::string discovery;
+  int64_t discovery_interval_secs = 10;
   // Routing policy
   std::string policy = "cache_aware";
   double cache_threshold = 0.3;

@@ -100,4 +100,11 @@ replica::SyncConfig sync_config(const GatewayConfig& c) {
   return s;
 }
 
+discovery::Source::Options discovery_options(const GatewayConfig& c) {
+  discovery::Source::Options o;
+  o.dns_max_interval = std::chrono::seconds(c.discovery_interval_secs);
+  o.dns_min_interval = std::min(o.dns_max_interval, std::chrono::milliseconds(1000));
+  return o;
+}
+
 }  // namespace kvgate

@@ -5,6 +5,7 @@
 // (config.cc) and, when a module reads it, one line below.
 #pragma once
 
+#include "discovery/source.h"
 #include "gateway/config.h"
 #include "gateway/retry.h"
 #include "http/client.h"
@@ -27,6 +28,8 @@ http::ServerConfig server_config(const GatewayConfig& c, size_t max_connections)
 // Replica sync (--replica-sync); the name is left empty when --replica-name is (the binary
 // names it after its host and port).
 replica::SyncConfig sync_config(const GatewayConfig& c);
+// Discovery watchers (rules' `discovery`, --discovery).
+discovery::Source::Options discovery_options(const GatewayConfig& c);
 // Each request thread's keep-alive pool of upstream connections.
 http::ConnectionPool::Options upstream_pool_options(const GatewayConfig& c);
 

@@ -70,7 +70,8 @@ Pool::~Pool() {
 std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
                                   const WorkerLookup& existing, std::string& error,
                                   std::shared_ptr<Policy> policy, bool policy_in_use,
-                                  std::shared_ptr<Policy> decode_policy) {
+                                  std::shared_ptr<Policy> decode_policy,
+                                  const rules::Rule* configured) {
   // Workers this build made (no pool had their URL): their series go if the build fails.
   std::vector<std::string> fresh;
   auto fail = [&](const std::string& what) {
@@ -83,6 +84,7 @@ std::shared_ptr<Pool> Pool::build(const rules::Rule& rule, const PoolEnv& env,
       return fail(e);
   }
   std::shared_ptr<Pool> pool(new Pool(rule, env));
+  if (configured) pool->configured_ = *configured;
 
   // Policies, and what they need read from bodies. A prefill/decode pool has one per side: the
   // prefill side's is kv_exact with kvExactMode 1 (its misses go to the prefill policy).

@@ -78,11 +78,14 @@ class Pool {
   // `error` saying what failed (a worker's address that does not resolve, a tokenizer that does not
   // load, a feature not built).
   using WorkerLookup = std::function<WorkerPtr(std::string_view url)>;
+  // `configured`: the rule as the user wrote it, when `rule` is it plus the endpoints its
+  // discovery found (rule() is then the effective rule, configured() the written one).
   static std::shared_ptr<Pool> build(const rules::Rule& rule, const PoolEnv& env,
                                      const WorkerLookup& existing, std::string& error,
                                      std::shared_ptr<Policy> policy = nullptr,
                                      bool policy_in_use = false,
-                                     std::shared_ptr<Policy> decode_policy = nullptr);
+                                     std::shared_ptr<Policy> decode_policy = nullptr,
+                                     const rules::Rule* configured = nullptr);
   // Tells the policy the pool's workers (for a policy taken over from the pool this one
   // replaces: only once this pool is published, so a refused change leaves it untouched).
   void notify_workers();
@@ -90,7 +93,10 @@ class Pool {
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
+  // The rule in force: as written, plus the endpoints its discovery found.
   const rules::Rule& rule() const { return rule_; }
+  // The rule as written (the admin API's, the history's): rule() without discovered endpoints.
+  const rules::Rule& configured() const { return configured_ ? *configured_ : rule_; }
   const std::string& name() const { return rule_.name; }
   std::shared_ptr<const WorkerSet> workers() const { return registry_.snapshot(); }
   // The first healthy worker (owned: it stays valid across a co_await), or null.
@@ -157,6 +163,7 @@ class Pool {
   PolicyRuntime pd_runtime(PolicyRuntime rt) const;
 
   rules::Rule rule_;
+  std::optional<rules::Rule> configured_;  // when it differs from rule_ (discovery)
   const PoolEnv env_;
   WorkerRegistry registry_;
   std::shared_ptr<Policy> policy_;         // shared with the next pool of the rule when kept

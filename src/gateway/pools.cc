@@ -60,6 +60,8 @@ std::string_view to_string(RuleSource s) {
       return "workers";
     case RuleSource::kRollback:
       return "rollback";
+    case RuleSource::kDiscovery:
+      return "discovery";
   }
   return "api";
 }
@@ -156,7 +158,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   for (const auto& r : next) {
     if (const Pool* old = current->find(r.name)) {
       std::vector<rules::FieldError> own;
-      rules::validate_update(old->rule(), r, own);
+      rules::validate_update(old->configured(), r, own);
       for (auto& e : own) {
         e.field = "rules[" + r.name + "]." + e.field;
         errors.push_back(std::move(e));
@@ -197,9 +199,39 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
     auto it = recent_.find(url);
     return it == recent_.end() ? nullptr : it->second.worker;
   };
-  for (const auto& r : next) {
+  for (const auto& written : next) {
+    // What the rule's discovery found joins its own endpoints (an endpoint it lists itself
+    // wins: the same server is one worker).
+    rules::Rule r = written;
+    bool found_some = false;
+    if (!r.discovery.empty()) {
+      if (auto it = discovered_.find(r.discovery); it != discovered_.end()) {
+        for (const auto& e : it->second) {
+          http::Target t;
+          if (!http::parse_url(e.url, t).empty()) continue;
+          const bool listed =
+              std::any_of(r.endpoints.begin(), r.endpoints.end(), [&](const auto& x) {
+                http::Target u;
+                return http::parse_url(x.url, u).empty() && u.url == t.url;
+              });
+          if (!listed) r.endpoints.push_back(e);
+        }
+        found_some = r.endpoints.size() != written.endpoints.size();
+      }
+      if (found_some) {
+        // The found endpoints must make a valid rule too (roles not mixed, within bounds).
+        std::vector<rules::FieldError> own;
+        rules::validate(r, own);
+        for (auto& e : own) {
+          e.field =
+              "rules[" + r.name + "] (with the endpoints " + r.discovery + " found)." + e.field;
+          errors.push_back(std::move(e));
+        }
+        if (!own.empty()) continue;
+      }
+    }
     const Pool* old = current->find(r.name);
-    if (old && rules::equivalent(old->rule(), r)) {
+    if (old && rules::equivalent(old->rule(), r) && rules::equivalent(old->configured(), written)) {
       for (const auto& p : current->pools) {
         if (p.get() == old) table->pools.push_back(p);
       }
@@ -217,7 +249,7 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
       policy = it->second();
     }
     auto pool = Pool::build(r, dry_run ? dry_env : env_, existing, err, std::move(policy), in_use,
-                            std::move(decode_policy));
+                            std::move(decode_policy), r.discovery.empty() ? nullptr : &written);
     if (!pool) {
       errors.push_back({.field = "rules[" + r.name + "]", .value = "", .message = err});
       continue;
@@ -278,7 +310,30 @@ std::vector<rules::FieldError> PoolManager::apply_rules(std::vector<rules::Rule>
   }
   current.reset();
   retire();
+  if (on_applied_) on_applied_(rules());
   return errors;
+}
+
+std::vector<rules::FieldError> PoolManager::set_discovered(const std::string& uri,
+                                                           std::vector<rules::Endpoint> endpoints) {
+  auto& held = discovered_[uri];
+  if (held == endpoints) return {};
+  std::vector<rules::Endpoint> before = std::exchange(held, std::move(endpoints));
+  auto in_force = rules();
+  if (std::none_of(in_force.begin(), in_force.end(),
+                   [&](const rules::Rule& r) { return r.discovery == uri; })) {
+    return {};
+  }
+  auto errors = apply(std::move(in_force), false, RuleSource::kDiscovery);
+  // Refused: what is in force stays what was found before, so that the next change of the rules
+  // (an admin call, a reload) does not fail on these endpoints.
+  if (!errors.empty()) discovered_[uri] = std::move(before);
+  return errors;
+}
+
+std::vector<rules::Endpoint> PoolManager::discovered(const std::string& uri) const {
+  auto it = discovered_.find(uri);
+  return it == discovered_.end() ? std::vector<rules::Endpoint>{} : it->second;
 }
 
 std::vector<rules::FieldError> PoolManager::upsert(rules::Rule rule, bool* created,
@@ -322,7 +377,7 @@ void PoolManager::record(const RuleTable& before, const RuleTable& after, RuleSo
         .version = next,
         .time = now,
         .source = source,
-        .rule = in_force ? std::make_shared<const rules::Rule>(in_force->rule()) : nullptr};
+        .rule = in_force ? std::make_shared<const rules::Rule>(in_force->configured()) : nullptr};
     if (restored && restored->name == name) v.restored = restored->version;
     h.versions.push_back(std::move(v));
     ++history_versions_;
@@ -335,6 +390,8 @@ void PoolManager::record(const RuleTable& before, const RuleTable& after, RuleSo
   for (const auto& p : after.pools) {
     const Pool* old = before.find(p->name());
     if (old == p.get()) continue;  // identical: the same pool was kept
+    // Rebuilt for what its discovery found: the rule as written did not change.
+    if (old && rules::equivalent(old->configured(), p->configured())) continue;
     add(p->name(), p.get());
   }
   for (const auto& p : before.pools) {
@@ -454,13 +511,13 @@ std::vector<rules::FieldError> PoolManager::rollback(std::string_view name,
 
 std::vector<rules::Rule> PoolManager::rules() const {
   std::vector<rules::Rule> out;
-  for (const auto& p : table()->pools) out.push_back(p->rule());
+  for (const auto& p : table()->pools) out.push_back(p->configured());
   return out;
 }
 
 std::optional<rules::Rule> PoolManager::rule(std::string_view name) const {
   auto t = table();
-  if (const Pool* p = t->find(name)) return p->rule();
+  if (const Pool* p = t->find(name)) return p->configured();
   return std::nullopt;
 }
 

@@ -50,13 +50,14 @@ struct RuleTable {
 
 // What changed a rule (a version's source in its history).
 enum class RuleSource {
-  kStartup,   // the rules kvgate started with (flags, --config)
-  kApi,       // the admin API's /v1/rules
-  kReload,    // the config file read again (SIGHUP, POST /v1/config/reload)
-  kWorkers,   // sgl-model-gateway's worker API (POST /workers, DELETE /workers/{id})
-  kRollback,  // rollback()
+  kStartup,    // the rules kvgate started with (flags, --config)
+  kApi,        // the admin API's /v1/rules
+  kReload,     // the config file read again (SIGHUP, POST /v1/config/reload)
+  kWorkers,    // sgl-model-gateway's worker API (POST /workers, DELETE /workers/{id})
+  kRollback,   // rollback()
+  kDiscovery,  // endpoints a rule's discovery found (the rule as written did not change)
 };
-// "startup", "api", "reload", "workers", "rollback".
+// "startup", "api", "reload", "workers", "rollback", "discovery".
 std::string_view to_string(RuleSource s);
 
 // One version of a rule: what the rule was from `time` until the next version.
@@ -153,6 +154,19 @@ class PoolManager {
   // The rules in force, in order.
   std::vector<rules::Rule> rules() const;
   std::optional<rules::Rule> rule(std::string_view name) const;
+  // Discovery (a rule's `discovery`, --discovery): the endpoints found at `uri` now. Rules
+  // watching it are rebuilt with them added to their own endpoints (their policies kept); no
+  // version is recorded (the rules as written did not change). Returns the errors of that
+  // rebuild (the pools in force are kept then).
+  std::vector<rules::FieldError> set_discovered(const std::string& uri,
+                                                std::vector<rules::Endpoint> endpoints);
+  // The endpoints found at `uri` (empty before its first answer).
+  std::vector<rules::Endpoint> discovered(const std::string& uri) const;
+  // Called after every applied change with the rules in force (the discovery manager starts and
+  // stops its watchers from it). Control loop.
+  void on_applied(std::function<void(const std::vector<rules::Rule>&)> fn) {
+    on_applied_ = std::move(fn);
+  }
   // Test seam: the policy the next build of rule `name` uses instead of its sel.
   void set_policy_override(std::string name, std::function<std::unique_ptr<Policy>()> make);
 
@@ -220,6 +234,8 @@ class PoolManager {
     uint64_t last_change = 0;           // change_seq_ when the last version was recorded
   };
   std::map<std::string, History, std::less<>> history_;
+  std::map<std::string, std::vector<rules::Endpoint>, std::less<>> discovered_;  // by URI
+  std::function<void(const std::vector<rules::Rule>&)> on_applied_;
   uint64_t change_seq_ = 0;
   size_t history_versions_ = 0;
 };

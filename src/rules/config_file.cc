@@ -222,18 +222,26 @@ bool load_doc(const RuleDoc& root, const GatewayConfig& cli,
   }
   const bool has_file_rules =
       rules_doc && rules_doc->kind == Kind::kList && !rules_doc->items.empty();
-  const bool has_workers = !cfg.worker_urls.empty() || !cfg.prefill.empty() || !cfg.decode.empty();
+  const bool has_workers = !cfg.worker_urls.empty() || !cfg.prefill.empty() ||
+                           !cfg.decode.empty() || !cfg.discovery.empty();
 
   // Knob cross-checks (validate(GatewayConfig)). With rules and no worker URLs, "no workers" does
   // not apply: a stand-in URL keeps it quiet.
   if (!has_file_rules && !has_workers) {
     errors.push_back({"", "",
                       "no workers: give worker-urls (--worker-urls http://host:port ..., or "
-                      "worker-urls: [...] in a config file) or rules",
+                      "worker-urls: [...] in a config file), discovery (--discovery "
+                      "dns://NAME:PORT) or rules",
                       0});
   } else {
     GatewayConfig check = cfg;
-    if (!has_workers) check.worker_urls = {"http://127.0.0.1:1"};
+    if (!has_workers || (cfg.worker_urls.empty() && cfg.prefill.empty() && cfg.decode.empty() &&
+                         !cfg.pd_disaggregation)) {
+      // (--discovery alone: the rule's workers come from it)
+      if (check.worker_urls.empty() && !cfg.pd_disaggregation) {
+        check.worker_urls = {"http://127.0.0.1:1"};
+      }
+    }
     if (std::string e = validate(check); !e.empty()) {
       errors.push_back({"", "", e, knob_line(knob_named_first(e))});
     }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "discovery/source.h"
 #include "http/client.h"
 #include "policy/registry.h"
 #include "rules/doc.h"
@@ -46,6 +47,7 @@ enum class FieldKind {
   kKnob,
   kEndpoints,
   kPdMode,
+  kDiscovery,
 };
 
 struct FieldDef {
@@ -257,9 +259,20 @@ const std::vector<FieldDef>& fields() {
                  .type = "list of endpoints",
                  .help = "The pool's servers, each {url, role, bootstrapPort, kvZmqPort, weight} "
                          "(fields below); a plain URL string is an endpoint with the defaults",
-                 .default_note = "required",
-                 .range = "at least one",
+                 .default_note = "required (unless discovery finds them)",
+                 .range = "at least one, with discovery none",
                  .required = true});
+    t.push_back({.name = "discovery",
+                 .kind = FieldKind::kDiscovery,
+                 .type = "string",
+                 .help = "Find more endpoints: dns://NAME:PORT (every A/AAAA address of NAME; the "
+                         "Kubernetes headless Service), dns://_service._tcp.NAME (SRV records), "
+                         "?server=IP:PORT to ask that nameserver; etcd://HOST:PORT[/MODEL] (the "
+                         "workers registered in etcd, e.g. by kvgate register). Re-resolved on "
+                         "--discovery-interval-secs (DNS TTLs respected) or watched (etcd); the "
+                         "endpoints found are added to `endpoints` live",
+                 .default_note = "\"\" (none)",
+                 .range = "dns://... or etcd://..."});
     return t;
   }();
   return kFields;
@@ -408,6 +421,9 @@ void parse_field(const FieldDef& def, const RuleDoc& v, Rule& r, const std::stri
       return;
     case FieldKind::kTokenizer:
       want_string(v, field, r.tokenizer_path, errors);
+      return;
+    case FieldKind::kDiscovery:
+      want_string(v, field, r.discovery, errors);
       return;
     case FieldKind::kHashAlgo:
       want_string(v, field, r.kv_hash_algo, errors);
@@ -638,8 +654,16 @@ void validate_impl(const Rule& r, std::vector<FieldError>& errors,
   bool endpoints_ok = !skip({"endpoints"});
   bool pd = prefill + decode > 0;
   bool role_partitioned = prefill > 0 && decode > 0 && none == 0;
+  if (!r.discovery.empty() && !skip({"discovery"})) {
+    discovery::Spec spec;
+    if (std::string why = discovery::parse_spec(r.discovery, spec); !why.empty()) {
+      err("discovery", json_quote(r.discovery.substr(0, 200)), why);
+    }
+  }
   if (endpoints_ok) {
-    if (r.endpoints.empty()) {
+    if (r.endpoints.empty() && !r.discovery.empty()) {
+      // All found by discovery: nothing to check until it finds them.
+    } else if (r.endpoints.empty()) {
       err("endpoints", "[]",
           "a rule needs at least one endpoint: endpoints: [{url: \"http://host:port\"}]");
     } else if (none > 0 && pd) {
@@ -839,6 +863,9 @@ Json rule_json(const Rule& r) {
       case FieldKind::kTokenizer:
         j[def.name] = r.tokenizer_path;
         break;
+      case FieldKind::kDiscovery:
+        j[def.name] = r.discovery;
+        break;
       case FieldKind::kKnob:
         j[def.name] = Json::parse(knob_json(*def.knob, r.policy_knobs));
         break;
@@ -945,6 +972,8 @@ std::optional<Rule> rule_from_doc(const RuleDoc& doc, const GatewayConfig& base,
     if (errors.size() > before) failed.insert(def->name);
   }
   for (const auto& def : fields()) {
+    // Endpoints may all come from discovery.
+    if (def.kind == FieldKind::kEndpoints && doc.find("discovery")) continue;
     if (def.required && !doc.find(def.name)) {
       errors.push_back({pre + def.name, "",
                         def.kind == FieldKind::kName
@@ -1105,6 +1134,7 @@ Rule rule_from_flags(const GatewayConfig& c) {
     r.endpoints.push_back(std::move(e));
   };
   for (const auto& u : c.worker_urls) add(u, Role::kNone, std::nullopt);
+  r.discovery = c.discovery;
   for (const auto& p : c.prefill) {
     add(p.url, Role::kPrefill,
         p.bootstrap_port ? std::optional<int64_t>(*p.bootstrap_port) : std::nullopt);

@@ -39,6 +39,7 @@ struct Endpoint {
   std::optional<int64_t> bootstrap_port;  // P/D prefill: SGLang's bootstrap port
   std::optional<int64_t> kv_zmq_port;     // this endpoint's rank-0 event port (else the rule's)
   int64_t weight = 1;
+  bool operator==(const Endpoint&) const = default;
 };
 
 enum class EngineType { kVllm, kSglang, kTrtllm, kLlamacpp };
@@ -69,6 +70,9 @@ struct Rule {
   // of the knob table, written in camelCase in a rule (cache-threshold -> cacheThreshold).
   GatewayConfig policy_knobs;
   std::vector<Endpoint> endpoints;
+  // Where more endpoints come from (discovery/source.h: dns://..., etcd://...): what it finds is
+  // added to `endpoints` (which may then be empty) while it finds it. "" : none.
+  std::string discovery;
 
   bool pd() const;  // endpoints carry prefill/decode roles
 };

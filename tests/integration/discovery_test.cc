@@ -21,6 +21,7 @@
 
 #include "discovery/dns.h"
 #include "discovery/etcd.h"
+#include "support/cluster.h"
 #include "support/http_client.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -577,6 +578,133 @@ TEST(DiscoveryRegisterCli, HelpAndUsageErrors) {
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.output.find("--role: 'leader' is not a valid value"), std::string::npos)
       << bad.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gateway: a rule's workers found through DNS and etcd, changed live.
+
+// A kvgate whose default rule's workers come from --discovery (and whose rule table can be read).
+struct DiscoveringGateway {
+  explicit DiscoveringGateway(const std::string& uri, std::vector<std::string> extra = {})
+      : port(free_port()), admin(free_port()), metrics(free_port()) {
+    std::vector<std::string> args{"--host",
+                                  "127.0.0.1",
+                                  "--port",
+                                  std::to_string(port),
+                                  "--admin-port",
+                                  std::to_string(admin),
+                                  "--prometheus-host",
+                                  "127.0.0.1",
+                                  "--prometheus-port",
+                                  std::to_string(metrics),
+                                  "--discovery",
+                                  uri,
+                                  "--discovery-interval-secs",
+                                  "1",
+                                  "--health-check-interval-secs",
+                                  "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    process = std::make_unique<Process>("kvgate", args);
+  }
+  double total() {
+    return json_number_field(HttpClient(port).get("/readiness").body, "total_workers");
+  }
+  double healthy() {
+    return json_number_field(HttpClient(port).get("/readiness").body, "healthy_workers");
+  }
+  int port, admin, metrics;
+  std::unique_ptr<Process> process;
+};
+
+// Sims on 127.0.0.2, .3, ... at one port: what one DNS name with several addresses finds.
+std::vector<Sim> sims_on_addresses(int n, int port) {
+  std::vector<Sim> sims;
+  for (int i = 0; i < n; ++i) {
+    Sim s;
+    s.port = port;
+    s.args = {"--host", "127.0.0." + std::to_string(i + 2), "--time-scale", "0"};
+    s.process = std::make_unique<Process>("kvgate-sim", [&] {
+      auto a = s.args;
+      a.insert(a.end(), {"--port", std::to_string(port)});
+      return a;
+    }());
+    EXPECT_TRUE(wait_until([&] {
+      return HttpClient(port, "127.0.0." + std::to_string(i + 2)).get("/health").status == 200;
+    }));
+    sims.push_back(std::move(s));
+  }
+  return sims;
+}
+
+TEST_F(DiscoveryDns, AGatewayAddsAndRemovesWorkersAsTheNameChanges) {
+  const int port = free_port();
+  auto sims = sims_on_addresses(3, port);
+  Dnsmasq dns(dir_, "127.0.0.2 workers.kvgate.test\n127.0.0.3 workers.kvgate.test\n");
+  ASSERT_TRUE(dns.wait_ready()) << dns.log();
+  DiscoveringGateway gw(dns.uri("workers.kvgate.test:" + std::to_string(port)));
+  ASSERT_TRUE(wait_until([&] { return gw.healthy() == 2; }, 15s)) << gw.process->log();
+  EXPECT_EQ(HttpClient(gw.port)
+                .post("/v1/chat/completions",
+                      R"({"model":"m","messages":[{"role":"user","content":"hi"}]})",
+                      {{"content-type", "application/json"}})
+                .status,
+            200);
+  // A third address: within one re-resolve (1 s, TTL 1 s) and a health check.
+  const auto added = std::chrono::steady_clock::now();
+  dns.set_hosts(
+      "127.0.0.2 workers.kvgate.test\n127.0.0.3 workers.kvgate.test\n127.0.0.4 "
+      "workers.kvgate.test\n");
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 3; }, 5s)) << gw.process->log();
+  EXPECT_LT(std::chrono::steady_clock::now() - added, 2500ms);
+  EXPECT_TRUE(wait_until([&] { return gw.healthy() == 3; }, 5s));
+  // One address removed: gone at the next answer.
+  dns.set_hosts("127.0.0.2 workers.kvgate.test\n127.0.0.4 workers.kvgate.test\n");
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 2; }, 5s)) << gw.process->log();
+  // The rule as written has no endpoints; the history does not grow with discovery.
+  Response rule = HttpClient(gw.admin).get("/v1/rules/default");
+  EXPECT_NE(rule.body.find(R"("endpoints":[])"), std::string::npos) << rule.body;
+  EXPECT_NE(rule.body.find(R"("discovery":"dns://workers.kvgate.test)"), std::string::npos);
+  Response history = HttpClient(gw.admin).get("/v1/rules/default/history");
+  EXPECT_NE(history.body.find(R"("current":1)"), std::string::npos) << history.body;
+  Response metrics = HttpClient(gw.metrics).get("/metrics");
+  EXPECT_NE(metrics.body.find("kvgate_discovery_endpoints{uri=\"dns://workers.kvgate.test"),
+            std::string::npos);
+  // The name gone entirely: the workers stay through two empty answers, go at the third.
+  dns.set_hosts("");
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 0; }, 10s)) << gw.process->log();
+  EXPECT_NE(gw.process->log().find("discovery found a change"), std::string::npos);
+}
+
+TEST_F(DiscoveryEtcd, AGatewayFollowsRegisteredWorkersAndALeaseExpiryRemovesOne) {
+  std::vector<Sim> sims;
+  for (int i = 0; i < 2; ++i) sims.push_back(Sim::launch({"--time-scale", "0"}));
+  std::vector<std::unique_ptr<Process>> regs;
+  for (auto& s : sims) {
+    regs.push_back(std::make_unique<Process>(
+        "kvgate", std::vector<std::string>{"register", "--etcd", etcd_->url(), "--model", "m",
+                                           "--url", s.url(), "--ttl", "2"}));
+  }
+  DiscoveringGateway gw("etcd://127.0.0.1:" + std::to_string(etcd_->port()) + "/m");
+  ASSERT_TRUE(wait_until([&] { return gw.healthy() == 2; }, 15s)) << gw.process->log();
+  // A sidecar stopped cleanly revokes its lease: the worker goes at once (the watch).
+  auto t0 = std::chrono::steady_clock::now();
+  regs[0]->stop();
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 1; }, 5s)) << gw.process->log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  // A sidecar killed: its lease expires (TTL 2 s; etcd checks leases every 0.5 s).
+  regs.push_back(std::make_unique<Process>(
+      "kvgate", std::vector<std::string>{"register", "--etcd", etcd_->url(), "--model", "m",
+                                         "--url", sims[0].url(), "--ttl", "2"}));
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 2; }, 5s));
+  t0 = std::chrono::steady_clock::now();
+  regs[1]->kill_now();
+  ASSERT_TRUE(wait_until([&] { return gw.total() == 1; }, 10s)) << gw.process->log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4000ms);
+  // Another model's workers are not this rule's.
+  Process other("kvgate", {"register", "--etcd", etcd_->url(), "--model", "other", "--url",
+                           "http://127.0.0.1:1", "--ttl", "5"});
+  ASSERT_TRUE(wait_until([&] { return keys().size() == 2; }, 5s));
+  EXPECT_EQ(gw.total(), 1);
 }
 
 }  // namespace

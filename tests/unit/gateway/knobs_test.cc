@@ -20,13 +20,14 @@ struct Derived {
   http::ServerConfig server;
   http::ConnectionPool::Options upstream;
   replica::SyncConfig sync;
+  discovery::Source::Options discovery;
   bool operator==(const Derived&) const = default;
 };
 
 Derived derive(const GatewayConfig& c) {
   return {policy_config(c), breaker_config(c),   health_config(c),
           retry_config(c),  server_config(c, 0), upstream_pool_options(c),
-          sync_config(c)};
+          sync_config(c), discovery_options(c)};
 }
 
 // Sets knob `k` of `c` to another valid value; false if it has no plain field.
@@ -77,6 +78,8 @@ const std::set<std::string, std::less<>> kReadDirectly = {
     "worker-client-cert-path", "worker-client-key-path", "tokenizer-path", "model-path",
     "tokenizer-cache-bytes", "debug-headers", "threads", "max-concurrent-requests", "queue-size",
     "queue-timeout-secs", "backend", "dp-rank-field",
+    // the command line's rule (rules::rule_from_flags): its discovery URI
+    "discovery",
     // the gateway's response-owner table (gateway/response_owners.h)
     "max-response-owners", "response-owner-ttl-secs",
     // the command line's rule (rules::rule_from_flags): kvExactMode 3 and its kv* fields

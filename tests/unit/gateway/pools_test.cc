@@ -607,3 +607,51 @@ TEST_F(PoolsTest, UpsertAndRemove) {
 
 }  // namespace
 }  // namespace kvgate
+
+namespace kvgate {
+namespace {
+
+using testing::make_rule;
+using DiscoveredPools = testing::PoolsFixture;
+
+// Discovery: what a rule's discovery URI finds joins its endpoints live, its policy carries on,
+// the rule as written (the admin API's, the history's) stays without them, and found endpoints
+// that would make the rule invalid are refused without touching what is in force.
+TEST_F(DiscoveredPools, FoundEndpointsJoinTheRuleAndTheWrittenRuleStays) {
+  auto r = make_rule("d", {"http://127.0.0.1:1"});
+  r.discovery = "dns://workers.test:80";
+  ASSERT_TRUE(pools_->apply({r}, false, RuleSource::kStartup).empty());
+  auto table = pools_->table();
+  const Policy* policy = &table->find("d")->policy();
+  EXPECT_EQ(table->find("d")->workers()->workers.size(), 1u);
+  std::vector<rules::Endpoint> found{{.url = "http://127.0.0.2:80"}, {.url = "http://127.0.0.1:1"}};
+  ASSERT_TRUE(pools_->set_discovered(r.discovery, found).empty());
+  table = pools_->table();
+  const Pool* p = table->find("d");
+  EXPECT_EQ(p->workers()->workers.size(), 2u);  // the listed one once
+  EXPECT_EQ(&p->policy(), policy);              // what the policy learned carries on
+  EXPECT_EQ(p->configured().endpoints.size(), 1u);
+  EXPECT_EQ(pools_->rule("d")->endpoints.size(), 1u);
+  EXPECT_EQ(pools_->history("d")->versions.size(), 1u);  // no version for a discovery change
+  // The same answer again changes nothing.
+  ASSERT_TRUE(pools_->set_discovered(r.discovery, found).empty());
+  EXPECT_EQ(pools_->table()->find("d"), p);
+  // A found prefill server among role-less ones is refused; the pool in force stays.
+  std::vector<rules::Endpoint> mixed{{.url = "http://127.0.0.3:80", .role = rules::Role::kPrefill}};
+  EXPECT_FALSE(pools_->set_discovered(r.discovery, mixed).empty());
+  EXPECT_EQ(pools_->table()->find("d"), p);
+  EXPECT_EQ(pools_->discovered(r.discovery), found);  // what is in force
+  // A rule changed through the API keeps what discovery found.
+  auto r2 = r;
+  r2.sel = "random";
+  ASSERT_TRUE(pools_->apply({r2}).empty());
+  EXPECT_EQ(pools_->table()->find("d")->workers()->workers.size(), 2u);
+  // Nothing found, no endpoint of its own: a pool of no worker (requests get 503), valid.
+  auto bare = make_rule("bare", {}, {"bare-model"});
+  bare.discovery = "etcd://127.0.0.1:2379/m";
+  ASSERT_TRUE(pools_->apply({r2, bare}).empty());
+  EXPECT_EQ(pools_->table()->find("bare")->workers()->workers.size(), 0u);
+}
+
+}  // namespace
+}  // namespace kvgate

@@ -730,5 +730,25 @@ TEST(RuleErrors, Format) {
             "line 12: kvExactMode: 3: set mode: 4\nnot valid YAML\nname: missing\n");
 }
 
+TEST(RuleParse, DiscoveryMakesEndpointsOptionalAndItsUriIsChecked) {
+  std::vector<FieldError> errors;
+  auto r = rule_from_json(R"({"name":"d","discovery":"dns://workers.svc:8000"})", GatewayConfig{},
+                          errors);
+  ASSERT_TRUE(r) << (errors.empty() ? "" : errors[0].message);
+  EXPECT_EQ(r->discovery, "dns://workers.svc:8000");
+  EXPECT_TRUE(r->endpoints.empty());
+  errors.clear();
+  EXPECT_FALSE(rule_from_json(R"({"name":"d","discovery":"consul://x"})", GatewayConfig{}, errors));
+  ASSERT_FALSE(errors.empty());
+  EXPECT_EQ(errors[0].field, "discovery");
+  EXPECT_NE(errors[0].message.find("etcd://HOST:PORT"), std::string::npos);
+  errors.clear();
+  EXPECT_FALSE(
+      rule_from_json(R"({"name":"d","discovery":"etcd://host"})", GatewayConfig{}, errors));
+  errors.clear();
+  // Without discovery, endpoints are still required.
+  EXPECT_FALSE(rule_from_json(R"({"name":"d"})", GatewayConfig{}, errors));
+}
+
 }  // namespace
 }  // namespace kvgate::rules

@@ -67,6 +67,7 @@
 #include <random>
 #include <shared_mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 
@@ -1139,6 +1140,68 @@ size_t Inventory::match(std::span<const BlockKey> keys, std::vector<SourceMatch>
   if (keys.empty()) return 0;
   std::shared_lock guard(impl_->lock);
   return impl_->match(keys, out);
+}
+
+SourceExport Inventory::export_source(SourceId source) const {
+  SourceExport out;
+  std::shared_lock guard(impl_->lock);
+  auto it = impl_->sources.find(source);
+  if (it == impl_->sources.end()) return out;
+  const Impl::SourceState& st = *it->second;
+  const Slab& slab = impl_->slab;
+  // Every node on the way to a held one, once, parents first: a walk up from each held node
+  // collects its missing ancestors, then they are emitted top-down.
+  std::unordered_set<uint32_t> seen;
+  std::vector<uint32_t> path;
+  st.ids.for_each([&](const FlatMap::Slot& e) {
+    path.clear();
+    for (uint32_t n = e.node; n != kNil && !seen.contains(n); n = slab[n].parent) {
+      path.push_back(n);
+      seen.insert(n);
+    }
+    for (auto p = path.rbegin(); p != path.rend(); ++p) {
+      const Node& nd = slab[*p];
+      out.links.push_back({.key = nd.key,
+                           .parent = nd.parent == kNil ? 0 : slab[nd.parent].key,
+                           .root = nd.parent == kNil});
+    }
+    out.holdings.push_back(
+        {.id = e.key, .key = slab[e.node].key, .media = static_cast<uint8_t>(e.aux)});
+  });
+  return out;
+}
+
+void Inventory::import_source(SourceId source, const SourceExport& in) {
+  std::unique_lock guard(impl_->lock);
+  Impl& im = *impl_;
+  uint32_t e = im.epoch.load(std::memory_order_relaxed) + 1;
+  im.epoch.store(e, std::memory_order_relaxed);
+  im.store_stamp = 2 * e;
+  Impl::SourceState& st = im.source(source);
+  im.clear_source(st, source);
+  for (const SourceExport::Link& l : in.links) {
+    uint32_t parent = kNil;
+    if (!l.root) {
+      const FlatMap::Slot* p = im.table.find(l.parent);
+      if (p == nullptr) continue;  // its parent was skipped: so is it
+      parent = p->node;
+    }
+    im.get_or_create(l.key, parent);
+  }
+  for (const SourceExport::Holding& h : in.holdings) {
+    const FlatMap::Slot* n = im.table.find(h.key);
+    const uint8_t media = static_cast<uint8_t>(h.media & kAllMedia);
+    if (n == nullptr || media == 0) continue;
+    im.add_holding(st, source, h.id, n->node, media);
+  }
+  // Links no holding kept (skipped ones below) are childless and holderless: freed.
+  for (auto l = in.links.rbegin(); l != in.links.rend(); ++l) {
+    const FlatMap::Slot* n = im.table.find(l->key);
+    if (n == nullptr) continue;
+    const uint32_t node = n->node;
+    if (im.slab[node].nholders == 0 && im.slab[node].children == 0) im.free_up(node, false);
+  }
+  im.prune_to_bound();
 }
 
 size_t Inventory::blocks(SourceId source, bool gpu) const {

@@ -80,6 +80,26 @@ struct SourceMatch {
   double pages = 0;        // G + w x (A - G), above
 };
 
+// What one source holds, as another kvgate replica can take it over (replica bootstrap): every
+// node on the paths to its blocks (parents first), and its holdings.
+struct SourceExport {
+  struct Link {
+    BlockKey key = 0;
+    BlockKey parent = 0;
+    bool root = false;  // no parent: a chain start (parent unused)
+    bool operator==(const Link&) const = default;
+  };
+  struct Holding {
+    uint64_t id = 0;    // the engine's block id
+    BlockKey key = 0;   // the node it names
+    uint8_t media = 0;  // tier bits (1: GPU or none, 2: CPU, 4: disk, 8: external, 16: other)
+    bool operator==(const Holding&) const = default;
+  };
+  std::vector<Link> links;
+  std::vector<Holding> holdings;
+  bool operator==(const SourceExport&) const = default;
+};
+
 class Inventory {
  public:
   explicit Inventory(InventoryOptions options);
@@ -98,6 +118,12 @@ class Inventory {
   // (in any tier counted), in `out` (cleared first; sorted by source), and the longest gpu_pages
   // among them. Allocates nothing once `out` and the thread are warm.
   size_t match(std::span<const BlockKey> keys, std::vector<SourceMatch>& out) const;
+
+  // Replica bootstrap: what `source` holds, as export_source gives it (reader side), and taking
+  // such an export over for `source` (writer side: the source is cleared first). A link whose
+  // parent is not in the export nor the inventory is skipped with what hangs below it.
+  SourceExport export_source(SourceId source) const;
+  void import_source(SourceId source, const SourceExport& in);
 
   // Size, for metrics and the inventory view.
   size_t blocks(SourceId source, bool gpu) const;  // blocks the source holds in GPU / other tiers

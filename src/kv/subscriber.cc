@@ -131,9 +131,10 @@ struct Subscriber::Impl {
     bool have_seq = false;  // false: the next message is taken as it is
     // The view has not begun yet: the first delivery (or the replay from 0) decides how.
     bool bootstrapping = true;
-    bool delivered = false;  // some batch was delivered since the bootstrap began
-    uint64_t next = 0;       // the sequence number expected next
-    std::string epoch;       // the publisher lifetime the sequence belongs to ("" unknown)
+    bool delivered = false;   // some batch was delivered since the bootstrap began
+    bool seed_asked = false;  // the sink was asked to seed this view (EventSink::seed)
+    uint64_t next = 0;        // the sequence number expected next
+    std::string epoch;        // the publisher lifetime the sequence belongs to ("" unknown)
 
     bool replaying = false;
     uint64_t replay_from = 0;  // the start asked of the replay
@@ -207,6 +208,8 @@ struct Subscriber::Impl {
   // A new view of the source begins: `replay` asks for every batch from 0 first when it can.
   void begin_bootstrap(Source& s, bool replay);
   void end_bootstrap(Source& s, Bootstrap how);
+  // Asks the sink to seed a view that is beginning, once (options.seed); whether it did.
+  bool maybe_seed(Source& s, bool after_replay = false);
   void end_replay(Source& s, bool failed, std::string_view why);
   void abort_replay(Source& s);
   void drain_held(Source& s);
@@ -389,6 +392,7 @@ void Subscriber::Impl::read_monitor(Source& s) {
       s.status.connected = true;
       s.status.connected_since = std::chrono::system_clock::now();
       any = true;
+      maybe_seed(s);
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       bool was = s.status.connected;
       s.status.connected = false;
@@ -436,6 +440,7 @@ void Subscriber::Impl::read_live(Source& s) {
 }
 
 void Subscriber::Impl::take_live(Source& s, uint64_t seq, Held h, std::string_view topic) {
+  maybe_seed(s);  // (a batch read before the monitor said connected)
   if (std::string_view ep = epoch_of(topic); !ep.empty() && ep != s.epoch) {
     // (A source still waiting for its first batch has nothing of the old lifetime to forget.)
     const bool restarted = !s.epoch.empty() && s.have_seq && !(s.bootstrapping && !s.delivered);
@@ -491,11 +496,33 @@ void Subscriber::Impl::accept(Source& s, uint64_t seq, Held& h, bool from_held) 
 void Subscriber::Impl::begin_bootstrap(Source& s, bool replay) {
   s.bootstrapping = true;
   s.delivered = false;
+  s.seed_asked = false;
   s.status.bootstrap = Bootstrap::kPending;
   // With a replay endpoint, batch 0 is what comes next: a later first batch is a gap, filled
   // from the replay (the whole history, when the publisher still buffers it).
   s.have_seq = replay && options.bootstrap_replay && !s.spec.replay.empty();
   s.next = 0;
+}
+
+bool Subscriber::Impl::maybe_seed(Source& s, bool after_replay) {
+  if (!options.seed || !s.bootstrapping || s.delivered || s.seed_asked || s.replaying) return false;
+  // A source whose publisher replays is asked for its history first; the sink only when that
+  // fails (after_replay).
+  if (!after_replay && options.bootstrap_replay && !s.spec.replay.empty()) return false;
+  s.seed_asked = true;
+  std::optional<uint64_t> seq = sink.seed(s.spec.id);
+  if (!seq) return false;
+  // Complete up to *seq: the stream goes on from the next batch; what the live stream brings at
+  // or below it is a copy (late_from 0: dropped, not a restart).
+  s.have_seq = true;
+  s.next = *seq + 1;
+  s.late_from = 0;
+  end_bootstrap(s, Bootstrap::kPeer);
+  log::info("kv events: source seeded from a peer's inventory")
+      .kv("source", s.spec.id)
+      .kv("seq", *seq);
+  publish(s);
+  return true;
 }
 
 void Subscriber::Impl::end_bootstrap(Source& s, Bootstrap how) {
@@ -616,6 +643,12 @@ void Subscriber::Impl::end_replay(Source& s, bool failed, std::string_view why) 
       log::info("kv events: source bootstrapped from its publisher's replay")
           .kv("source", s.spec.id)
           .kv("batches", s.next);
+    } else if (!s.delivered && maybe_seed(s, true)) {
+      // Batch 0 is no longer buffered, but a peer's inventory covers up to a sequence: the held
+      // live batches continue from there (older ones dropped as copies).
+      drain_held(s);
+      publish(s);
+      return;
     } else if (!s.delivered) {
       // Batch 0 is no longer buffered: nothing was delivered, so nothing is reset; the held
       // live batches begin the view (cold).

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,12 @@ class EventSink {
   virtual ~EventSink() = default;
   virtual void on_batch(SourceId source, uint64_t seq, const EventBatch& batch) = 0;
   virtual void on_reset(SourceId source, ResetReason why) = 0;
+  // With SubscriberOptions::seed: a source's view is about to begin (it was added, or reset),
+  // its publisher just connected. The sink may fill what the source holds from elsewhere (another
+  // kvgate replica's inventory) and return the last sequence that covers; the live stream then
+  // continues from the next one (older batches are dropped as copies). nullopt: not seeded (the
+  // replay from 0, else mid-stream). It may block (bounded): the thread waits for it.
+  virtual std::optional<uint64_t> seed(SourceId) { return std::nullopt; }
 };
 
 // Per-source counters and state, readable from any thread.
@@ -112,6 +119,8 @@ struct SubscriberOptions {
   size_t max_held = 10000;  // live batches held per source while its replay runs
   // Ask a new (or reconnected) source's replay for every batch from 0 (see above).
   bool bootstrap_replay = true;
+  // Ask the sink to seed a view as it begins (EventSink::seed), before the replay from 0.
+  bool seed = false;
 };
 
 class Subscriber {

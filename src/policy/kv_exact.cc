@@ -96,6 +96,10 @@ struct KvExactPolicy::Source {
   // Its events named an adapter (lora_name): its adapters' pages are in their namespaces.
   std::atomic<bool> lora_names{false};
   std::atomic<uint8_t> bootstrap{0};  // kv::Bootstrap as of the last upkeep
+  // The last batch applied to the inventory (valid while applied_valid): what a peer seeding
+  // from this replica continues after. Stored after the batch is applied.
+  std::atomic<uint64_t> applied_seq{0};
+  std::atomic<bool> applied_valid{false};
 };
 
 struct KvExactPolicy::Sources {
@@ -143,7 +147,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       predict_ttl_(config.kv.predict_ttl),
       parity_probe_(config.kv.parity_probe),
       inventory_(inventory_options(config)),
-      subscriber_(kv::SubscriberOptions{}, *this),
+      subscriber_(kv::SubscriberOptions{.seed = config.replica != nullptr}, *this),
       sources_(std::make_shared<const Sources>()) {
   replica_ = config.replica;
   if (config.kv.hash_algo == "sha256_sglang") {
@@ -729,8 +733,14 @@ void KvExactPolicy::rebuild_sources() {
   subscriber_.set_sources(std::move(specs));  // removed or changed sources are reset
 }
 
-void KvExactPolicy::on_batch(kv::SourceId source, uint64_t /*seq*/, const kv::EventBatch& batch) {
+void KvExactPolicy::on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) {
   kv::ApplyStats st = inventory_.apply(source, batch);
+  if (replica_) {
+    if (Source* s = sources_.load()->by_source(source)) {
+      s->applied_seq.store(seq, std::memory_order_release);
+      s->applied_valid.store(true, std::memory_order_release);
+    }
+  }
   std::pair<uint64_t, uint64_t> hashes{0, 0};
   if (hasher_) hashes = check_hashes(source, batch);
   if (orphans_ && st.orphans) orphans_->inc(st.orphans);
@@ -863,6 +873,9 @@ std::pair<uint64_t, uint64_t> KvExactPolicy::check_hashes(kv::SourceId source,
 }
 
 void KvExactPolicy::on_reset(kv::SourceId source, kv::ResetReason why) {
+  if (Source* s = sources_.load()->by_source(source)) {
+    s->applied_valid.store(false, std::memory_order_release);
+  }
   if (why == kv::ResetReason::kRemoved) {
     inventory_.remove_source(source);
   } else {
@@ -964,6 +977,48 @@ void KvExactPolicy::on_period() {
   launch_probes(status);
 }
 
+std::optional<uint64_t> KvExactPolicy::seed(kv::SourceId id) {
+  if (!replica_) return std::nullopt;
+  auto sources = sources_.load();
+  Source* s = sources->by_source(id);
+  if (!s) return std::nullopt;
+  // (On the subscriber's thread, the inventory's one writer: the import is a write like a batch.)
+  auto snap = replica_->request_inventory(
+      replica::InventoryRequest{.rule = rule_, .worker = s->key, .rank = s->rank},
+      std::chrono::milliseconds(1000));
+  if (!snap) return std::nullopt;
+  inventory_.import_source(id, snap->data);
+  s->applied_seq.store(snap->seq, std::memory_order_release);
+  s->applied_valid.store(true, std::memory_order_release);
+  log::info("kv_exact: rank bootstrapped from a peer's inventory")
+      .kv("rule", rule_)
+      .kv("endpoint", s->url)
+      .kv("rank", s->rank)
+      .kv("seq", snap->seq)
+      .kv("blocks", snap->data.holdings.size());
+  return snap->seq;
+}
+
+std::optional<replica::Sync::Snapshot> KvExactPolicy::snapshot_for_peer(
+    const replica::InventoryRequest& req) const {
+  auto sources = sources_.load();
+  Source* s = sources->by_key(req.worker, req.rank);
+  if (!s) return std::nullopt;
+  // Only a complete view is given away: one that began mid-stream would pass its gap on.
+  bool complete = false;
+  for (const auto& [spec, st] : subscriber_.status()) {
+    if (spec.id == s->id) complete = st.connected && kv::complete(st.bootstrap);
+  }
+  if (!complete || !s->applied_valid.load(std::memory_order_acquire)) return std::nullopt;
+  // The sequence first: everything up to it is in the export (a later batch too, maybe, which
+  // the peer applies again: stores and removals are idempotent).
+  replica::Sync::Snapshot snap;
+  snap.seq = s->applied_seq.load(std::memory_order_acquire);
+  snap.data = inventory_.export_source(s->id);
+  if (!s->applied_valid.load(std::memory_order_acquire)) return std::nullopt;  // reset meanwhile
+  return snap;
+}
+
 std::string KvExactPolicy::readiness_details() const {
   auto sources = sources_.load();
   size_t ready = 0, cold = 0, pending = 0;
@@ -1010,6 +1065,8 @@ void KvExactPolicy::start() {
                 s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
               }
             });
+        responder_token_ = replica_->add_responder(
+            rule_, [this](const replica::InventoryRequest& req) { return snapshot_for_peer(req); });
         chain_token_ = replica_->add_sink(rule_, [this](const replica::ChainRecord& r) {
           if (!r.predict || predict_ttl_.count() <= 0) return;
           auto sources = sources_.load();
@@ -1033,7 +1090,8 @@ void KvExactPolicy::stop() {
     if (replica_) {
       replica_->remove_rank_load(rank_token_);
       replica_->remove_sink(chain_token_);
-      rank_token_ = chain_token_ = 0;
+      replica_->remove_responder(responder_token_);
+      rank_token_ = chain_token_ = responder_token_ = 0;
     }
   }
 }

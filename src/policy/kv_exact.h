@@ -29,6 +29,7 @@
 #include "metrics/metrics.h"
 #include "policy/kv_parity.h"
 #include "policy/policy.h"
+#include "replica/sync.h"
 #include "util/shared_snapshot.h"
 
 namespace kvgate {
@@ -38,9 +39,6 @@ struct FetchResult;
 }  // namespace http
 
 struct PolicyConfig;
-namespace replica {
-class Sync;
-}  // namespace replica
 
 class KvExactPolicy final : public Policy, private kv::EventSink {
  public:
@@ -107,6 +105,11 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   struct ProbePoll;  // a parity probe waiting for its events (control thread)
   void on_batch(kv::SourceId source, uint64_t seq, const kv::EventBatch& batch) override;
   void on_reset(kv::SourceId source, kv::ResetReason why) override;
+  // Replica bootstrap: a beginning source filled from a warm peer's inventory (subscriber
+  // thread), and this replica's answer to a peer asking for one of its sources.
+  std::optional<uint64_t> seed(kv::SourceId id) override;
+  std::optional<replica::Sync::Snapshot> snapshot_for_peer(
+      const replica::InventoryRequest& req) const;
   // Returns {checked, mismatched} block ids.
   std::pair<uint64_t, uint64_t> check_hashes(kv::SourceId source, const kv::EventBatch& batch);
   // The keys of the request's full pages (cached in the context: select, dispatch, completion
@@ -181,7 +184,7 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   int starts_ = 0;
   // Replica sync (--replica-sync; null: alone): fleet loads per rank and predictions shared.
   replica::Sync* replica_ = nullptr;
-  uint64_t rank_token_ = 0, chain_token_ = 0;
+  uint64_t rank_token_ = 0, chain_token_ = 0, responder_token_ = 0;
   std::chrono::steady_clock::time_point
       next_fallback_period_{};  // control thread only  // start/stop are balanced per pool; a kept
                                 // policy serves two pools a moment

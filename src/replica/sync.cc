@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "util/json.h"
 #include "util/log.h"
@@ -36,7 +37,8 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
     : config_(std::move(config)),
       id_(random_id()),
       chains_subject_(config_.subject + ".chains"),
-      load_subject_(config_.subject + ".load") {
+      load_subject_(config_.subject + ".load"),
+      inventory_subject_(config_.subject + ".inventory") {
   if (!registry) return;
   auto& r = *registry;
   connected_gauge_ = &r.gauge("kvgate_replica_sync_connected",
@@ -74,6 +76,12 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
       peer_inflight_->with({t.worker->url()}).set(static_cast<double>(t.worker->peer_inflight()));
     }
   });
+  bootstraps_ = &r.counter("kvgate_replica_inventory_requests_total",
+                           "kv_exact sources this replica asked its peers for (bootstrap), by "
+                           "result: warm (a peer's whole inventory taken), cold (no peer had it "
+                           "complete), no_peer (no other replica heard from), unavailable (NATS "
+                           "not connected); and answers it served (served_warm, served_cold)",
+                           {"result"});
   errors_ = &r.counter("kvgate_replica_sync_errors_total",
                        "Replica sync failures by reason (publish, decode, queue_full)", {"reason"});
 }
@@ -127,6 +135,16 @@ std::string Sync::start() {
     natsSubscription_SetPendingLimits(sub, 65536, 64 * 1024 * 1024);
     subs_.push_back(sub);
   }
+  {
+    natsSubscription* sub = nullptr;
+    s = natsConnection_Subscribe(&sub, nc_, inventory_subject_.c_str(), &Sync::on_inventory, this);
+    if (s != NATS_OK) {
+      return "--replica-sync: subscribing to " + inventory_subject_ + ": " + natsStatus_GetText(s);
+    }
+    natsSubscription_SetPendingLimits(sub, 1024, 16 * 1024 * 1024);
+    subs_.push_back(sub);
+  }
+  started_at_ = Clock::now();
   thread_ = std::thread([this] { run(); });
   log::info("replica sync started")
       .kv("url", config_.url)
@@ -253,6 +271,130 @@ std::vector<ChainRecord> Sync::take_pending() {
   std::lock_guard lock(mu_);
   std::vector<ChainRecord> out;
   out.swap(pending_);
+  return out;
+}
+
+void Sync::on_inventory(natsConnection*, natsSubscription*, natsMsg* msg, void* self) {
+  auto* s = static_cast<Sync*>(self);
+  std::string_view data(natsMsg_GetData(msg), static_cast<size_t>(natsMsg_GetDataLength(msg)));
+  const char* reply = natsMsg_GetReply(msg);
+  Header h;
+  InventoryRequest req;
+  if (reply != nullptr && decode_header(data, h).empty() && h.replica != s->id_ &&
+      decode_inventory_request(data, req).empty()) {
+    std::optional<Snapshot> snap;
+    bool answered = false;
+    {
+      std::shared_lock lock(s->responders_mu_);
+      for (const auto& [token, e] : s->responders_) {
+        if (e.rule != req.rule) continue;
+        snap = e.respond(req);
+        answered = true;
+        break;
+      }
+    }
+    if (answered) {
+      auto parts = encode_inventory_reply(Header{.replica = s->id_, .sent_us = now_us()}, req,
+                                          snap.has_value(), snap ? snap->seq : 0,
+                                          snap ? snap->data : kv::SourceExport{});
+      for (const auto& part : parts) {
+        natsConnection_Publish(s->nc_, reply, part.data(), static_cast<int>(part.size()));
+      }
+      if (s->bootstraps_) s->bootstraps_->with({snap ? "served_warm" : "served_cold"}).inc();
+    }
+  }
+  natsMsg_Destroy(msg);
+}
+
+uint64_t Sync::add_responder(const std::string& rule, Responder respond) {
+  std::unique_lock lock(responders_mu_);
+  const uint64_t token = next_responder_++;
+  responders_.emplace(token, ResponderEntry{rule, std::move(respond)});
+  return token;
+}
+
+void Sync::remove_responder(uint64_t token) {
+  std::unique_lock lock(responders_mu_);
+  responders_.erase(token);
+}
+
+std::optional<Sync::Snapshot> Sync::request_inventory(const InventoryRequest& r,
+                                                      std::chrono::milliseconds timeout) {
+  auto count = [&](std::string_view result) {
+    if (bootstraps_) bootstraps_->with({result}).inc();
+  };
+  if (nc_ == nullptr || !connected()) {
+    count("unavailable");
+    return std::nullopt;
+  }
+  // Just started: the peers are known from their load reports (at least one a second); without
+  // any there is no one to ask.
+  while (peers() == 0 &&
+         Clock::now() < started_at_ + config_.load_heartbeat + std::chrono::milliseconds(300)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (peers() == 0) {
+    count("no_peer");
+    return std::nullopt;
+  }
+  natsInbox* inbox = nullptr;
+  if (natsInbox_Create(&inbox) != NATS_OK) {
+    count("unavailable");
+    return std::nullopt;
+  }
+  natsSubscription* sub = nullptr;
+  std::string msg;
+  encode_inventory_request(Header{.replica = id_, .sent_us = now_us()}, r, msg);
+  const size_t peers_known = peers();
+  std::optional<Snapshot> out;
+  if (natsConnection_SubscribeSync(&sub, nc_, inbox) == NATS_OK &&
+      natsSubscription_SetPendingLimits(sub, 65536, 256 * 1024 * 1024) == NATS_OK &&
+      natsConnection_PublishRequest(nc_, inventory_subject_.c_str(), inbox, msg.data(),
+                                    static_cast<int>(msg.size())) == NATS_OK) {
+    // Answers of every peer that has the rule arrive here; the first warm one is taken whole
+    // (its parts in order), not-warm ones are counted until every known peer has answered.
+    struct Partial {
+      uint32_t next = 0;
+      Snapshot snap;
+    };
+    std::map<uint64_t, Partial> partial;
+    std::set<uint64_t> cold;
+    const auto end = Clock::now() + timeout;
+    while (!out && Clock::now() < end) {
+      natsMsg* m = nullptr;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+      if (natsSubscription_NextMsg(&m, sub, std::max<int64_t>(1, left.count())) != NATS_OK) break;
+      std::string_view data(natsMsg_GetData(m), static_cast<size_t>(natsMsg_GetDataLength(m)));
+      Header h;
+      InventoryPart part;
+      const bool ok = decode_header(data, h).empty() && decode_inventory_part(data, part).empty() &&
+                      part.source == r;
+      natsMsg_Destroy(m);
+      if (!ok) continue;
+      if (!part.warm) {
+        cold.insert(h.replica);
+        if (peers_known > 0 && cold.size() >= peers_known) break;
+        continue;
+      }
+      Partial& p = partial[h.replica];
+      if (part.part != p.next) {  // a part lost: this peer's answer cannot be used
+        partial.erase(h.replica);
+        continue;
+      }
+      ++p.next;
+      p.snap.seq = part.seq;
+      auto& d = p.snap.data;
+      d.links.insert(d.links.end(), part.data.links.begin(), part.data.links.end());
+      d.holdings.insert(d.holdings.end(), part.data.holdings.begin(), part.data.holdings.end());
+      if (p.next == part.parts) out = std::move(p.snap);
+    }
+  }
+  if (sub) {
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+  }
+  natsInbox_Destroy(inbox);
+  count(out ? "warm" : "cold");
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -116,11 +117,28 @@ class Sync {
   // The peers' sum for one (worker key, rank) now (a source made after the last report).
   RankLoad peer_rank_load(uint64_t worker, int32_t rank) const;
 
+  // kv_exact's bootstrap from a warm peer (<subject>.inventory, request-reply). A policy answers
+  // for its rule with `respond` (on a libnats thread): nullopt when its view of that source is not
+  // complete (it began mid-stream) or it has no such source. remove_responder returns once no
+  // call is running.
+  struct Snapshot {
+    uint64_t seq = 0;  // the last batch applied when exported
+    kv::SourceExport data;
+  };
+  using Responder = std::function<std::optional<Snapshot>(const InventoryRequest&)>;
+  uint64_t add_responder(const std::string& rule, Responder respond);
+  void remove_responder(uint64_t token);
+  // Asks the peers for a source (blocking, up to `timeout`): the first warm answer, whole; nullopt
+  // when none is (every peer said not warm, none answered, or NATS is not there).
+  std::optional<Snapshot> request_inventory(const InventoryRequest& r,
+                                            std::chrono::milliseconds timeout);
+
   // For /readiness and /v1/stats: {"connected":..,"peers":..,...}.
   std::string status_json() const;
 
  private:
   static void on_message(__natsConnection*, __natsSubscription*, __natsMsg* msg, void* self);
+  static void on_inventory(__natsConnection*, __natsSubscription*, __natsMsg* msg, void* self);
   static void on_disconnected(__natsConnection*, void* self);
   static void on_reconnected(__natsConnection*, void* self);
   void handle(std::string_view data);
@@ -135,10 +153,19 @@ class Sync {
 
   SyncConfig config_;
   uint64_t id_;
-  std::string chains_subject_, load_subject_;
+  std::string chains_subject_, load_subject_, inventory_subject_;
+  mutable std::shared_mutex responders_mu_;
+  struct ResponderEntry {
+    std::string rule;
+    Responder respond;
+  };
+  std::map<uint64_t, ResponderEntry> responders_;
+  uint64_t next_responder_ = 1;
+  metrics::CounterFamily* bootstraps_ = nullptr;  // {result}
   __natsConnection* nc_ = nullptr;
   std::vector<__natsSubscription*> subs_;
   std::atomic<bool> connected_{false};
+  Clock::time_point started_at_{};
 
   // Records waiting for the next batch.
   std::mutex mu_;

@@ -280,4 +280,139 @@ std::string decode_load_into(std::string_view msg, LoadReport& out) {
 
 }  // namespace
 
+namespace {
+
+void put_source(Writer& w, const InventoryRequest& r) {
+  std::string_view rule = std::string_view(r.rule).substr(0, kMaxRuleBytes);
+  w.u8(static_cast<uint8_t>(rule.size()));
+  w.bytes(rule);
+  w.u64(r.worker);
+  w.u16(static_cast<uint16_t>(static_cast<int16_t>(std::clamp<int32_t>(r.rank, -1, INT16_MAX))));
+}
+
+std::string get_source(Reader& r, InventoryRequest& out) {
+  uint8_t len = 0;
+  std::string_view rule;
+  uint16_t rank = 0;
+  if (!r.u8(len) || len == 0 || len > kMaxRuleBytes || !r.bytes(len, rule)) {
+    return r.error("rule", "missing or not 1..64 bytes");
+  }
+  if (!r.u64(out.worker) || !r.u16(rank)) return r.error("source", "message ends");
+  out.rule = std::string(rule);
+  out.rank = static_cast<int16_t>(rank);
+  if (out.rank < 0) return r.error("rank", "negative");
+  return "";
+}
+
+constexpr size_t kLinkBytes = 8 + 8 + 1;
+constexpr size_t kHoldingBytes = 8 + 8 + 1;
+
+}  // namespace
+
+void encode_inventory_request(const Header& h, const InventoryRequest& r, std::string& out) {
+  Header hh = h;
+  hh.kind = Kind::kInventoryRequest;
+  put_header(hh, out);
+  Writer w(out);
+  put_source(w, r);
+}
+
+std::vector<std::string> encode_inventory_reply(const Header& h, const InventoryRequest& source,
+                                                bool warm, uint64_t seq,
+                                                const kv::SourceExport& data) {
+  Header hh = h;
+  hh.kind = Kind::kInventoryReply;
+  // Parts: links first, then holdings, each part within kMaxInventoryPartBytes.
+  const size_t per_part = (kMaxInventoryPartBytes - 256) / kLinkBytes;
+  const size_t items = warm ? data.links.size() + data.holdings.size() : 0;
+  const size_t parts = std::max<size_t>(1, (items + per_part - 1) / per_part);
+  std::vector<std::string> out(parts);
+  size_t next = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    put_header(hh, out[p]);
+    Writer w(out[p]);
+    put_source(w, source);
+    w.u8(warm ? 0 : 1);
+    w.u64(seq);
+    w.u32(static_cast<uint32_t>(p));
+    w.u32(static_cast<uint32_t>(parts));
+    const size_t end = std::min(items, next + per_part);
+    const size_t nl = data.links.size();
+    const size_t links_from = std::min(next, nl), links_to = std::min(end, nl);
+    w.u32(static_cast<uint32_t>(links_to - links_from));
+    for (size_t i = links_from; i < links_to; ++i) {
+      w.u64(data.links[i].key);
+      w.u64(data.links[i].parent);
+      w.u8(data.links[i].root ? 1 : 0);
+    }
+    const size_t hold_from = std::max(next, nl) - nl, hold_to = std::max(end, nl) - nl;
+    w.u32(static_cast<uint32_t>(hold_to - hold_from));
+    for (size_t i = hold_from; i < hold_to; ++i) {
+      w.u64(data.holdings[i].id);
+      w.u64(data.holdings[i].key);
+      w.u8(data.holdings[i].media);
+    }
+    next = end;
+  }
+  return out;
+}
+
+std::string decode_inventory_request(std::string_view msg, InventoryRequest& out) {
+  out = {};
+  Header h;
+  if (std::string e = decode_header(msg, h); !e.empty()) return e;
+  if (h.kind != Kind::kInventoryRequest) return "kind: not an inventory request";
+  Reader r(msg, kHeaderBytes);
+  std::string e = get_source(r, out);
+  if (e.empty() && r.left() != 0) e = r.error("request", "bytes left after it");
+  if (!e.empty()) out = {};  // all or nothing
+  return e;
+}
+
+std::string decode_inventory_part(std::string_view msg, InventoryPart& out) {
+  out = {};
+  Header h;
+  if (std::string e = decode_header(msg, h); !e.empty()) return e;
+  if (h.kind != Kind::kInventoryReply) return "kind: not an inventory reply";
+  Reader r(msg, kHeaderBytes);
+  auto fail = [&](std::string e) {
+    out = {};
+    return e;
+  };
+  if (std::string e = get_source(r, out.source); !e.empty()) return fail(e);
+  uint8_t status = 0;
+  uint32_t nl = 0, nh = 0;
+  if (!r.u8(status) || !r.u64(out.seq) || !r.u32(out.part) || !r.u32(out.parts)) {
+    return fail(r.error("reply", "message ends"));
+  }
+  if (status > 1) return fail(r.error("status", "unknown"));
+  out.warm = status == 0;
+  if (out.parts == 0 || out.parts > kMaxInventoryParts || out.part >= out.parts) {
+    return fail(r.error("parts", "part not within 1..4096 parts"));
+  }
+  if (!r.u32(nl) || static_cast<size_t>(nl) * kLinkBytes > r.left()) {
+    return fail(r.error("links", "count exceeds the message"));
+  }
+  out.data.links.resize(nl);
+  for (auto& l : out.data.links) {
+    uint8_t root = 0;
+    r.u64(l.key);
+    r.u64(l.parent);
+    r.u8(root);
+    if (root > 1) return fail(r.error("links", "root flag not 0 or 1"));
+    l.root = root == 1;
+  }
+  if (!r.u32(nh) || static_cast<size_t>(nh) * kHoldingBytes != r.left()) {
+    return fail(r.error("holdings", "count does not match the message's length"));
+  }
+  out.data.holdings.resize(nh);
+  for (auto& x : out.data.holdings) {
+    r.u64(x.id);
+    r.u64(x.key);
+    r.u8(x.media);
+  }
+  if (!out.warm && (nl != 0 || nh != 0)) return fail("reply: a not-warm answer carries data");
+  return "";
+}
+
 }  // namespace kvgate::replica

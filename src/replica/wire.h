@@ -11,7 +11,12 @@
 //     rank (-1: none), u64 worker, i64 origin (unix us), u16 hashes, u64 hashes[...].
 //   kLoad (one replica's load, absolute values): u64 sequence, u32 entries, each: u64 worker, i16
 //     DP rank (-1: the worker as a whole), u32 requests in flight, u64 prefill tokens queued.
-//   kInventoryRequest / kInventoryReply: a warm replica's kv_exact inventory (see the encoders).
+//   kInventoryRequest (a replica bootstrapping a kv_exact source asks its peers for it): u8 rule
+//     length + rule, u64 worker, i16 DP rank.
+//   kInventoryReply (one part of a peer's answer; parts are sent in order): u8 rule length +
+//     rule, u64 worker, i16 rank, u8 status (0: warm, the inventory follows; 1: not warm, nothing
+//     follows), u64 applied sequence, u32 part, u32 parts, u32 links, each u64 key, u64 parent, u8
+//     root; u32 holdings, each u64 engine id, u64 key, u8 media.
 //
 // The decoder checks every count against the bytes that remain and never reads past them: a
 // malformed message is an error naming the field and offset, never a crash (tests/fuzz/
@@ -23,6 +28,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kv/inventory.h"
 
 namespace kvgate::replica {
 
@@ -72,12 +79,37 @@ struct LoadReport {
   bool operator==(const LoadReport&) const = default;
 };
 
+// kv_exact's bootstrap from a peer: which source is asked for, and one part of the answer.
+struct InventoryRequest {
+  std::string rule;
+  uint64_t worker = 0;
+  int32_t rank = 0;
+  bool operator==(const InventoryRequest&) const = default;
+};
+struct InventoryPart {
+  InventoryRequest source;
+  bool warm = false;  // false: the peer's view of this source is not complete (cold, pending)
+  uint64_t seq = 0;   // the last batch the peer had applied when it exported
+  uint32_t part = 0;  // 0-based
+  uint32_t parts = 1;
+  kv::SourceExport data;
+  bool operator==(const InventoryPart&) const = default;
+};
+inline constexpr size_t kMaxInventoryPartBytes = 512 * 1024;
+inline constexpr uint32_t kMaxInventoryParts = 4096;  // 2 GB of answer at most
+
 // The worker key every replica computes alike: XXH3 of the worker's URL.
 uint64_t worker_key(std::string_view url);
 
 // Encoders append one whole message to `out`.
 void encode_chains(const Header& h, std::span<const ChainRecord> records, std::string& out);
 void encode_load(const Header& h, const LoadReport& load, std::string& out);
+void encode_inventory_request(const Header& h, const InventoryRequest& r, std::string& out);
+// The answer to `source` from `data` (warm) at `seq`, in parts of at most kMaxInventoryPartBytes,
+// each a whole message.
+std::vector<std::string> encode_inventory_reply(const Header& h, const InventoryRequest& source,
+                                                bool warm, uint64_t seq,
+                                                const kv::SourceExport& data);
 // Bytes one record adds to a chains message (its rule named once per message on top).
 size_t chain_record_bytes(const ChainRecord& r);
 
@@ -85,6 +117,8 @@ size_t chain_record_bytes(const ChainRecord& r);
 std::string decode_header(std::string_view msg, Header& h);
 std::string decode_chains(std::string_view msg, std::vector<ChainRecord>& out);
 std::string decode_load(std::string_view msg, LoadReport& out);
+std::string decode_inventory_request(std::string_view msg, InventoryRequest& out);
+std::string decode_inventory_part(std::string_view msg, InventoryPart& out);
 
 // Little-endian helpers the inventory messages (replica/bootstrap) share.
 class Writer {

@@ -201,6 +201,54 @@ TEST(Inventory, ParentRemovedBeforeItsChildStaysALinkUntilTheChildGoes) {
   EXPECT_EQ(inv.blocks(1, true), 0u);
 }
 
+// Replica bootstrap: what one source holds, exported and imported into another inventory (in
+// which another source already holds part of it), matches alike and keeps working: its engine
+// ids still name its blocks (removals, parents of later stores).
+TEST(Inventory, AnExportedSourceImportsElsewhereWithItsIdsAndTiers) {
+  Inventory a(opts(size_t{1} << 20, 0.5)), b(opts(size_t{1} << 20, 0.5));
+  a.apply(1, batch({stored({11, 12, 13}, std::nullopt, pages({1, 2, 3})),
+                    stored({21}, 11, pages({7})), stored({31, 32}, std::nullopt, pages({5, 6})),
+                    stored({33}, 32, pages({8}), Medium::kCpuPinned)}));
+  a.apply(2, batch({stored({91, 92}, std::nullopt, pages({1, 2}))}));  // another source, shared
+  b.apply(2, batch({stored({91, 92}, std::nullopt, pages({1, 2}))}));
+  SourceExport e = a.export_source(1);
+  EXPECT_EQ(e.holdings.size(), 7u);
+  b.import_source(5, e);  // another id in b: source ids are each inventory's own
+  EXPECT_EQ(b.blocks(5, true), 6u);
+  EXPECT_EQ(b.blocks(5, false), 1u);
+  std::vector<SourceMatch> ma, mb;
+  for (const auto& tokens : {pages({1, 2, 3, 4}), pages({1, 7}), pages({5, 6, 8}), pages({1, 2})}) {
+    a.match(keys(tokens), ma);
+    b.match(keys(tokens), mb);
+    auto of = [](const std::vector<SourceMatch>& m, SourceId s) {
+      for (const auto& x : m) {
+        if (x.source == s) return x.pages;
+      }
+      return -1.0;
+    };
+    EXPECT_EQ(of(ma, 1), of(mb, 5));
+    EXPECT_EQ(of(ma, 2), of(mb, 2));
+  }
+  // The engine's ids go on naming the blocks: a removal and a store under an imported parent.
+  b.apply(5, batch({removed({13}), stored({14}, 12, pages({4}))}));
+  b.match(keys(pages({1, 2, 4})), mb);
+  ASSERT_FALSE(mb.empty());
+  EXPECT_EQ(b.export_source(5).holdings.size(), 7u);
+  // Importing again replaces (the source is cleared first); an empty export empties it.
+  b.import_source(5, SourceExport{});
+  EXPECT_EQ(b.blocks(5, true), 0u);
+  b.match(keys(pages({1, 2})), mb);
+  ASSERT_EQ(mb.size(), 1u);  // source 2's blocks stay
+  EXPECT_EQ(mb[0].source, 2u);
+  // A link whose parent is missing is skipped, with what hangs below it.
+  SourceExport broken = e;
+  const BlockKey chain5 = keys(pages({5}))[0];
+  std::erase_if(broken.links, [&](const SourceExport::Link& l) { return l.key == chain5; });
+  b.import_source(6, broken);
+  EXPECT_EQ(b.blocks(6, true), 4u);  // pages 1, 2, 3 and 7; not 5, 6 (or 8, on CPU)
+  EXPECT_EQ(b.blocks(6, false), 0u);
+}
+
 TEST(Inventory, OrphansAreCountedAndSkipped) {
   Inventory inv(opts());
   inv.apply(2, batch({stored({11}, std::nullopt, pages({1}))}));

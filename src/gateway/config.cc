@@ -828,6 +828,16 @@ const std::vector<K>& table() {
          .field = &C::replica_sync_max_chunks,
          .min = 1024,
          .max = 268435456},
+        {.name = "replica-sync-history-bytes",
+         .group = kReplicas,
+         .value_name = "BYTES",
+         .help = "With a JetStream-enabled NATS (nats-server -js): the fleet's recent records "
+                 "(<prefix>.chains, the last --eviction-interval seconds) are kept in a memory "
+                 "stream of at most this many bytes, which a new or reconnected replica replays. "
+                 "0: no history (core NATS only)",
+         .field = &C::replica_sync_history_bytes,
+         .min = 0,
+         .max = 17179869184},
 
         {.name = "log-level",
          .group = kLogging,

@@ -75,6 +75,7 @@ struct GatewayConfig {
   int64_t replica_peer_timeout_ms = 3000;
   int64_t replica_sync_chunk_bytes = 64;
   int64_t replica_sync_max_chunks = 1048576;
+  int64_t replica_sync_history_bytes = 67108864;
   // Logging
   std::string log_dir;
   std::string log_level = "info";

@@ -97,6 +97,9 @@ replica::SyncConfig sync_config(const GatewayConfig& c) {
   s.peer_timeout = std::chrono::milliseconds(c.replica_peer_timeout_ms);
   s.chunk_bytes = static_cast<size_t>(c.replica_sync_chunk_bytes);
   s.max_chunks = static_cast<size_t>(c.replica_sync_max_chunks);
+  // The history a new replica replays is what cache_aware still remembers: its TTL.
+  s.history = std::chrono::seconds(c.eviction_interval);
+  s.history_bytes = c.replica_sync_history_bytes;
   return s;
 }
 

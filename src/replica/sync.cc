@@ -4,6 +4,8 @@
 #include <nats/nats.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdio>
 #include <random>
 #include <set>
 
@@ -18,6 +20,23 @@ uint64_t random_id() {
   uint64_t id = 0;
   while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return id;
+}
+
+// JetStream API requests (stream info, create, consumers) wait at most this long.
+constexpr int64_t kJsWaitMs = 2000;
+// A chains message stays under NATS's default max_payload (1 MB) however many records waited.
+constexpr size_t kMaxMessageBytes = size_t{512} * 1024;
+
+std::string js_error(natsStatus s, jsErrCode e) {
+  std::string out = natsStatus_GetText(s);
+  if (e != 0) out += " (JetStream error " + std::to_string(static_cast<int>(e)) + ")";
+  if (s == NATS_NO_RESPONDERS) out += ": the server has no JetStream (nats-server -js)";
+  return out;
+}
+
+const char* result_name(int r) {
+  static constexpr const char* kNames[] = {"ok", "timeout", "unavailable", "error"};
+  return kNames[r];
 }
 
 // Sync lag buckets (seconds): from a millisecond to a minute.
@@ -38,7 +57,9 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
       id_(random_id()),
       chains_subject_(config_.subject + ".chains"),
       load_subject_(config_.subject + ".load"),
-      inventory_subject_(config_.subject + ".inventory") {
+      inventory_subject_(config_.subject + ".inventory"),
+      stream_name_(stream_name(config_.subject)),
+      with_history_(config_.history.count() > 0 && config_.history_bytes > 0) {
   if (!registry) return;
   auto& r = *registry;
   connected_gauge_ = &r.gauge("kvgate_replica_sync_connected",
@@ -82,6 +103,20 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
                            "complete), no_peer (no other replica heard from), unavailable (NATS "
                            "not connected); and answers it served (served_warm, served_cold)",
                            {"result"});
+  history_gauge_ = &r.gauge("kvgate_replica_sync_history",
+                            "1 while the fleet's JetStream history stream is there for this "
+                            "connection (a new or reconnected replica replays it); 0 without "
+                            "JetStream (core NATS only)")
+                        .with({});
+  replayed_ = &r.counter("kvgate_replica_sync_replayed_records_total",
+                         "Peers' records applied from the JetStream history (on start, when a "
+                         "rule's policy starts, and after a reconnection)")
+                   .with({});
+  replays_ = &r.counter("kvgate_replica_sync_replays_total",
+                        "History replays by result: ok (caught up), timeout (stopped after the "
+                        "replay timeout), unavailable (no history: no JetStream), error (the "
+                        "connection or the consumer failed)",
+                        {"result"});
   errors_ = &r.counter("kvgate_replica_sync_errors_total",
                        "Replica sync failures by reason (publish, decode, queue_full)", {"reason"});
 }
@@ -90,10 +125,37 @@ Sync::~Sync() {
   stop();
 }
 
+std::string Sync::stream_name(std::string_view prefix) {
+  std::string name = "KVGATE_";
+  bool exact = true;  // the prefix can be read back from the name
+  for (char c : prefix) {
+    if ((c >= 'a' && c <= 'z')) {
+      name.push_back(static_cast<char>(c - 'a' + 'A'));
+    } else if ((c >= '0' && c <= '9') || c == '-' || c == '_') {
+      name.push_back(c);
+    } else {
+      exact = false;
+      name.push_back((c >= 'A' && c <= 'Z') ? c : '_');
+    }
+  }
+  constexpr size_t kMaxKept = 48;  // a long prefix is cut, and named by its hash too
+  if (name.size() > kMaxKept) {
+    name.resize(kMaxKept);
+    exact = false;
+  }
+  if (!exact) {
+    char hash[16];
+    std::snprintf(hash, sizeof hash, "_%08X",
+                  static_cast<unsigned>(worker_key(prefix) & 0xffffffffULL));
+    name += hash;
+  }
+  return name;
+}
+
 std::string Sync::start() {
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);
-  auto fail = [&](std::string what) {
+  auto fail = [&](const std::string& what) {
     if (opts) natsOptions_Destroy(opts);
     return what + ": " + natsStatus_GetText(s);
   };
@@ -117,6 +179,8 @@ std::string Sync::start() {
   opts = nullptr;
   if (s == NATS_OK) {
     connected_ = true;
+    std::lock_guard lock(hist_mu_);
+    conn_epoch_ = 1;
   } else if (s != NATS_NOT_YET_CONNECTED) {
     nc_ = nullptr;
     return std::string("--replica-sync ") + config_.url + ": " + natsStatus_GetText(s);
@@ -145,12 +209,16 @@ std::string Sync::start() {
     subs_.push_back(sub);
   }
   started_at_ = Clock::now();
+  // Without history records leave as soon as connected; with it once the stream is ensured.
+  if (!with_history_) set_ready(connected_);
   thread_ = std::thread([this] { run(); });
+  if (with_history_) hist_thread_ = std::thread([this] { history_run(); });
   log::info("replica sync started")
       .kv("url", config_.url)
       .kv("subject", config_.subject)
       .kv("replica", config_.name)
-      .kv("connected", connected_.load());
+      .kv("connected", connected_.load())
+      .kv("history", with_history_ ? stream_name_ : std::string("off"));
   return "";
 }
 
@@ -161,6 +229,12 @@ void Sync::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  {
+    std::lock_guard lock(hist_mu_);
+    hist_stopping_ = true;
+  }
+  hist_cv_.notify_all();
+  if (hist_thread_.joinable()) hist_thread_.join();
   if (thread_.joinable()) thread_.join();
   for (natsSubscription* sub : subs_) {
     natsSubscription_Unsubscribe(sub);
@@ -178,12 +252,26 @@ void Sync::stop() {
   rank_sums_.clear();
 }
 
+void Sync::set_ready(bool ready) {
+  {
+    std::lock_guard lock(mu_);
+    ready_ = ready;
+  }
+  cv_.notify_all();
+}
+
 void Sync::on_disconnected(natsConnection*, void* self) {
   auto* s = static_cast<Sync*>(self);
   if (s->connected_.exchange(false)) {
     if (s->disconnects_) s->disconnects_->inc();
     log::warn("replica sync: NATS connection lost; routing on this replica's state")
         .kv("url", s->config_.url);
+  }
+  {
+    // (Under hist_mu_: the history thread, which lets records go, sees connected_ false first.)
+    std::lock_guard lock(s->hist_mu_);
+    if (s->lost_us_ == 0 || s->lost_us_ < s->found_us_) s->lost_us_ = now_us();
+    s->set_ready(false);
   }
   if (s->connected_gauge_) s->connected_gauge_->set(0);
 }
@@ -193,6 +281,33 @@ void Sync::on_reconnected(natsConnection*, void* self) {
   if (!s->connected_.exchange(true))
     log::info("replica sync: connected to NATS").kv("url", s->config_.url);
   if (s->connected_gauge_) s->connected_gauge_->set(1);
+  if (s->with_history_) {
+    // The history thread ensures the stream for this connection, then lets records leave; every
+    // sink is owed what peers sent while this replica was away (the first connection owes
+    // nothing more: the sinks were owed everything when added).
+    std::vector<uint64_t> tokens;
+    {
+      std::shared_lock lock(s->sinks_mu_);
+      for (const auto& [token, entry] : s->sinks_) tokens.push_back(token);
+    }
+    {
+      std::lock_guard lock(s->hist_mu_);
+      ++s->conn_epoch_;
+      s->found_us_ = now_us();
+      if (s->lost_us_ > 0) {
+        const int64_t since = std::max<int64_t>(
+            1, s->lost_us_ -
+                   std::chrono::duration_cast<std::chrono::microseconds>(kReplayMargin).count());
+        for (uint64_t token : tokens) {
+          auto [it, fresh] = s->owed_.try_emplace(token, since);
+          if (!fresh) it->second = std::min(it->second, since);
+        }
+      }
+    }
+    s->hist_cv_.notify_all();
+  } else {
+    s->set_ready(true);
+  }
   // Peers hear this replica's load at once rather than at the next heartbeat.
   {
     std::lock_guard lock(s->mu_);
@@ -208,8 +323,8 @@ void Sync::on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* se
   natsMsg_Destroy(msg);
 }
 
-void Sync::handle(std::string_view data) {
-  if (bytes_) bytes_->with({"in"}).inc(data.size());
+void Sync::handle(std::string_view data, ReplayTarget* replay) {
+  if (!replay && bytes_) bytes_->with({"in"}).inc(data.size());
   Header h;
   if (std::string e = decode_header(data, h); !e.empty()) {
     if (errors_) errors_->with({"decode"}).inc();
@@ -219,13 +334,14 @@ void Sync::handle(std::string_view data) {
   }
   if (h.replica == id_) return;  // (no_echo makes this rare: a second connection of ours)
   if (h.kind == Kind::kLoad) {
+    if (replay) return;  // (the history holds records only)
     LoadReport report;
     if (std::string e = decode_load(data, report); !e.empty()) {
       if (errors_) errors_->with({"decode"}).inc();
       return;
     }
     if (messages_) messages_->with({"in", "load"}).inc();
-    apply_load(h, std::move(report));
+    apply_load(h, report);
     return;
   }
   if (h.kind != Kind::kChains) return;
@@ -236,15 +352,25 @@ void Sync::handle(std::string_view data) {
     log::warn(limit, "replica sync: message dropped").kv("error", e);
     return;
   }
-  if (messages_) messages_->with({"in", "chains"}).inc();
+  if (!replay && messages_) messages_->with({"in", "chains"}).inc();
   const int64_t now = now_us();
   std::shared_lock lock(sinks_mu_);
   for (const ChainRecord& r : records) {
     bool applied = false;
     for (const auto& [token, entry] : sinks_) {
       if (entry.rule != r.rule) continue;
+      if (replay && !std::binary_search(replay->sinks.begin(), replay->sinks.end(), token))
+        continue;
       entry.sink(r);
       applied = true;
+    }
+    if (replay) {
+      // Counted apart: the live counters and the lag say how the fleet keeps up now.
+      if (applied) {
+        ++replay->applied;
+        if (replayed_) replayed_->inc();
+      }
+      continue;
     }
     if (records_) records_->with({applied ? "applied" : "dropped"}).inc();
     if (applied && lag_)
@@ -262,7 +388,7 @@ void Sync::publish(ChainRecord record) {
     }
     if (pending_.empty()) first_pending_ = Clock::now();
     pending_.push_back(std::move(record));
-    if (pending_.size() < config_.batch_records) return;
+    if (pending_.size() < config_.batch_records || !ready_) return;
   }
   cv_.notify_all();
 }
@@ -399,15 +525,29 @@ std::optional<Sync::Snapshot> Sync::request_inventory(const InventoryRequest& r,
 }
 
 uint64_t Sync::add_sink(const std::string& rule, ChainSink sink) {
-  std::unique_lock lock(sinks_mu_);
-  uint64_t token = next_sink_++;
-  sinks_.emplace(token, SinkEntry{rule, std::move(sink)});
+  uint64_t token = 0;
+  {
+    std::unique_lock lock(sinks_mu_);
+    token = next_sink_++;
+    sinks_.emplace(token, SinkEntry{rule, std::move(sink)});
+  }
+  if (with_history_) {
+    {
+      std::lock_guard lock(hist_mu_);
+      owed_[token] = 0;  // the whole history
+    }
+    hist_cv_.notify_all();
+  }
   return token;
 }
 
 void Sync::remove_sink(uint64_t token) {
-  std::unique_lock lock(sinks_mu_);  // waits for a delivery in progress
-  sinks_.erase(token);
+  {
+    std::unique_lock lock(sinks_mu_);  // waits for a delivery in progress
+    sinks_.erase(token);
+  }
+  std::lock_guard lock(hist_mu_);
+  owed_.erase(token);
 }
 
 void Sync::track(const WorkerPtr& w) {
@@ -435,7 +575,7 @@ size_t Sync::peers() const {
   return peers_.size();
 }
 
-void Sync::apply_load(const Header& h, LoadReport report) {
+void Sync::apply_load(const Header& h, const LoadReport& report) {
   std::vector<std::pair<RankKey, RankLoad>> changed;
   {
     std::lock_guard lock(load_mu_);
@@ -572,8 +712,16 @@ void Sync::flush_records(std::vector<ChainRecord>& batch) {
   std::span<const ChainRecord> rest(batch);
   std::string msg;
   while (!rest.empty()) {
+    // At most kMaxRecords, and kMaxMessageBytes (one record always goes): after an outage the
+    // queue holds many batches.
+    size_t n = 0, bytes = kHeaderBytes + 4;
+    while (n < rest.size() && n < kMaxRecords) {
+      const size_t b = chain_record_bytes(rest[n]) + 1 + kMaxRuleBytes;
+      if (n > 0 && bytes + b > kMaxMessageBytes) break;
+      bytes += b;
+      ++n;
+    }
     msg.clear();
-    const size_t n = std::min(rest.size(), kMaxRecords);
     encode_chains(h, rest.first(n), msg);
     send(chains_subject_, msg, "chains");
     rest = rest.subspan(n);
@@ -629,14 +777,16 @@ void Sync::run() {
   auto next_load = Clock::now();
   while (!stopping_) {
     const auto now = Clock::now();
-    auto wake = next_load;
-    if (!pending_.empty()) wake = std::min(wake, first_pending_ + config_.batch);
-    if (pending_.size() < config_.batch_records && now < wake) {
-      cv_.wait_until(lock, wake);
+    // Not ready (disconnected, or the history stream not yet ensured): records wait here.
+    const bool may_send = ready_ && !pending_.empty();
+    const bool due = may_send && (pending_.size() >= config_.batch_records ||
+                                  now >= first_pending_ + config_.batch);
+    if (!due && now < next_load) {
+      cv_.wait_until(lock,
+                     may_send ? std::min(next_load, first_pending_ + config_.batch) : next_load);
       continue;
     }
-    if (!pending_.empty() &&
-        (pending_.size() >= config_.batch_records || now >= first_pending_ + config_.batch)) {
+    if (due) {
       batch.swap(pending_);
       lock.unlock();
       flush_records(batch);
@@ -658,9 +808,251 @@ void Sync::run() {
   if (!batch.empty()) flush_records(batch);
 }
 
+void Sync::history_run() {
+  std::unique_lock lock(hist_mu_);
+  while (!hist_stopping_) {
+    const bool up = connected_.load();
+    if (up && ensured_epoch_ != conn_epoch_) {
+      const uint64_t epoch = conn_epoch_;
+      lock.unlock();
+      std::string why;
+      const bool ok = ensure_stream(why);
+      lock.lock();
+      if (epoch != conn_epoch_) continue;  // connected again meanwhile: ensure it again
+      ensured_epoch_ = epoch;
+      history_ok_ = ok;
+      if (history_gauge_) history_gauge_->set(ok ? 1 : 0);
+      if (history_logged_ != static_cast<int>(ok)) {
+        history_logged_ = static_cast<int>(ok);
+        if (ok) {
+          log::info("replica sync: history stream ready; new and reconnected replicas replay it")
+              .kv("stream", stream_name_)
+              .kv("max_age_secs", config_.history.count())
+              .kv("max_bytes", config_.history_bytes);
+        } else {
+          log::info("replica sync: no history to replay (core NATS only)")
+              .kv("stream", stream_name_)
+              .kv("reason", why);
+        }
+      }
+      // Records held while disconnected leave now: into the history too.
+      set_ready(connected_.load());
+      continue;
+    }
+    if (up && ensured_epoch_ == conn_epoch_ && !owed_.empty()) {
+      ReplayTarget target;
+      int64_t since = INT64_MAX;
+      for (const auto& [token, from] : owed_) {
+        target.sinks.push_back(token);  // (sorted: a map's keys)
+        since = std::min(since, from);
+      }
+      std::map<uint64_t, int64_t> owed;
+      owed.swap(owed_);
+      const uint64_t epoch = conn_epoch_;
+      const bool available = history_ok_;
+      lock.unlock();
+      const auto began = Clock::now();
+      const ReplayResult r = available ? replay(since, target) : ReplayResult::kUnavailable;
+      count_replay(r);
+      if (r != ReplayResult::kUnavailable) {
+        const bool done = r == ReplayResult::kOk;
+        log::Line(
+            done ? log::Level::kInfo : log::Level::kWarn,
+            done ? "replica sync: history replayed" : "replica sync: history replay incomplete")
+            .kv("result", result_name(static_cast<int>(r)))
+            .kv("records", target.applied)
+            .kv("sinks", target.sinks.size())
+            .kv("since_us", since)
+            .kv("ms", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began)
+                          .count());
+      }
+      lock.lock();
+      // Broken off by a lost connection: owed again (a reconnection adds what it missed).
+      if (r == ReplayResult::kError && (epoch != conn_epoch_ || !connected_.load())) {
+        for (const auto& [token, from] : owed) {
+          auto [it, fresh] = owed_.try_emplace(token, from);
+          if (!fresh) it->second = std::min(it->second, from);
+        }
+      }
+      continue;
+    }
+    hist_cv_.wait(lock);
+  }
+}
+
+void Sync::count_replay(ReplayResult r) {
+  if (replays_) replays_->with({result_name(static_cast<int>(r))}).inc();
+}
+
+bool Sync::ensure_stream(std::string& why) {
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Wait = kJsWaitMs;
+  jsCtx* js = nullptr;
+  natsStatus s = natsConnection_JetStream(&js, nc_, &o);
+  if (s != NATS_OK) {
+    why = std::string("JetStream context: ") + natsStatus_GetText(s);
+    return false;
+  }
+  const char* subjects[] = {chains_subject_.c_str()};
+  jsStreamConfig sc;
+  jsStreamConfig_Init(&sc);
+  sc.Name = stream_name_.c_str();
+  sc.Description = "kvgate --replica-sync history: the fleet's recent routing records";
+  sc.Subjects = subjects;
+  sc.SubjectsLen = 1;
+  sc.Retention = js_LimitsPolicy;
+  sc.Storage = js_MemoryStorage;
+  sc.Discard = js_DiscardOld;
+  sc.MaxAge = std::chrono::duration_cast<std::chrono::nanoseconds>(config_.history).count();
+  sc.MaxBytes = config_.history_bytes;
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  // Creating a stream that exists with the same configuration is fine (the server says so).
+  s = js_AddStream(&si, js, &sc, nullptr, &jerr);
+  bool ok = s == NATS_OK;
+  if (!ok && jerr == JSStreamNameExistErr) {
+    // There with another configuration: a replica with another --eviction-interval or
+    // --replica-sync-history-bytes made it. Ours replaces it, if it is the fleet's stream.
+    jsStreamInfo* cur = nullptr;
+    jsErrCode cur_err = static_cast<jsErrCode>(0);
+    s = js_GetStreamInfo(&cur, js, stream_name_.c_str(), nullptr, &cur_err);
+    bool ours = false;
+    int64_t old_age = 0, old_bytes = 0;
+    if (s == NATS_OK && cur && cur->Config) {
+      for (int i = 0; i < cur->Config->SubjectsLen; ++i)
+        ours = ours || chains_subject_ == cur->Config->Subjects[i];
+      old_age = cur->Config->MaxAge;
+      old_bytes = cur->Config->MaxBytes;
+    }
+    if (cur) jsStreamInfo_Destroy(cur);
+    if (!ours) {
+      why = s == NATS_OK ? "a stream of this name holds other subjects than " + chains_subject_
+                         : js_error(s, cur_err);
+      static log::RateLimit limit(1, std::chrono::seconds(60));
+      log::error(limit, "replica sync: the history stream's name is taken; no history")
+          .kv("stream", stream_name_)
+          .kv("subject", chains_subject_)
+          .kv("error", why);
+    } else {
+      jerr = static_cast<jsErrCode>(0);
+      s = js_UpdateStream(&si, js, &sc, nullptr, &jerr);
+      ok = true;  // it captures the fleet's records either way
+      if (s == NATS_OK) {
+        log::warn(
+            "replica sync: history stream reconfigured to this replica's settings "
+            "(replicas disagree on --eviction-interval or --replica-sync-history-bytes?)")
+            .kv("stream", stream_name_)
+            .kv("old_max_age_secs", old_age / 1000000000)
+            .kv("max_age_secs", config_.history.count())
+            .kv("old_max_bytes", old_bytes)
+            .kv("max_bytes", config_.history_bytes);
+      } else {
+        log::warn("replica sync: history stream kept as it is (not updated)")
+            .kv("stream", stream_name_)
+            .kv("error", js_error(s, jerr));
+      }
+    }
+  } else if (!ok) {
+    why = js_error(s, jerr);
+  }
+  if (si) jsStreamInfo_Destroy(si);
+  jsCtx_Destroy(js);
+  return ok;
+}
+
+Sync::ReplayResult Sync::replay(int64_t since_us, ReplayTarget& target) {
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Wait = kJsWaitMs;
+  jsCtx* js = nullptr;
+  if (natsConnection_JetStream(&js, nc_, &o) != NATS_OK) return ReplayResult::kError;
+  ReplayResult result = ReplayResult::kOk;
+  // Where the history ends now: what comes later reaches this replica live.
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, js, stream_name_.c_str(), nullptr, &jerr);
+  if (s != NATS_OK) {
+    jsCtx_Destroy(js);
+    log::warn("replica sync: history stream info").kv("error", js_error(s, jerr));
+    return jerr == JSStreamNotFoundErr ? ReplayResult::kUnavailable : ReplayResult::kError;
+  }
+  const uint64_t last_seq = si->State.LastSeq;
+  const bool nothing =
+      si->State.Msgs == 0 || (since_us > 0 && si->State.LastTime < since_us * 1000);
+  jsStreamInfo_Destroy(si);
+  if (nothing) {
+    jsCtx_Destroy(js);
+    return ReplayResult::kOk;
+  }
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = stream_name_.c_str();
+  so.Ordered = true;  // ephemeral, in order, no acks
+  if (since_us > 0) {
+    so.Config.DeliverPolicy = js_DeliverByStartTime;
+    so.Config.OptStartTime = since_us * 1000;
+  } else {
+    so.Config.DeliverPolicy = js_DeliverAll;
+  }
+  natsSubscription* sub = nullptr;
+  s = js_SubscribeSync(&sub, js, chains_subject_.c_str(), &o, &so, &jerr);
+  if (s != NATS_OK) {
+    jsCtx_Destroy(js);
+    log::warn("replica sync: history consumer").kv("error", js_error(s, jerr));
+    return ReplayResult::kError;
+  }
+  natsSubscription_SetPendingLimits(sub, 65536, 64 * 1024 * 1024);
+  const auto deadline = Clock::now() + config_.replay_timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(hist_mu_);
+      if (hist_stopping_) {
+        result = ReplayResult::kError;
+        break;
+      }
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      result = ReplayResult::kTimeout;
+      break;
+    }
+    natsMsg* msg = nullptr;
+    s = natsSubscription_NextMsg(&msg, sub, std::min<int64_t>(left, 250));
+    if (s == NATS_TIMEOUT) {
+      if (!connected_.load()) {
+        result = ReplayResult::kError;
+        break;
+      }
+      continue;
+    }
+    if (s != NATS_OK) {
+      result = ReplayResult::kError;
+      break;
+    }
+    uint64_t seq = 0, pending = 1;
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, msg) == NATS_OK) {
+      seq = meta->Sequence.Stream;
+      pending = meta->NumPending;
+      jsMsgMetaData_Destroy(meta);
+    }
+    const int len = natsMsg_GetDataLength(msg);
+    if (len > 0) handle(std::string_view(natsMsg_GetData(msg), static_cast<size_t>(len)), &target);
+    natsMsg_Destroy(msg);
+    if (seq >= last_seq || pending == 0) break;  // caught up
+  }
+  natsSubscription_Unsubscribe(sub);  // (deletes the ephemeral consumer)
+  natsSubscription_Destroy(sub);
+  jsCtx_Destroy(js);
+  return result;
+}
+
 std::string Sync::status_json() const {
   std::string out = "{\"url\":" + json::quote(config_.url) +
                     ",\"connected\":" + (connected() ? "true" : "false") +
+                    ",\"history\":" + (history() ? "true" : "false") +
                     ",\"peers\":" + std::to_string(peers()) +
                     ",\"replica\":" + json::quote(config_.name) + "}";
   return out;

@@ -14,14 +14,37 @@
 //                      forgotten, so a lost message heals with the next and a dead replica books
 //                      nothing.
 //
-// NATS down: the client reconnects forever in the background (libnats), publications wait in its
-// reconnect buffer (8 MB) and go when it returns; routing meanwhile runs on what this replica
-// knows (peers' loads expire), and /readiness details and kvgate_replica_sync_connected say it.
+// History (a NATS server with JetStream, `nats-server -js`; SyncConfig::history > 0): on every
+// (re)connection the history thread makes sure a memory stream (stream_name(): KVGATE_<PREFIX>)
+// captures <subject>.chains for `history` (cache_aware's TTL, --eviction-interval) and at most
+// --replica-sync-history-bytes. Publishing stays core NATS (the stream captures it; nothing
+// waits for acks). A new or restarted replica replays it, so it routes follow-ups of
+// conversations its peers served before it came; a reconnected one replays what it missed.
+// Replays: an ephemeral ordered consumer from a start time (or the beginning), each message fed
+// to handle() as the live subscription's are, up to the stream's last message when the replay
+// began (later ones arrive live) or SyncConfig::replay_timeout; own messages are skipped there.
+// The trigger is per sink: a sink (a rule's policy, added after start(): pools start after
+// Sync) is owed the whole history when added, and every sink is owed what was sent since the
+// connection was lost (minus kReplayMargin) when it returns. The history thread pays what is owed
+// once connected and the stream is ensured, one replay for all sinks owed at that moment (from
+// the earliest start any of them is owed), each record delivered only to those sinks. Records
+// are idempotent (prefix/chunk_index.h), so overlap with the live subscription, or a sink given
+// more than it was owed, is harmless. Without JetStream (or with its API failing) the replicas
+// run on core NATS exactly as before: logged once at info, counted (replays "unavailable").
+//
+// NATS down: the client reconnects forever in the background (libnats). Records wait in this
+// class's queue (kMaxPending; past it dropped and counted) and leave after the reconnection once
+// the stream is ensured, so they reach the history too (a memory stream is new after a NATS
+// restart) and a peer that reconnects after them still replays them; load reports wait in
+// libnats's reconnect buffer (8 MB). Routing meanwhile runs on what this replica knows (peers'
+// loads expire), and /readiness details and kvgate_replica_sync_connected say it.
 //
 // Threads: libnats delivers each subscription's messages on a thread of its own; one thread of
-// this class's batches records and publishes loads. The public methods are thread-safe.
+// this class's batches records and publishes loads; one (with history) ensures the stream and
+// replays. The public methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -32,6 +55,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -40,9 +64,10 @@
 #include "replica/wire.h"
 #include "workers/worker.h"
 
-struct __natsConnection;
-struct __natsSubscription;
-struct __natsMsg;
+// libnats's own struct tags (natsConnection and the others are typedefs of them).
+struct __natsConnection;    // NOLINT(bugprone-reserved-identifier)
+struct __natsSubscription;  // NOLINT(bugprone-reserved-identifier)
+struct __natsMsg;           // NOLINT(bugprone-reserved-identifier)
 
 namespace kvgate::replica {
 
@@ -59,6 +84,11 @@ struct SyncConfig {
   // records of another size are dropped) and entries kept per rule.
   size_t chunk_bytes = 0;
   size_t max_chunks = 0;
+  // JetStream history: the stream's MaxAge (0: no history, core NATS only) and MaxBytes (0: no
+  // history), and how long one replay may take.
+  std::chrono::seconds history{0};
+  int64_t history_bytes = 64 << 20;
+  std::chrono::milliseconds replay_timeout{5000};
   bool operator==(const SyncConfig&) const = default;
 };
 
@@ -77,9 +107,20 @@ class Sync {
   std::string start();
   void stop();
 
+  // The JetStream stream of a subject prefix: "KVGATE_" and the prefix upper-cased, any character
+  // but letters, digits, '-' and '_' as '_' (a stream name may not hold '.', '*', '>', spaces or
+  // slashes). When the prefix holds anything but lower-case letters, digits, '-' and '_', or is
+  // long (cut at 48 characters), 8 hex digits of its hash follow: two prefixes never share one.
+  static std::string stream_name(std::string_view subject_prefix);
+  // A reconnection's replay starts this long before the connection was lost (clock skew between
+  // this host and NATS, messages in flight then).
+  static constexpr std::chrono::seconds kReplayMargin{10};
+
   uint64_t id() const { return id_; }
   const SyncConfig& config() const { return config_; }
   bool connected() const { return connected_.load(std::memory_order_relaxed); }
+  // The history stream is there for this connection.
+  bool history() const { return history_ok_.load(std::memory_order_relaxed); }
   size_t peers() const;
   // Wall-clock microseconds since the epoch (what origin times are in).
   static int64_t now_us();
@@ -91,7 +132,8 @@ class Sync {
   // The records waiting for the next batch, taken (tests: a Sync never started keeps them).
   std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
-  // of that sink is running.
+  // of that sink is running. With history, the sink is also given the stream's records (on the
+  // history thread, soon after; see the header comment).
   uint64_t add_sink(const std::string& rule, ChainSink sink);
   void remove_sink(uint64_t token);
 
@@ -141,8 +183,20 @@ class Sync {
   static void on_inventory(__natsConnection*, __natsSubscription*, __natsMsg* msg, void* self);
   static void on_disconnected(__natsConnection*, void* self);
   static void on_reconnected(__natsConnection*, void* self);
-  void handle(std::string_view data);
-  void apply_load(const Header& h, LoadReport report);
+  // A replay's audience: the sinks it is for, and what it applied.
+  struct ReplayTarget {
+    std::vector<uint64_t> sinks;  // sorted
+    uint64_t applied = 0;
+  };
+  // A message of the fleet's subjects: live (replay null) or from the history.
+  void handle(std::string_view data, ReplayTarget* replay = nullptr);
+  void history_run();                    // the history thread
+  bool ensure_stream(std::string& why);  // false: no history (why says so)
+  enum class ReplayResult { kOk, kTimeout, kUnavailable, kError };
+  ReplayResult replay(int64_t since_us, ReplayTarget& target);
+  void set_ready(bool ready);
+  void count_replay(ReplayResult r);
+  void apply_load(const Header& h, const LoadReport& report);
   void run();  // the batching / load thread
   void flush_records(std::vector<ChainRecord>& batch);
   void publish_load(bool force);
@@ -153,7 +207,26 @@ class Sync {
 
   SyncConfig config_;
   uint64_t id_;
-  std::string chains_subject_, load_subject_, inventory_subject_;
+  std::string chains_subject_, load_subject_, inventory_subject_, stream_name_;
+  const bool with_history_;
+  __natsConnection* nc_ = nullptr;
+  std::vector<__natsSubscription*> subs_;
+  std::atomic<bool> connected_{false};
+  // Records may leave (connected, and with history the stream ensured for this connection).
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> history_ok_{false};
+
+  // History (hist_mu_): the connection's epoch (one more at every connection) and the one whose
+  // stream was ensured; when the connection was last lost and last found (unix us); what each
+  // sink is owed (a start time in unix us, 0: everything).
+  std::mutex hist_mu_;
+  std::condition_variable hist_cv_;
+  bool hist_stopping_ = false;
+  uint64_t conn_epoch_ = 0, ensured_epoch_ = 0;
+  int64_t lost_us_ = 0, found_us_ = 0;
+  std::map<uint64_t, int64_t> owed_;
+  int history_logged_ = -1;  // availability last logged (-1: never)
+  std::thread hist_thread_;
   mutable std::shared_mutex responders_mu_;
   struct ResponderEntry {
     std::string rule;
@@ -162,9 +235,6 @@ class Sync {
   std::map<uint64_t, ResponderEntry> responders_;
   uint64_t next_responder_ = 1;
   metrics::CounterFamily* bootstraps_ = nullptr;  // {result}
-  __natsConnection* nc_ = nullptr;
-  std::vector<__natsSubscription*> subs_;
-  std::atomic<bool> connected_{false};
   Clock::time_point started_at_{};
 
   // Records waiting for the next batch.
@@ -241,6 +311,9 @@ class Sync {
   metrics::Histogram* lag_ = nullptr;              // origin age of applied records
   metrics::CounterFamily* errors_ = nullptr;       // {reason}
   metrics::GaugeFamily* peer_inflight_ = nullptr;  // {worker}, set by a collector
+  metrics::Gauge* history_gauge_ = nullptr;
+  metrics::Counter* replayed_ = nullptr;       // records applied from the history
+  metrics::CounterFamily* replays_ = nullptr;  // {result}
 };
 
 }  // namespace kvgate::replica

@@ -4,7 +4,9 @@
 // A follow-up turn goes where its conversation is, whichever replica takes it; every replica
 // decides every request alike (the route-only endpoint); in-flight load is shared and forgotten
 // with a silent peer; a NATS outage leaves the replicas serving (degraded) and they agree again
-// once it is back.
+// once it is back. With JetStream (nats-server -js) a replica started late, or restarted, replays
+// the fleet's recent records and routes old conversations where they are; records made during an
+// outage reach the peers once NATS is back.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,10 +18,12 @@
 #include <thread>
 #include <vector>
 
+#include "replica/sync.h"
 #include "support/chats.h"
 #include "support/cluster.h"
 #include "support/http_client.h"
 #include "support/process.h"
+#include "support/temp_dir.h"
 
 namespace kvgate::testing {
 namespace {
@@ -28,14 +32,16 @@ using namespace std::chrono_literals;
 
 constexpr const char* kNatsServer = "/usr/sbin/nats-server";
 
-// A NATS server on a loopback port (the test fails, not skips, without it: scripts/setup).
+// A NATS server on a loopback port (the test fails, not skips, without it: scripts/setup); with
+// JetStream when asked (its store in a directory of the test's own).
 struct Nats {
-  Nats() : port(free_port()) { start(); }
+  explicit Nats(bool jetstream = false) : port(free_port()), jetstream(jetstream) { start(); }
   void start() {
     EXPECT_EQ(access(kNatsServer, X_OK), 0)
         << kNatsServer << " is missing: run scripts/setup (Debian's nats-server)";
-    process = std::make_unique<Process>(
-        kNatsServer, std::vector<std::string>{"-a", "127.0.0.1", "-p", std::to_string(port)});
+    std::vector<std::string> args{"-a", "127.0.0.1", "-p", std::to_string(port)};
+    if (jetstream) args.insert(args.end(), {"-js", "-sd", store.path()});
+    process = std::make_unique<Process>(kNatsServer, args);
     EXPECT_TRUE(
         wait_until([&] { return HttpClient(port).raw("PING\r\n", 200ms).find("INFO") == 0; }, 10s))
         << "nats-server did not start: " << process->log();
@@ -43,11 +49,14 @@ struct Nats {
   void stop() { process->stop(); }
   std::string url() const { return "nats://127.0.0.1:" + std::to_string(port); }
   int port;
+  bool jetstream;
+  TempDir store;
   std::unique_ptr<Process> process;
 };
 
 struct Replica {
   int port = 0, admin = 0, metrics = 0;
+  std::vector<std::string> args;
   std::unique_ptr<Process> process;
   double metric(const std::string& series) {
     Response r = HttpClient(metrics).get("/metrics");
@@ -73,20 +82,34 @@ struct Replica {
 };
 
 struct Fleet {
-  Fleet(int sims_n, int replicas_n, const std::vector<std::string>& extra = {}) {
+  Fleet(int sims_n, int replicas_n, const std::vector<std::string>& extra = {},
+        bool jetstream = false)
+      : nats(jetstream) {
     for (int i = 0; i < sims_n; ++i) {
       sims.push_back(Sim::launch({"--time-scale", "0", "--enable-cache-report"}));
     }
     for (int i = 0; i < replicas_n; ++i) start_replica(extra);
-    for (auto& r : replicas) {
-      EXPECT_TRUE(wait_until(
-          [&] {
-            return json_number_field(r.readiness(), "healthy_workers") == sims_n &&
-                   r.metric("kvgate_replica_peers") == replicas_n - 1;
-          },
-          15s))
-          << r.readiness() << r.process->log();
-    }
+    for (auto& r : replicas) wait_ready(r);
+  }
+  // Serving every server, hearing every other replica; with JetStream, the history replayed.
+  void wait_ready(Replica& r) {
+    const double peers = static_cast<double>(replicas.size()) - 1;
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return json_number_field(r.readiness(), "healthy_workers") ==
+                     static_cast<double>(sims.size()) &&
+                 r.metric("kvgate_replica_peers") == peers &&
+                 (!nats.jetstream ||
+                  r.metric("kvgate_replica_sync_replays_total{result=\"ok\"}") >= 1);
+        },
+        15s))
+        << r.readiness() << r.process->log();
+  }
+  // Replica i dies (SIGKILL: nothing said, nothing flushed) and starts again on its ports.
+  void restart(size_t i) {
+    Replica& r = replicas[i];
+    r.process->kill_now();
+    r.process = std::make_unique<Process>("kvgate", r.args);
   }
   void start_replica(const std::vector<std::string>& extra) {
     Replica r;
@@ -117,6 +140,7 @@ struct Fleet {
     args.insert(args.end(), extra.begin(), extra.end());
     args.emplace_back("--worker-urls");
     for (auto& s : sims) args.push_back(s.url());
+    r.args = args;
     r.process = std::make_unique<Process>("kvgate", args);
     replicas.push_back(std::move(r));
   }
@@ -212,6 +236,7 @@ TEST(Replicas, InFlightLoadIsSharedAndASilentPeersIsForgotten) {
   }
   constexpr int kHeld = 4;
   std::vector<std::thread> clients;
+  clients.reserve(kHeld);
   const int port = fleet.replicas[0].port;
   for (int i = 0; i < kHeld; ++i) {
     clients.emplace_back([port, i] {
@@ -261,6 +286,167 @@ TEST(Replicas, ANatsOutageLeavesThemServingAndTheyAgreeAgainWhenItReturns) {
   Turn second = send(fleet.replicas[1].port, turns);
   EXPECT_EQ(second.worker, first.worker);
   EXPECT_EQ(second.route, "cache_aware/cache_hit");
+  // A server without JetStream: no history, said and counted, and nothing else changes.
+  for (auto& r : fleet.replicas) {
+    EXPECT_EQ(r.metric("kvgate_replica_sync_history"), 0);
+    EXPECT_GE(r.metric("kvgate_replica_sync_replays_total{result=\"unavailable\"}"), 1);
+    EXPECT_NE(r.readiness().find("\"history\":false"), std::string::npos) << r.readiness();
+  }
+}
+
+// The first turns of conversations first, first + 1, ..., taken by the replicas `via` in turn.
+struct Served {
+  int first = 0;
+  std::vector<std::vector<std::string>> turns;
+  std::vector<std::string> home;  // the worker each went to
+};
+
+Served serve_first_turns(Fleet& fleet, const std::vector<size_t>& via, int first, int n) {
+  Served s;
+  s.first = first;
+  for (int c = 0; c < n; ++c) {
+    std::vector<std::string> turns{turn_message(first + c, 0)};
+    Replica& r = fleet.replicas[via[static_cast<size_t>(c) % via.size()]];
+    Turn got = send(r.port, turns);
+    EXPECT_EQ(got.status, 200) << r.process->log();
+    turns.push_back(got.reply);
+    s.turns.push_back(std::move(turns));
+    s.home.push_back(got.worker);
+  }
+  return s;
+}
+
+// Every conversation's second turn, taken by `r`, goes where its first went, as a cache hit.
+void expect_follow_ups_at_home(Replica& r, Served& s) {
+  for (size_t c = 0; c < s.turns.size(); ++c) {
+    s.turns[c].push_back(turn_message(s.first + static_cast<int>(c), 1));
+    Turn got = send(r.port, s.turns[c]);
+    ASSERT_EQ(got.status, 200) << r.process->log();
+    EXPECT_EQ(got.worker, s.home[c]) << "conversation " << c;
+    EXPECT_EQ(got.route, "cache_aware/cache_hit") << "conversation " << c;
+  }
+}
+
+// Records a replica holds from its peers: heard live, and replayed from the history.
+double held(Replica& r) {
+  return std::max(0.0, r.metric("kvgate_replica_sync_records_total{result=\"applied\"}")) +
+         std::max(0.0, r.metric("kvgate_replica_sync_replayed_records_total"));
+}
+
+TEST(Replicas, AReplicaStartedLateReplaysTheHistoryAndFindsOldConversations) {
+  Fleet fleet(4, 2, {}, /*jetstream=*/true);
+  for (auto& r : fleet.replicas) EXPECT_EQ(r.metric("kvgate_replica_sync_history"), 1);
+  constexpr int kConversations = 12;
+  Served served = serve_first_turns(fleet, {0, 1}, 0, kConversations);
+  ASSERT_TRUE(wait_until([&] { return fleet.synced(kConversations); }, 5s));
+  // A third replica comes: it heard none of it live.
+  fleet.start_replica({});
+  Replica& late = fleet.replicas.back();
+  fleet.wait_ready(late);
+  EXPECT_GE(late.metric("kvgate_replica_sync_replayed_records_total"), kConversations);
+  EXPECT_LE(late.metric("kvgate_replica_sync_records_total{result=\"applied\"}"), 0);
+  EXPECT_NE(late.readiness().find("\"history\":true"), std::string::npos) << late.readiness();
+  expect_follow_ups_at_home(late, served);
+}
+
+TEST(Replicas, AReplicaRestartedReplaysTheHistoryAndFindsOldConversations) {
+  Fleet fleet(4, 2, {}, /*jetstream=*/true);
+  constexpr int kConversations = 12;
+  Served served = serve_first_turns(fleet, {0, 1}, 0, kConversations);
+  ASSERT_TRUE(wait_until([&] { return fleet.synced(kConversations); }, 5s));
+  // Replica 0 dies and comes back on its ports, knowing nothing: half of the records were its own.
+  fleet.restart(0);
+  fleet.wait_ready(fleet.replicas[0]);
+  EXPECT_GE(fleet.replicas[0].metric("kvgate_replica_sync_replayed_records_total"), kConversations);
+  expect_follow_ups_at_home(fleet.replicas[0], served);
+}
+
+TEST(Replicas, RecordsMadeDuringANatsOutageReachThePeersOnceItIsBack) {
+  Fleet fleet(3, 2, {}, /*jetstream=*/true);
+  Replica& a = fleet.replicas[0];
+  Replica& b = fleet.replicas[1];
+  fleet.nats.stop();
+  for (auto& r : fleet.replicas) {
+    EXPECT_TRUE(wait_until([&] { return r.metric("kvgate_replica_sync_connected") == 0; }, 10s));
+  }
+  // A alone serves new conversations, on its own state: B hears nothing of them yet.
+  constexpr int kConversations = 6;
+  const double before = held(b);
+  Served served = serve_first_turns(fleet, {0}, 50, kConversations);
+  // NATS comes back (a new server: its memory stream is gone); A's records reach B, live or
+  // through the history, whichever replica reconnects first.
+  fleet.nats.start();
+  for (auto& r : fleet.replicas) {
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return r.metric("kvgate_replica_sync_connected") == 1 &&
+                 r.metric("kvgate_replica_sync_history") == 1;
+        },
+        15s))
+        << r.process->log();
+  }
+  ASSERT_TRUE(wait_until([&] { return held(b) >= before + kConversations; }, 10s))
+      << held(b) << " " << before << "\n"
+      << a.process->log() << b.process->log();
+  expect_follow_ups_at_home(b, served);
+}
+
+// replica::Sync itself against a JetStream server: a history of many messages (the ordered
+// consumer's flow control) is replayed in full, to the sink it is owed to alone; a replica's own
+// messages are not replayed to it; a rule with no records gets none.
+TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
+  Nats nats(/*jetstream=*/true);
+  auto config = [&](const std::string& name) {
+    replica::SyncConfig c;
+    c.url = nats.url();
+    c.name = name;
+    c.history = std::chrono::seconds(120);
+    c.batch_records = 16;  // many small messages
+    c.replay_timeout = 10s;
+    return c;
+  };
+  metrics::Registry registry;  // a's
+  replica::Sync a(config("a"), &registry), live(config("live"), nullptr);
+  ASSERT_EQ(a.start(), "");
+  ASSERT_EQ(live.start(), "");
+  std::atomic<int> heard{0};
+  live.add_sink("default", [&](const replica::ChainRecord&) { ++heard; });
+  ASSERT_TRUE(wait_until([&] { return a.history() && live.history(); }, 10s));
+  constexpr int kRecords = 20000;  // 1,250 messages, ~6 MB
+  for (int i = 0; i < kRecords; ++i) {
+    replica::ChainRecord r{.rule = "default",
+                           .worker = static_cast<uint64_t>(i % 7),
+                           .origin_us = replica::Sync::now_us(),
+                           .chunk_bytes = 64};
+    for (uint64_t h = 0; h < 32; ++h) r.hashes.push_back(static_cast<uint64_t>(i) * 64 + h);
+    a.publish(std::move(r));
+  }
+  ASSERT_TRUE(wait_until([&] { return heard.load() == kRecords; }, 20s)) << heard.load();
+
+  replica::Sync b(config("b"), nullptr);
+  ASSERT_EQ(b.start(), "");
+  std::atomic<int> first{0}, second{0}, other{0}, own{0};
+  b.add_sink("default", [&](const replica::ChainRecord&) { ++first; });
+  b.add_sink("other", [&](const replica::ChainRecord&) { ++other; });
+  ASSERT_TRUE(wait_until([&] { return first.load() == kRecords; }, 15s)) << first.load();
+  // A sink added later is owed the history too; the first is not given it twice.
+  b.add_sink("default", [&](const replica::ChainRecord&) { ++second; });
+  ASSERT_TRUE(wait_until([&] { return second.load() == kRecords; }, 15s)) << second.load();
+  EXPECT_EQ(first.load(), kRecords);
+  EXPECT_EQ(other.load(), 0);
+  // The sender's own records are not replayed to it (a replay, ok, that applied none).
+  const std::string ok = "kvgate_replica_sync_replays_total{result=\"ok\"} ";
+  auto replays_ok = [&] {
+    const std::string text = registry.expose();
+    const size_t at = text.find(ok);
+    return at == std::string::npos ? 0.0 : std::stod(text.substr(at + ok.size()));
+  };
+  const double before = replays_ok();
+  a.add_sink("default", [&](const replica::ChainRecord&) { ++own; });
+  ASSERT_TRUE(wait_until([&] { return replays_ok() > before; }, 15s));
+  EXPECT_EQ(own.load(), 0);
+  EXPECT_NE(registry.expose().find("kvgate_replica_sync_replayed_records_total 0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -816,7 +816,13 @@ void Sync::history_run() {
       const uint64_t epoch = conn_epoch_;
       lock.unlock();
       std::string why;
-      const bool ok = ensure_stream(why);
+      bool ok = ensure_stream(why);
+      if (!ok && connected_.load()) {
+        // Once more a moment later: a server just started, or another replica creating the
+        // stream at the same instant, fails the first try.
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        ok = ensure_stream(why);
+      }
       lock.lock();
       if (epoch != conn_epoch_) continue;  // connected again meanwhile: ensure it again
       ensured_epoch_ = epoch;
@@ -911,7 +917,8 @@ bool Sync::ensure_stream(std::string& why) {
   // Creating a stream that exists with the same configuration is fine (the server says so).
   s = js_AddStream(&si, js, &sc, nullptr, &jerr);
   bool ok = s == NATS_OK;
-  if (!ok && jerr == JSStreamNameExistErr) {
+  // (Two replicas creating it at once: the second may hear "subjects overlap" instead.)
+  if (!ok && (jerr == JSStreamNameExistErr || jerr == JSStreamSubjectOverlapErr)) {
     // There with another configuration: a replica with another --eviction-interval or
     // --replica-sync-history-bytes made it. Ours replaces it, if it is the fleet's stream.
     jsStreamInfo* cur = nullptr;

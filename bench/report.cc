@@ -99,29 +99,31 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
   if (std::none_of(rows.begin(), rows.end(), [](const Summary& s) { return s.gateways > 1; })) {
     return "";
   }
-  std::string out = markdown ? "\n| policy | kvgates | shared state | agreement | sync bytes / "
-                               "request | spread max/mean |\n|---|---|---|---|---|---|\n"
+  std::string out = markdown ? "\n| policy | kvgates | shared state | agreement | live agreement | "
+                               "sync bytes / request | spread max/mean |\n"
+                               "|---|---|---|---|---|---|---|\n"
                              : "\n";
   char line[512];
   int w = 16;
   for (const auto& s : rows) w = std::max(w, static_cast<int>(s.label.size()));
   if (!markdown) {
-    std::snprintf(line, sizeof line, "%-*s %8s %7s %10s %12s %7s\n", w, "policy", "kvgates",
-                  "shared", "agreement", "sync B/req", "spread");
+    std::snprintf(line, sizeof line, "%-*s %8s %7s %10s %10s %12s %7s\n", w, "policy", "kvgates",
+                  "shared", "agreement", "live", "sync B/req", "spread");
     out += line;
   }
   for (const auto& s : rows) {
     const std::string agree = s.agreement < 0 ? "-" : fmt("%.1f%%", s.agreement * 100);
+    const std::string live = s.live_agreement < 0 ? "-" : fmt("%.1f%%", s.live_agreement * 100);
     const std::string bytes =
         s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
     if (markdown) {
       out += "| " + s.label + " | " + std::to_string(s.gateways) + " | " +
-             (s.synced ? "NATS" : "no") + " | " + agree + " | " + bytes + " | " +
+             (s.synced ? "NATS" : "no") + " | " + agree + " | " + live + " | " + bytes + " | " +
              fmt("%.2f", s.spread_requests) + " |\n";
     } else {
-      std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %12s %7.2f\n", w, s.label.c_str(),
-                    s.gateways, s.synced ? "NATS" : "no", agree.c_str(), bytes.c_str(),
-                    s.spread_requests);
+      std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %10s %12s %7.2f\n", w, s.label.c_str(),
+                    s.gateways, s.synced ? "NATS" : "no", agree.c_str(), live.c_str(),
+                    bytes.c_str(), s.spread_requests);
       out += line;
     }
   }
@@ -192,6 +194,7 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
     o += ",\"gateways\":" + std::to_string(s.gateways) +
          ",\"shared_state\":" + (s.synced ? "true" : "false") +
          ",\"agreement\":" + (s.agreement < 0 ? "null" : num(s.agreement)) +
+         ",\"live_agreement\":" + (s.live_agreement < 0 ? "null" : num(s.live_agreement)) +
          ",\"sync_bytes_per_request\":" +
          (s.sync_bytes_per_request < 0 ? "null" : num(s.sync_bytes_per_request));
     o += "}";

@@ -38,6 +38,7 @@ struct Summary {
   int gateways = 1;
   bool synced = false;
   double agreement = -1;
+  double live_agreement = -1;  // the same, asked as each sampled request was sent
   double sync_bytes_per_request = -1;
 };
 

@@ -699,6 +699,7 @@ Gateway::RouteOnly Gateway::route_only(
   }
   RouteContext ctx;
   ctx.request = &info;
+  ctx.route_only = true;
   RouteOnlyHeaders headers{&header};
   ctx.header_fn = &route_only_header;
   ctx.header_self = &headers;

@@ -293,7 +293,7 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
   d.inner_branch = inner.branch;
   d.branch = why;
   d.predicted_tokens = 0;
-  if (counted) counted->inc();
+  if (counted && !ctx.route_only) counted->inc();
   auto it = sources.by_worker.find(inner.worker->id());
   if (it != sources.by_worker.end() && it->second.size() > 1) {
     // The fallback chose the worker; the rank with the least prefill queued there takes it.
@@ -359,7 +359,8 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     return fall_back(available, ctx, "kv_exact_no_tokens", miss_no_tokens_, *sources);
 
   using Clock = std::chrono::steady_clock;
-  const bool timed = t_keys_ != nullptr && !ctx.page_keys_set;  // a retry's work is not counted
+  // (a retry's work is not counted, nor a route-only question's)
+  const bool timed = t_keys_ != nullptr && !ctx.page_keys_set && !ctx.route_only;
   Clock::time_point t0;
   if (timed) {
     t_render_->observe(std::chrono::duration<double>(req.render_time).count());
@@ -422,7 +423,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     if (!any_ready) {
       return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
     }
-    count_zero_hit();
+    if (!ctx.route_only) count_zero_hit();
     return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
   }
   const auto tokens = static_cast<int64_t>(req.tokens.size());
@@ -482,12 +483,14 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   }
   if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
   if (longest == 0 || best == nullptr) {
-    count_zero_hit();
+    if (!ctx.route_only) count_zero_hit();
     return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
   }
-  zero_hits_.store(0, std::memory_order_relaxed);
-  if (hits_) hits_->inc();
-  best->hits.fetch_add(1, std::memory_order_relaxed);
+  if (!ctx.route_only) {
+    zero_hits_.store(0, std::memory_order_relaxed);
+    if (hits_) hits_->inc();
+    best->hits.fetch_add(1, std::memory_order_relaxed);
+  }
   Decision d;
   d.worker = best->worker.get();
   if (auto it = sources->by_worker.find(d.worker->id());

@@ -42,6 +42,9 @@ struct RouteContext {
   // (prefix/chunk_index.h), computed once by select() and reused the same way.
   std::vector<uint64_t> chunk_chain;
   bool chunk_chain_set = false;
+  // The route-only endpoint asks (POST /v1/route): decide, but count nothing (hit and miss
+  // counters, watchdogs, timings) — no request is routed.
+  bool route_only = false;
   // cache_aware's match of the request text, for its on_dispatched to record the text where the
   // match ended rather than walking the tree again (checked there against the tree's shape).
   prefix::PathHint approx_path;

@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -659,44 +657,28 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
           std::move(tok), sim::make_chat_template(o.tokenizer_path), o.page_size);
       dc.oracle = oracle.get();
     }
-    // A sample of the requests, asked again of every kvgate once the run is over (agreement),
-    // and, live, asked of every kvgate as it is sent (shadow agreement: while records and loads
-    // are on their way), by a thread of its own so the driver never waits for it.
+    // A sample of the requests, asked of every kvgate just before it is sent (live agreement: the
+    // fleet's state as the deciding kvgate sees it, records and loads of other requests still on
+    // their way) and again once the run is over (agreement). The live question holds the driver
+    // for a few milliseconds per sampled request (one in four, at most 200).
     std::vector<std::string> sampled;
     size_t seen_bodies = 0;
-    std::mutex shadow_mu;
-    std::condition_variable shadow_cv;
-    std::deque<std::string> shadow_queue;
-    bool shadow_done = false;
     size_t shadow_asked = 0, shadow_agreed = 0;
-    std::thread shadow;
+    auto agree_on = [&](const std::string& body) {
+      const std::string first = route_of(gateways.front().admin_port, api_path(dc.api), body);
+      bool same = first != "error";
+      for (size_t g = 1; g < gateways.size() && same; ++g) {
+        same = route_of(gateways[g].admin_port, api_path(dc.api), body) == first;
+      }
+      return same;
+    };
     if (replicas > 1) {
       dc.on_body = [&](int, size_t, const std::string& body) {
-        // Every k-th, at most 200: spread over the run, every turn kind.
         if (seen_bodies++ % 4 != 0 || sampled.size() >= 200) return;
         sampled.push_back(body);
-        std::lock_guard lock(shadow_mu);
-        if (shadow_queue.size() < 16) shadow_queue.push_back(body);  // (never a backlog)
-        shadow_cv.notify_one();
+        ++shadow_asked;
+        shadow_agreed += agree_on(body);
       };
-      shadow = std::thread([&] {
-        std::unique_lock lock(shadow_mu);
-        for (;;) {
-          shadow_cv.wait(lock, [&] { return shadow_done || !shadow_queue.empty(); });
-          if (shadow_queue.empty()) return;
-          std::string body = std::move(shadow_queue.front());
-          shadow_queue.pop_front();
-          lock.unlock();
-          const std::string first = route_of(gateways.front().admin_port, api_path(dc.api), body);
-          bool same = first != "error";
-          for (size_t g = 1; g < gateways.size() && same; ++g) {
-            same = route_of(gateways[g].admin_port, api_path(dc.api), body) == first;
-          }
-          lock.lock();
-          ++shadow_asked;
-          shadow_agreed += same;
-        }
-      });
     }
     size_t done = 0;
     dc.on_done = [&](const RequestRecord& r) {
@@ -704,14 +686,6 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       if (o.on_request) o.on_request(policy, r, done);
     };
     RunResult run = run_workload(w, dc);
-    if (shadow.joinable()) {
-      {
-        std::lock_guard lock(shadow_mu);
-        shadow_done = true;
-      }
-      shadow_cv.notify_one();
-      shadow.join();
-    }
     if (!run.fatal.empty()) {
       error = run.fatal;
       return {};
@@ -768,14 +742,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       size_t agree = 0;
-      for (const auto& body : sampled) {
-        const std::string first = route_of(gateways.front().admin_port, api_path(dc.api), body);
-        bool same = first != "error";
-        for (size_t g = 1; g < gateways.size() && same; ++g) {
-          same = route_of(gateways[g].admin_port, api_path(dc.api), body) == first;
-        }
-        agree += same;
-      }
+      for (const auto& body : sampled) agree += agree_on(body);
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
       if (shadow_asked > 0) {
         sm.live_agreement =

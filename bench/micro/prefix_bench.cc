@@ -9,6 +9,7 @@
 
 #include "policy/cache_aware.h"
 #include "prefix/approx_tree.h"
+#include "prefix/chunk_index.h"
 #include "util/random.h"
 
 namespace kvgate {
@@ -124,4 +125,57 @@ void BM_EvictionPass64M(benchmark::State& state) {
 BENCHMARK(BM_EvictionPass64M)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
+// cache_aware shared by replicas (--replica-sync): the chunk chain of a 4,000-byte prompt (64-byte
+// chunks), its match against an index of 100,000 prompts' chains over 8 workers (what select
+// pays), and applying one record (what a dispatch, or a peer's record, pays).
+void BM_ChunkChain4K(benchmark::State& state) {
+  Rng rng(3);
+  const std::string text = random_text(rng, 4000);
+  std::vector<uint64_t> chain;
+  for (auto _ : state) {
+    prefix::chunk_chain("model", text, 64, chain);
+    benchmark::DoNotOptimize(chain.data());
+  }
+}
+BENCHMARK(BM_ChunkChain4K);
+
+struct ChunkCorpus {
+  ChunkCorpus() : index(1 << 22) {
+    Rng rng(5);
+    std::vector<uint64_t> chain;
+    for (int f = 0; f < 1000; ++f) {
+      const std::string family = random_text(rng, 3500);
+      for (int v = 0; v < 100; ++v) {
+        prefix::chunk_chain("model", family + random_text(rng, 500), 64, chain);
+        index.apply(chain, static_cast<uint64_t>(f % 8), int64_t{1} << 60);
+      }
+      if (f == 0) probe = family + random_text(rng, 500);
+    }
+  }
+  prefix::ChunkIndex index;
+  std::string probe;
+};
+
+void BM_ChunkIndexMatch(benchmark::State& state) {
+  static ChunkCorpus corpus;
+  std::vector<uint64_t> chain;
+  prefix::chunk_chain("model", corpus.probe, 64, chain);
+  const uint64_t workers[] = {0, 1, 2, 3, 4, 5, 6, 7};
+  size_t matched[8];
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(corpus.index.match(chain, workers, matched, 0));
+  }
+  state.counters["entries"] = static_cast<double>(corpus.index.size());
+}
+BENCHMARK(BM_ChunkIndexMatch)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_ChunkIndexApply(benchmark::State& state) {
+  static ChunkCorpus corpus;
+  std::vector<uint64_t> chain;
+  prefix::chunk_chain("model", corpus.probe, 64, chain);
+  int64_t expiry = int64_t{1} << 61;
+  for (auto _ : state) corpus.index.apply(chain, 3, ++expiry);
+}
+BENCHMARK(BM_ChunkIndexApply)->Threads(1)->Threads(2)->UseRealTime();
+
 }  // namespace kvgate

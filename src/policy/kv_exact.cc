@@ -55,8 +55,16 @@ struct KvExactPolicy::Source {
   // The same two as the other kvgate replicas last reported them (--replica-sync; else 0).
   std::atomic<int64_t> peer_active{0};
   std::atomic<int64_t> peer_pending{0};
+  // With replicas: `active` as this replica last reported it (its load reports read it every
+  // --replica-load-interval-ms). The cost's active term uses it, not the live count, so every
+  // replica weighs the same figures (a live count differs from what peers know for up to an
+  // interval, and decisions near a tie would differ); queued prefill stays live.
+  std::atomic<int64_t> reported_active{0};
+  bool shared = false;
   int64_t fleet_active() const {
-    return active.load(std::memory_order_relaxed) + peer_active.load(std::memory_order_relaxed);
+    const int64_t own = shared ? reported_active.load(std::memory_order_relaxed)
+                               : active.load(std::memory_order_relaxed);
+    return own + peer_active.load(std::memory_order_relaxed);
   }
   int64_t fleet_pending() const {
     return pending_prefill.load(std::memory_order_relaxed) +
@@ -150,6 +158,20 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       subscriber_(kv::SubscriberOptions{.seed = config.replica != nullptr}, *this),
       sources_(std::make_shared<const Sources>()) {
   replica_ = config.replica;
+  if (replica_ && config.registry) {
+    // A miss goes to the fallback: with a local cursor or random draw there, replicas decide
+    // misses each their own way (new conversations land anywhere, bursts split).
+    const std::string_view f = fallback_->name();
+    if (f == "round_robin" || f == "random" || f == "power_of_two" || f == "bucket") {
+      log::warn(
+          "kv_exact with --replica-sync: the fallback decides misses on this replica's own state, "
+          "so replicas will route new prompts differently; set the rule's sel (or "
+          "--kv-fallback-policy) to cache_aware (shared by replicas), consistent_hashing, "
+          "prefix_hash or chwbl")
+          .kv("rule", rule_)
+          .kv("fallback", f);
+    }
+  }
   if (config.kv.hash_algo == "sha256_sglang") {
     hasher_ = std::make_unique<kv::BlockHasher>(kv::HashScheme::kSglang);
   } else if (config.kv.hash_algo == "sha256_cbor") {
@@ -687,6 +709,7 @@ void KvExactPolicy::rebuild_sources() {
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
         s->key = replica::worker_key(w->url());
+        s->shared = replica_ != nullptr;
         if (replica_) {
           const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, r);
           s->peer_active.store(peers.active, std::memory_order_relaxed);
@@ -1054,9 +1077,11 @@ void KvExactPolicy::start() {
             [this](std::vector<replica::LoadEntry>& out) {
               auto sources = sources_.load();
               for (const auto& s : sources->all) {
+                const int64_t active = s->active.load(std::memory_order_relaxed);
+                s->reported_active.store(active, std::memory_order_relaxed);
                 out.push_back({.worker = s->key,
                                .rank = s->rank,
-                               .inflight = s->active.load(std::memory_order_relaxed),
+                               .inflight = active,
                                .prefill_tokens = std::max<int64_t>(
                                    0, s->pending_prefill.load(std::memory_order_relaxed))});
               }

@@ -745,8 +745,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       for (const auto& body : sampled) agree += agree_on(body);
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
       if (shadow_asked > 0) {
-        sm.live_agreement =
-            static_cast<double>(shadow_agreed) / static_cast<double>(shadow_asked);
+        sm.live_agreement = static_cast<double>(shadow_agreed) / static_cast<double>(shadow_asked);
       }
     }
     // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event

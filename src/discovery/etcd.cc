@@ -983,6 +983,19 @@ void EtcdWatcher::report() {
 }
 
 void EtcdWatcher::run() {
+  // An exception (memory, a bug) must not end discovery for good: logged, and after a pause the
+  // loop starts again from a full read.
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+    }
+    if (run_loop()) return;
+    wait(options_.max_backoff);
+  }
+}
+
+bool EtcdWatcher::run_loop() {
   static log::RateLimit error_limit(5, std::chrono::seconds(60));
   auto stopping = [this] {
     std::lock_guard lock(mu_);
@@ -1042,8 +1055,10 @@ void EtcdWatcher::run() {
       failed(err.empty() ? cancel : err);
     }
   } catch (const std::exception& e) {
-    log::error("etcd discovery stopped").kv("error", e.what());
+    log::error("etcd discovery failed; starting again").kv("error", e.what());
+    return false;
   }
+  return true;
 }
 
 }  // namespace kvgate::discovery

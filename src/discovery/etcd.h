@@ -209,6 +209,7 @@ class EtcdWatcher {
 
  private:
   void run();
+  bool run_loop();  // true: stopped; false: ended by an exception (run() starts it again)
   // Applies a key's new value (or deletion); true when the set changed.
   bool apply(const EtcdKeyValue& kv, bool deleted);
   // Calls on_change when the set differs from the last reported (or was never reported).

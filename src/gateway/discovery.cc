@@ -62,6 +62,8 @@ void DiscoveryManager::reconcile(const std::vector<rules::Rule>& rules) {
     }
     it->second.source->stop();
     if (endpoints_) endpoints_->remove({it->first});
+    if (changes_) changes_->remove({it->first});
+    pools_.forget_discovered(it->first);  // a rule using it again starts from its first answer
     it = watches_.erase(it);
   }
   for (const auto& uri : wanted) {

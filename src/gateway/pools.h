@@ -160,6 +160,8 @@ class PoolManager {
   // rebuild (the pools in force are kept then).
   std::vector<rules::FieldError> set_discovered(const std::string& uri,
                                                 std::vector<rules::Endpoint> endpoints);
+  // Forgets what `uri` found (no rule uses it any more).
+  void forget_discovered(const std::string& uri) { discovered_.erase(uri); }
   // The endpoints found at `uri` (empty before its first answer).
   std::vector<rules::Endpoint> discovered(const std::string& uri) const;
   // Called after every applied change with the rules in force (the discovery manager starts and

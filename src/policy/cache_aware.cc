@@ -328,6 +328,7 @@ void CacheAwarePolicy::apply_peer(const replica::ChainRecord& r) {
     return;
   }
   const int64_t expiry = r.origin_us + ttl_us_;
+  if (!r.retract && expiry <= replica::Sync::now_us()) return;  // expired already (a replay)
   if (r.retract) {
     chunks_->retract(r.hashes, r.worker, expiry);
     return;
@@ -470,9 +471,8 @@ void CacheAwarePolicy::on_workers_changed(const WorkerSet& set) {
   std::vector<uint64_t> gone;
   std::set_difference(known_workers_.begin(), known_workers_.end(), now.begin(), now.end(),
                       std::back_inserter(gone));
-  if (chunks_) {
-    for (uint64_t id : gone) chunks_->remove_worker(replica::worker_key(worker_urls_[id]));
-  }
+  // (Shared: the index keeps a worker this replica no longer lists, as its peers do; a match
+  // only looks at the available workers, and its entries expire.)
   if (!gone.empty()) {
     std::shared_lock lock(trees_mu_);
     for (uint64_t id : gone) {

@@ -950,6 +950,11 @@ void KvExactPolicy::on_period() {
         std::string rank = std::to_string(r.rank);
         predicted_tokens_->remove({rule_, r.url, rank});
         cached_tokens_->remove({rule_, r.url, rank});
+        for (kv::Bootstrap b :
+             {kv::Bootstrap::kPending, kv::Bootstrap::kLive, kv::Bootstrap::kEngineReplay,
+              kv::Bootstrap::kPeer, kv::Bootstrap::kCold}) {
+          bootstrap_->remove({rule_, r.url, rank, std::string(kv::to_string(b))});
+        }
       }
       return true;
     });
@@ -1011,7 +1016,7 @@ std::optional<uint64_t> KvExactPolicy::seed(kv::SourceId id) {
   // (On the subscriber's thread, the inventory's one writer: the import is a write like a batch.)
   auto snap = replica_->request_inventory(
       replica::InventoryRequest{.rule = rule_, .worker = s->key, .rank = s->rank},
-      std::chrono::milliseconds(1000));
+      std::chrono::milliseconds(500));
   if (!snap) return std::nullopt;
   inventory_.import_source(id, snap->data);
   s->applied_seq.store(snap->seq, std::memory_order_release);

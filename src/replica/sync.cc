@@ -91,10 +91,15 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
                             "Requests the other replicas last said they have in flight to each "
                             "worker (added to this replica's own in every load comparison)",
                             {"worker"});
-  r.add_collector([this] {
-    std::lock_guard lock(load_mu_);
-    for (const auto& [key, t] : tracked_) {
-      peer_inflight_->with({t.worker->url()}).set(static_cast<double>(t.worker->peer_inflight()));
+  r.add_collector([gate = gate_] {
+    // (Through the gate: an exposition after this Sync stopped finds nothing to read.)
+    std::shared_lock gate_lock(gate->mu);
+    Sync* s = gate->sync;
+    if (s == nullptr) return;
+    std::lock_guard lock(s->load_mu_);
+    for (const auto& [key, t] : s->tracked_) {
+      s->peer_inflight_->with({t.worker->url()})
+          .set(static_cast<double>(t.worker->peer_inflight()));
     }
   });
   bootstraps_ = &r.counter("kvgate_replica_inventory_requests_total",
@@ -117,8 +122,9 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
                         "replay timeout), unavailable (no history: no JetStream), error (the "
                         "connection or the consumer failed)",
                         {"result"});
-  errors_ = &r.counter("kvgate_replica_sync_errors_total",
-                       "Replica sync failures by reason (publish, decode, queue_full)", {"reason"});
+  errors_ = &r.counter(
+      "kvgate_replica_sync_errors_total",
+      "Replica sync failures by reason (publish, decode, queue_full, too_many_peers)", {"reason"});
 }
 
 Sync::~Sync() {
@@ -161,7 +167,7 @@ std::string Sync::start() {
   };
   if (s != NATS_OK) return fail("nats options");
   if ((s = natsOptions_SetURL(opts, config_.url.c_str())) != NATS_OK) {
-    return fail("--replica-sync '" + config_.url + "' is not a NATS URL list");
+    return fail("--replica-sync '" + redact_url(config_.url) + "' is not a NATS URL list");
   }
   natsOptions_SetName(opts, config_.name.c_str());
   natsOptions_SetNoEcho(opts, true);  // this replica applied its own records already
@@ -170,10 +176,10 @@ std::string Sync::start() {
   natsOptions_SetTimeout(opts, 2000);
   natsOptions_SetPingInterval(opts, 2000);
   natsOptions_SetMaxPingsOut(opts, 2);
-  natsOptions_SetDisconnectedCB(opts, &Sync::on_disconnected, this);
-  natsOptions_SetReconnectedCB(opts, &Sync::on_reconnected, this);
+  natsOptions_SetDisconnectedCB(opts, &Sync::on_disconnected, gate_);
+  natsOptions_SetReconnectedCB(opts, &Sync::on_reconnected, gate_);
   // Not there yet: keep trying in the background (routing does not wait for NATS).
-  natsOptions_SetRetryOnFailedConnect(opts, true, &Sync::on_reconnected, this);
+  natsOptions_SetRetryOnFailedConnect(opts, true, &Sync::on_reconnected, gate_);
   s = natsConnection_Connect(&nc_, opts);
   natsOptions_Destroy(opts);
   opts = nullptr;
@@ -183,15 +189,15 @@ std::string Sync::start() {
     conn_epoch_ = 1;
   } else if (s != NATS_NOT_YET_CONNECTED) {
     nc_ = nullptr;
-    return std::string("--replica-sync ") + config_.url + ": " + natsStatus_GetText(s);
+    return std::string("--replica-sync ") + redact_url(config_.url) + ": " + natsStatus_GetText(s);
   } else {
     log::warn("replica sync: NATS not reachable yet; routing on this replica's state until it is")
-        .kv("url", config_.url);
+        .kv("url", redact_url(config_.url));
   }
   if (connected_gauge_) connected_gauge_->set(connected_ ? 1 : 0);
   for (const std::string* subject : {&chains_subject_, &load_subject_}) {
     natsSubscription* sub = nullptr;
-    s = natsConnection_Subscribe(&sub, nc_, subject->c_str(), &Sync::on_message, this);
+    s = natsConnection_Subscribe(&sub, nc_, subject->c_str(), &Sync::on_message, gate_);
     if (s != NATS_OK) {
       return "--replica-sync: subscribing to " + *subject + ": " + natsStatus_GetText(s);
     }
@@ -201,7 +207,7 @@ std::string Sync::start() {
   }
   {
     natsSubscription* sub = nullptr;
-    s = natsConnection_Subscribe(&sub, nc_, inventory_subject_.c_str(), &Sync::on_inventory, this);
+    s = natsConnection_Subscribe(&sub, nc_, inventory_subject_.c_str(), &Sync::on_inventory, gate_);
     if (s != NATS_OK) {
       return "--replica-sync: subscribing to " + inventory_subject_ + ": " + natsStatus_GetText(s);
     }
@@ -214,7 +220,7 @@ std::string Sync::start() {
   thread_ = std::thread([this] { run(); });
   if (with_history_) hist_thread_ = std::thread([this] { history_run(); });
   log::info("replica sync started")
-      .kv("url", config_.url)
+      .kv("url", redact_url(config_.url))
       .kv("subject", config_.subject)
       .kv("replica", config_.name)
       .kv("connected", connected_.load())
@@ -236,6 +242,13 @@ void Sync::stop() {
   hist_cv_.notify_all();
   if (hist_thread_.joinable()) hist_thread_.join();
   if (thread_.joinable()) thread_.join();
+  {
+    // libnats may still be inside a callback (Unsubscribe and Destroy do not wait for them), or
+    // call one after (the closing connection's disconnected callback): from here on they find
+    // the gate shut, and this waits for any running one to return.
+    std::unique_lock lock(gate_->mu);
+    gate_->sync = nullptr;
+  }
   for (natsSubscription* sub : subs_) {
     natsSubscription_Unsubscribe(sub);
     natsSubscription_Destroy(sub);
@@ -243,7 +256,7 @@ void Sync::stop() {
   subs_.clear();
   if (nc_) {
     natsConnection_FlushTimeout(nc_, 500);
-    natsConnection_Destroy(nc_);  // closes, and waits for its callbacks to end
+    natsConnection_Destroy(nc_);
     nc_ = nullptr;
   }
   std::lock_guard lock(load_mu_);
@@ -261,11 +274,14 @@ void Sync::set_ready(bool ready) {
 }
 
 void Sync::on_disconnected(natsConnection*, void* self) {
-  auto* s = static_cast<Sync*>(self);
+  auto* gate = static_cast<Gate*>(self);
+  std::shared_lock gate_lock(gate->mu);
+  Sync* s = gate->sync;
+  if (s == nullptr) return;
   if (s->connected_.exchange(false)) {
     if (s->disconnects_) s->disconnects_->inc();
     log::warn("replica sync: NATS connection lost; routing on this replica's state")
-        .kv("url", s->config_.url);
+        .kv("url", redact_url(s->config_.url));
   }
   {
     // (Under hist_mu_: the history thread, which lets records go, sees connected_ false first.)
@@ -277,9 +293,12 @@ void Sync::on_disconnected(natsConnection*, void* self) {
 }
 
 void Sync::on_reconnected(natsConnection*, void* self) {
-  auto* s = static_cast<Sync*>(self);
+  auto* gate = static_cast<Gate*>(self);
+  std::shared_lock gate_lock(gate->mu);
+  Sync* s = gate->sync;
+  if (s == nullptr) return;
   if (!s->connected_.exchange(true))
-    log::info("replica sync: connected to NATS").kv("url", s->config_.url);
+    log::info("replica sync: connected to NATS").kv("url", redact_url(s->config_.url));
   if (s->connected_gauge_) s->connected_gauge_->set(1);
   if (s->with_history_) {
     // The history thread ensures the stream for this connection, then lets records leave; every
@@ -317,9 +336,14 @@ void Sync::on_reconnected(natsConnection*, void* self) {
 }
 
 void Sync::on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* self) {
-  auto* s = static_cast<Sync*>(self);
-  std::string_view data(natsMsg_GetData(msg), static_cast<size_t>(natsMsg_GetDataLength(msg)));
-  s->handle(data);
+  auto* gate = static_cast<Gate*>(self);
+  {
+    std::shared_lock gate_lock(gate->mu);
+    if (Sync* s = gate->sync) {
+      std::string_view data(natsMsg_GetData(msg), static_cast<size_t>(natsMsg_GetDataLength(msg)));
+      s->handle(data);
+    }
+  }
   natsMsg_Destroy(msg);
 }
 
@@ -332,7 +356,10 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
     log::warn(limit, "replica sync: message dropped").kv("error", e);
     return;
   }
-  if (h.replica == id_) return;  // (no_echo makes this rare: a second connection of ours)
+  // Our own messages live (no_echo makes it rare: a second connection of ours) were applied
+  // when made. In a replay they are given too: a policy built since (a rule changed) has none
+  // of them, and applying a record again changes nothing.
+  if (h.replica == id_ && !replay) return;
   if (h.kind == Kind::kLoad) {
     if (replay) return;  // (the history holds records only)
     LoadReport report;
@@ -401,7 +428,13 @@ std::vector<ChainRecord> Sync::take_pending() {
 }
 
 void Sync::on_inventory(natsConnection*, natsSubscription*, natsMsg* msg, void* self) {
-  auto* s = static_cast<Sync*>(self);
+  auto* gate = static_cast<Gate*>(self);
+  std::shared_lock gate_lock(gate->mu);
+  Sync* s = gate->sync;
+  if (s == nullptr) {
+    natsMsg_Destroy(msg);
+    return;
+  }
   std::string_view data(natsMsg_GetData(msg), static_cast<size_t>(natsMsg_GetDataLength(msg)));
   const char* reply = natsMsg_GetReply(msg);
   Header h;
@@ -419,14 +452,17 @@ void Sync::on_inventory(natsConnection*, natsSubscription*, natsMsg* msg, void* 
         break;
       }
     }
-    if (answered) {
+    // A replica without the rule says so too: the asker stops waiting once every peer answered.
+    if (true) {
       auto parts = encode_inventory_reply(Header{.replica = s->id_, .sent_us = now_us()}, req,
                                           snap.has_value(), snap ? snap->seq : 0,
                                           snap ? snap->data : kv::SourceExport{});
       for (const auto& part : parts) {
         natsConnection_Publish(s->nc_, reply, part.data(), static_cast<int>(part.size()));
       }
-      if (s->bootstraps_) s->bootstraps_->with({snap ? "served_warm" : "served_cold"}).inc();
+      if (s->bootstraps_ && answered) {
+        s->bootstraps_->with({snap ? "served_warm" : "served_cold"}).inc();
+      }
     }
   }
   natsMsg_Destroy(msg);
@@ -666,7 +702,7 @@ void Sync::resum(const std::vector<uint64_t>& keys) {
       auto f = peer.inflight.find(key);
       if (f != peer.inflight.end()) sum += f->second;
     }
-    it->second.worker->set_peer_inflight(sum);
+    it->second.worker->set_peer_inflight(std::min(sum, kMaxPeerLoad));
   }
 }
 
@@ -1056,8 +1092,29 @@ Sync::ReplayResult Sync::replay(int64_t since_us, ReplayTarget& target) {
   return result;
 }
 
+std::string redact_url(std::string_view urls) {
+  // nats://user:password@host:4222,... -> nats://***@host:4222,...
+  std::string out;
+  size_t at = 0;
+  while (at <= urls.size()) {
+    size_t comma = urls.find(',', at);
+    std::string_view one = urls.substr(at, comma == std::string_view::npos ? comma : comma - at);
+    const size_t scheme = one.find("://");
+    const size_t amp = one.rfind('@');
+    if (!out.empty()) out += ",";
+    if (scheme != std::string_view::npos && amp != std::string_view::npos && amp > scheme) {
+      out += std::string(one.substr(0, scheme + 3)) + "***" + std::string(one.substr(amp));
+    } else {
+      out += std::string(one);
+    }
+    if (comma == std::string_view::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::string Sync::status_json() const {
-  std::string out = "{\"url\":" + json::quote(config_.url) +
+  std::string out = "{\"url\":" + json::quote(redact_url(config_.url)) +
                     ",\"connected\":" + (connected() ? "true" : "false") +
                     ",\"history\":" + (history() ? "true" : "false") +
                     ",\"peers\":" + std::to_string(peers()) +

@@ -92,6 +92,10 @@ struct SyncConfig {
   bool operator==(const SyncConfig&) const = default;
 };
 
+// `urls` (a --replica-sync list) with any user:password@ shown as ***@ (logs, /readiness,
+// /v1/config).
+std::string redact_url(std::string_view urls);
+
 // A rule's policy hears peers' records for its rule here (on a libnats thread).
 using ChainSink = std::function<void(const ChainRecord&)>;
 
@@ -129,6 +133,10 @@ class Sync {
   // take them, records are dropped and counted).
   void publish(ChainRecord record);
   static constexpr size_t kMaxPending = 65536;
+  // Bounds on what peers' load reports may add: replicas heard from, and requests in flight one
+  // peer (or all of them together) may book on a worker.
+  static constexpr size_t kMaxPeers = 1024;
+  static constexpr int64_t kMaxPeerLoad = 100000;
   // The records waiting for the next batch, taken (tests: a Sync never started keeps them).
   std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
@@ -204,6 +212,15 @@ class Sync {
   // Sets every tracked worker's peer sum from peers_ (load_mu_ held) for the given keys.
   void resum(const std::vector<uint64_t>& keys);
   void send(const std::string& subject, const std::string& data, std::string_view kind);
+
+  // What libnats' callbacks are given instead of `this`: it may call one after Unsubscribe or
+  // Destroy returned (they do not wait), so the gate outlives the Sync (one small object per
+  // Sync, never freed) and stop() shuts it, waiting for a callback that is running.
+  struct Gate {
+    std::shared_mutex mu;
+    Sync* sync = nullptr;
+  };
+  Gate* gate_ = new Gate{{}, this};  // NOLINT(cppcoreguidelines-owning-memory): never freed
 
   SyncConfig config_;
   uint64_t id_;
@@ -281,8 +298,8 @@ class Sync {
   };
   // The peers' sums per (worker, rank) as last told to the sinks (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> rank_sums_;
-  // Rank-load registrations (their own lock: providers run while publishing, sinks while a
-  // report is applied; neither under load_mu_).
+  // Rank-load registrations (their own lock: providers run while publishing, outside load_mu_;
+  // sinks while a report is applied, under load_mu_).
   mutable std::shared_mutex rank_mu_;
   struct RankReg {
     RankLoadProvider provide;

@@ -192,7 +192,7 @@ std::string decode_chains_into(std::string_view msg, std::vector<ChainRecord>& o
   for (auto& name : names) {
     uint8_t len = 0;
     if (!r.u8(len)) return r.error("rule name", "message ends");
-    if (len == 0 || len > kMaxRuleBytes) return r.error("rule name", "length not in 1..64");
+    if (len == 0 || len > kMaxRuleBytes) return r.error("rule name", "length not in 1..96");
     if (!r.bytes(len, name)) return r.error("rule name", "message ends");
   }
   uint16_t count = 0;
@@ -295,7 +295,7 @@ std::string get_source(Reader& r, InventoryRequest& out) {
   std::string_view rule;
   uint16_t rank = 0;
   if (!r.u8(len) || len == 0 || len > kMaxRuleBytes || !r.bytes(len, rule)) {
-    return r.error("rule", "missing or not 1..64 bytes");
+    return r.error("rule", "missing or not 1..96 bytes");
   }
   if (!r.u64(out.worker) || !r.u16(rank)) return r.error("source", "message ends");
   out.rule = std::string(rule);

@@ -6,7 +6,7 @@
 //   magic "KVGR" | version (1) | kind (1) | reserved (2, zero) | replica id (8) | sent, unix us (8)
 // then the body of its kind:
 //   kChains (cache_aware's records, kv_exact's predictions): a table of rule names (u16 count, each
-//     u8 length + bytes, 1..64 bytes), then u16 records, each: u8 rule index, u8 flags (bit 0:
+//     u8 length + bytes, 1..96 bytes), then u16 records, each: u8 rule index, u8 flags (bit 0:
 //     retraction; bit 1: a kv_exact prediction), u16 chunk size in bytes (0 for pages), i16 DP
 //     rank (-1: none), u64 worker, i64 origin (unix us), u16 hashes, u64 hashes[...].
 //   kLoad (one replica's load, absolute values): u64 sequence, u32 entries, each: u64 worker, i16

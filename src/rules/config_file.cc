@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "replica/sync.h"
 #include "rules/doc.h"
 
 namespace kvgate::rules {
@@ -71,6 +72,8 @@ std::string flow(const Json& v) {
 
 std::string redacted(const Knob& k, const GatewayConfig& c) {
   if (k.name == "api-key" && !c.api_key.empty()) return Json(std::string(kRedacted)).dump();
+  // A NATS URL may carry credentials (nats://user:password@host).
+  if (k.name == "replica-sync") return Json(replica::redact_url(c.replica_sync)).dump();
   if (k.name == "admin-api-key" && !c.admin_api_key.empty()) {
     return Json(std::string(kRedacted)).dump();
   }
@@ -366,7 +369,8 @@ std::vector<KnobChange> diff_knobs(const GatewayConfig& before, const GatewayCon
     if (!k.unsupported_reason.empty()) continue;
     std::string a = redacted(k, before), b = redacted(k, after);
     if (a == b && !(k.name == "api-key" && before.api_key != after.api_key) &&
-        !(k.name == "admin-api-key" && before.admin_api_key != after.admin_api_key)) {
+        !(k.name == "admin-api-key" && before.admin_api_key != after.admin_api_key) &&
+        !(k.name == "replica-sync" && before.replica_sync != after.replica_sync)) {
       continue;
     }
     bool live = k.group == "Routing policy" || k.name == "worker-urls" || k.name == "log-level";

@@ -3,6 +3,7 @@
 
 #include <boost/asio/post.hpp>
 #include <set>
+#include <thread>
 
 #include "gateway/pools.h"
 #include "http/client.h"
@@ -60,7 +61,9 @@ void DiscoveryManager::reconcile(const std::vector<rules::Rule>& rules) {
       std::lock_guard lock(shared_->mu);
       shared_->sources.erase(it->first);
     }
-    it->second.source->stop();
+    // Its thread may be inside a DNS query (seconds): it is joined on a thread of its own, not on
+    // the control loop (what it finds meanwhile goes nowhere: `alive` is false).
+    std::thread([source = std::move(it->second.source)]() mutable { source.reset(); }).detach();
     if (endpoints_) endpoints_->remove({it->first});
     if (changes_) changes_->remove({it->first});
     pools_.forget_discovered(it->first);  // a rule using it again starts from its first answer

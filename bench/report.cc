@@ -117,9 +117,10 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
     const std::string bytes =
         s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
     if (markdown) {
-      out += "| " + s.label + " | " + std::to_string(s.gateways) + " | " +
-             (s.synced ? "NATS" : "no") + " | " + agree + " | " + live + " | " + bytes + " | " +
-             fmt("%.2f", s.spread_requests) + " |\n";
+      out.append("| ").append(s.label).append(" | ").append(std::to_string(s.gateways));
+      out.append(" | ").append(s.synced ? "NATS" : "no").append(" | ").append(agree);
+      out.append(" | ").append(live).append(" | ").append(bytes).append(" | ");
+      out.append(fmt("%.2f", s.spread_requests)).append(" |\n");
     } else {
       std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %10s %12s %7.2f\n", w, s.label.c_str(),
                     s.gateways, s.synced ? "NATS" : "no", agree.c_str(), live.c_str(),

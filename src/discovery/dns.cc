@@ -505,6 +505,11 @@ void DnsWatcher::run() {
       stats_.empty_answers.fetch_add(1, std::memory_order_relaxed);
     }
     State::Step step = state.apply(result);
+    {
+      // Stopped during the query: its answer goes nowhere (the owner may be gone).
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+    }
     if (step.changed) {
       stats_.changes.fetch_add(1, std::memory_order_relaxed);
       log::info("dns discovery: workers changed").kv("count", state.urls().size());

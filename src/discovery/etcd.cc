@@ -967,6 +967,10 @@ bool EtcdWatcher::apply(const EtcdKeyValue& kv, bool deleted) {
 }
 
 void EtcdWatcher::report() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;  // stopped: what it found goes nowhere (the owner may be gone)
+  }
   std::vector<WorkerRecord> now;
   now.reserve(workers_.size());
   for (const auto& [key, r] : workers_) now.push_back(r);

@@ -82,8 +82,8 @@ void DiscoveryManager::reconcile(const std::vector<rules::Rule>& rules) {
         spec, options_,
         [this, alive, uri, &control = control_](std::vector<discovery::FoundEndpoint> found) {
           // From the watcher's thread: the rules change on the control loop.
-          boost::asio::post(control, [this, alive, uri, found = std::move(found)]() mutable {
-            if (*alive) this->found(uri, std::move(found));
+          boost::asio::post(control, [this, alive, uri, found = std::move(found)] {
+            if (*alive) this->found(uri, found);
           });
         },
         error);
@@ -113,10 +113,10 @@ void DiscoveryManager::stop() {
 }
 
 void DiscoveryManager::found(const std::string& uri,
-                             std::vector<discovery::FoundEndpoint> endpoints) {
+                             const std::vector<discovery::FoundEndpoint>& endpoints) {
   std::vector<rules::Endpoint> eps;
   eps.reserve(endpoints.size());
-  for (auto& f : endpoints) {
+  for (const auto& f : endpoints) {
     rules::Endpoint e;
     http::Target t;
     if (std::string why = http::parse_url(f.url, t); !why.empty()) {

@@ -45,7 +45,7 @@ class DiscoveryManager {
     std::unique_ptr<discovery::Source> source;
     std::shared_ptr<bool> alive;  // read on the control loop only
   };
-  void found(const std::string& uri, std::vector<discovery::FoundEndpoint> endpoints);
+  void found(const std::string& uri, const std::vector<discovery::FoundEndpoint>& endpoints);
 
   asio::io_context& control_;
   PoolManager& pools_;

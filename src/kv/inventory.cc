@@ -1159,8 +1159,8 @@ SourceExport Inventory::export_source(SourceId source) const {
       path.push_back(n);
       seen.insert(n);
     }
-    for (auto p = path.rbegin(); p != path.rend(); ++p) {
-      const Node& nd = slab[*p];
+    for (size_t i = path.size(); i-- > 0;) {  // top-down
+      const Node& nd = slab[path[i]];
       out.links.push_back({.key = nd.key,
                            .parent = nd.parent == kNil ? 0 : slab[nd.parent].key,
                            .root = nd.parent == kNil});
@@ -1195,8 +1195,8 @@ void Inventory::import_source(SourceId source, const SourceExport& in) {
     im.add_holding(st, source, h.id, n->node, media);
   }
   // Links no holding kept (skipped ones below) are childless and holderless: freed.
-  for (auto l = in.links.rbegin(); l != in.links.rend(); ++l) {
-    const FlatMap::Slot* n = im.table.find(l->key);
+  for (size_t i = in.links.size(); i-- > 0;) {  // children first
+    const FlatMap::Slot* n = im.table.find(in.links[i].key);
     if (n == nullptr) continue;
     const uint32_t node = n->node;
     if (im.slab[node].nholders == 0 && im.slab[node].children == 0) im.free_up(node, false);

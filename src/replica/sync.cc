@@ -129,6 +129,17 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
 
 Sync::~Sync() {
   stop();
+  if (nc_ == nullptr && !ever_connected_) {
+    delete gate_;  // libnats never had it
+    return;
+  }
+  // libnats may still call through it (see Gate): kept, reachable, for the process's life.
+  static std::mutex kept_mu;
+  // (Never destroyed; an allocation failure here ends the process, as any at startup would.)
+  static auto* kept =
+      new std::vector<std::unique_ptr<Gate>>();  // NOLINT(bugprone-unhandled-exception-at-new)
+  std::lock_guard lock(kept_mu);
+  kept->emplace_back(gate_);
 }
 
 std::string Sync::stream_name(std::string_view prefix) {
@@ -180,6 +191,7 @@ std::string Sync::start() {
   natsOptions_SetReconnectedCB(opts, &Sync::on_reconnected, gate_);
   // Not there yet: keep trying in the background (routing does not wait for NATS).
   natsOptions_SetRetryOnFailedConnect(opts, true, &Sync::on_reconnected, gate_);
+  ever_connected_ = true;  // (libnats has the gate from here on, connected or not)
   s = natsConnection_Connect(&nc_, opts);
   natsOptions_Destroy(opts);
   opts = nullptr;

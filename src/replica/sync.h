@@ -215,12 +215,15 @@ class Sync {
 
   // What libnats' callbacks are given instead of `this`: it may call one after Unsubscribe or
   // Destroy returned (they do not wait), so the gate outlives the Sync (one small object per
-  // Sync, never freed) and stop() shuts it, waiting for a callback that is running.
+  // started Sync, kept to the process's end) and stop() shuts it, waiting for a callback that is
+  // running.
   struct Gate {
     std::shared_mutex mu;
     Sync* sync = nullptr;
   };
-  Gate* gate_ = new Gate{{}, this};  // NOLINT(cppcoreguidelines-owning-memory): never freed
+  // Freed with the Sync when libnats never had it, else kept for the process's life.
+  Gate* gate_ = new Gate{{}, this};  // NOLINT(cppcoreguidelines-owning-memory)
+  bool ever_connected_ = false;
 
   SyncConfig config_;
   uint64_t id_;

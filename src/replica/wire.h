@@ -95,7 +95,7 @@ struct InventoryPart {
   kv::SourceExport data;
   bool operator==(const InventoryPart&) const = default;
 };
-inline constexpr size_t kMaxInventoryPartBytes = 512 * 1024;
+inline constexpr size_t kMaxInventoryPartBytes = size_t{512} * 1024;
 inline constexpr uint32_t kMaxInventoryParts = 4096;  // 2 GB of answer at most
 
 // The worker key every replica computes alike: XXH3 of the worker's URL.

@@ -288,8 +288,11 @@ TEST(Replicas, ANatsOutageLeavesThemServingAndTheyAgreeAgainWhenItReturns) {
   EXPECT_EQ(second.route, "cache_aware/cache_hit");
   // A server without JetStream: no history, said and counted, and nothing else changes.
   for (auto& r : fleet.replicas) {
+    // (Said once the history thread has tried the stream twice, a moment after connecting.)
+    EXPECT_TRUE(wait_until(
+        [&] { return r.metric("kvgate_replica_sync_replays_total{result=\"unavailable\"}") >= 1; },
+        10s));
     EXPECT_EQ(r.metric("kvgate_replica_sync_history"), 0);
-    EXPECT_GE(r.metric("kvgate_replica_sync_replays_total{result=\"unavailable\"}"), 1);
     EXPECT_NE(r.readiness().find("\"history\":false"), std::string::npos) << r.readiness();
   }
 }

@@ -79,8 +79,9 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
                       "Bytes of replica sync messages sent and received (payloads)", {"direction"});
   records_ = &r.counter("kvgate_replica_sync_records_total",
                         "Peers' records (cache_aware chains, kv_exact predictions) by what became "
-                        "of them: applied, or dropped (no rule of that name here, malformed, "
-                        "chunk size differs, index full)",
+                        "of them: applied (handed to the policy of a rule of that name, which "
+                        "may still skip it: another chunk size, an expired record), or dropped "
+                        "(no rule of that name here)",
                         {"result"});
   lag_ = &r.histogram("kvgate_replica_sync_lag_seconds",
                       "Age of peers' records when applied here (their origin time to now; "

@@ -381,18 +381,6 @@ std::string policy_name(const std::string& entry, std::vector<std::string>* flag
   return entry.substr(0, colon);
 }
 
-std::string_view api_path(Api api) {
-  switch (api) {
-    case Api::kChat:
-      return "/v1/chat/completions";
-    case Api::kCompletions:
-      return "/v1/completions";
-    case Api::kGenerate:
-      return "/generate";
-  }
-  return "/v1/chat/completions";
-}
-
 // A sampled request asked of every kvgate's route-only endpoint: "worker rank" each would choose.
 std::string route_of(int admin_port, std::string_view path, const std::string& body) {
   auto r = fetch_sync("http://127.0.0.1:" + std::to_string(admin_port), "POST",

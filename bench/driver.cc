@@ -51,18 +51,6 @@ std::string_view to_string(Api api) {
 
 namespace {
 
-std::string_view path_of(Api api) {
-  switch (api) {
-    case Api::kChat:
-      return "/v1/chat/completions";
-    case Api::kCompletions:
-      return "/v1/completions";
-    case Api::kGenerate:
-      return "/generate";
-  }
-  return "/";
-}
-
 // The conversation so far: history of (user, reply) and the new user message.
 struct History {
   const Session* session;
@@ -200,7 +188,7 @@ struct Runner {
     auto ms = [&] {
       return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     };
-    auto err = co_await call.start("POST", path_of(c.api), kHeaders, body);
+    auto err = co_await call.start("POST", api_path(c.api), kHeaders, body);
     std::string reply;
     if (err != http::CallError::kNone) {
       r.error = std::string(http::to_string(err)) + ": " + call.error_detail();
@@ -348,6 +336,18 @@ RunResult run_workload(const Workload& w, const DriverConfig& c) {
   r->ctx.run();
   r->result.wall_s = std::chrono::duration<double>(Clock::now() - r->t0).count();
   return std::move(r->result);
+}
+
+std::string_view api_path(Api api) {
+  switch (api) {
+    case Api::kChat:
+      return "/v1/chat/completions";
+    case Api::kCompletions:
+      return "/v1/completions";
+    case Api::kGenerate:
+      return "/generate";
+  }
+  return "/";
 }
 
 }  // namespace kvgate::bench

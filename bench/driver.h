@@ -17,6 +17,8 @@ namespace kvgate::bench {
 enum class Api { kChat, kCompletions, kGenerate };
 Api parse_api(std::string_view name);
 std::string_view to_string(Api api);
+// The route a request of `api` is sent to (/v1/chat/completions, /v1/completions, /generate).
+std::string_view api_path(Api api);
 
 struct RequestRecord {
   int session = 0;

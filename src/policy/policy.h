@@ -66,8 +66,8 @@ struct Decision {
   // A policy that let another decide (kv_exact's fallback) keeps that one's branch here, to
   // give the decision back to it in on_dispatched / on_completed.
   std::string_view inner_branch;
-  // When the decision was made (unix microseconds; 0: not recorded). cache_aware shared by replicas dates
-  // its record with it, so a withdrawal names the record it undoes.
+  // When the decision was made (unix microseconds; 0: not recorded). cache_aware shared by replicas
+  // dates its record with it, so a withdrawal names the record it undoes.
   int64_t origin_us = 0;
 };
 

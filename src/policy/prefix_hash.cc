@@ -32,7 +32,8 @@ Decision PrefixHashPolicy::select(std::span<Worker* const> available, RouteConte
   if (!owner) return {least_inflight(available, ctx, rng_), std::nullopt, "no_owner", 0};
   int64_t total = inflight_spread(available, ctx).total;
   double bound = static_cast<double>(total + 1) / static_cast<double>(available.size()) * factor_;
-  if (static_cast<double>(owner->fleet_inflight()) <= bound) return {owner, std::nullopt, "ring", 0};
+  if (static_cast<double>(owner->fleet_inflight()) <= bound)
+    return {owner, std::nullopt, "ring", 0};
   // The owner is over the bound: the least loaded worker under it (there always is one: the
   // average load is below the bound).
   Worker* pick = least_inflight(available, ctx, rng_);

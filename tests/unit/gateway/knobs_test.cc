@@ -25,9 +25,8 @@ struct Derived {
 };
 
 Derived derive(const GatewayConfig& c) {
-  return {policy_config(c), breaker_config(c),   health_config(c),
-          retry_config(c),  server_config(c, 0), upstream_pool_options(c),
-          sync_config(c), discovery_options(c)};
+  return {policy_config(c),    breaker_config(c),        health_config(c), retry_config(c),
+          server_config(c, 0), upstream_pool_options(c), sync_config(c),   discovery_options(c)};
 }
 
 // Sets knob `k` of `c` to another valid value; false if it has no plain field.

@@ -16,6 +16,7 @@
 #include "support/cluster.h"
 #include "support/http_client.h"
 #include "support/models.h"
+#include "support/nats.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -25,21 +26,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kRanks = 2;
-
-struct NatsServer {
-  NatsServer() : port(free_port()) {
-    EXPECT_EQ(access("/usr/sbin/nats-server", X_OK), 0)
-        << "/usr/sbin/nats-server is missing: run scripts/setup (Debian's nats-server)";
-    process = std::make_unique<Process>(
-        "/usr/sbin/nats-server",
-        std::vector<std::string>{"-a", "127.0.0.1", "-p", std::to_string(port)});
-    EXPECT_TRUE(
-        wait_until([&] { return HttpClient(port).raw("PING\r\n", 200ms).find("INFO") == 0; }, 10s));
-  }
-  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port); }
-  int port;
-  std::unique_ptr<Process> process;
-};
 
 struct KvReplica {
   int port = free_port(), admin = free_port(), metrics = free_port();
@@ -118,7 +104,7 @@ bool all_trusted(KvReplica& r) {
 
 TEST(ReplicasKvExact, ALateReplicaTakesAWarmPeersInventoryAndDecidesAlike) {
   KVGATE_REQUIRE_MODEL("qwen3");
-  NatsServer nats;
+  Nats nats;
   KvFleet fleet(true);
   KvReplica a;
   a.start(fleet.config, nats.url());
@@ -190,7 +176,7 @@ TEST(ReplicasKvExact, ALateReplicaTakesAWarmPeersInventoryAndDecidesAlike) {
 
 TEST(ReplicasKvExact, ALateReplicaWithNoPeerBeginsColdAndSaysSo) {
   KVGATE_REQUIRE_MODEL("qwen3");
-  NatsServer nats;
+  Nats nats;
   KvFleet fleet(false);
   // Pages stored before any kvgate listens (the engines' parity-free traffic: direct requests).
   for (auto& s : fleet.sims) {

@@ -22,6 +22,7 @@
 #include "support/chats.h"
 #include "support/cluster.h"
 #include "support/http_client.h"
+#include "support/nats.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -30,30 +31,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kNatsServer = "/usr/sbin/nats-server";
-
 // A NATS server on a loopback port (the test fails, not skips, without it: scripts/setup); with
 // JetStream when asked (its store in a directory of the test's own).
-struct Nats {
-  explicit Nats(bool jetstream = false) : port(free_port()), jetstream(jetstream) { start(); }
-  void start() {
-    EXPECT_EQ(access(kNatsServer, X_OK), 0)
-        << kNatsServer << " is missing: run scripts/setup (Debian's nats-server)";
-    std::vector<std::string> args{"-a", "127.0.0.1", "-p", std::to_string(port)};
-    if (jetstream) args.insert(args.end(), {"-js", "-sd", store.path()});
-    process = std::make_unique<Process>(kNatsServer, args);
-    EXPECT_TRUE(
-        wait_until([&] { return HttpClient(port).raw("PING\r\n", 200ms).find("INFO") == 0; }, 10s))
-        << "nats-server did not start: " << process->log();
-  }
-  void stop() { process->stop(); }
-  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port); }
-  int port;
-  bool jetstream;
-  TempDir store;
-  std::unique_ptr<Process> process;
-};
-
 struct Replica {
   int port = 0, admin = 0, metrics = 0;
   std::vector<std::string> args;

@@ -266,7 +266,7 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
   thread_local std::vector<size_t> matched;
   keys.resize(available.size());
   matched.assign(available.size(), 0);
-  for (size_t i = 0; i < available.size(); ++i) keys[i] = replica::worker_key(available[i]->url());
+  for (size_t i = 0; i < available.size(); ++i) keys[i] = available[i]->url_key();
   const int64_t now = replica::Sync::now_us();
   const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, now);
   auto covered = [&](size_t chunks) {
@@ -367,7 +367,7 @@ void CacheAwarePolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
     const std::vector<uint64_t>& chain = chain_of(ctx);
     if (chain.empty()) return;
     replica::ChainRecord r{.rule = config_.rule,
-                           .worker = replica::worker_key(d.worker->url()),
+                           .worker = d.worker->url_key(),
                            .origin_us = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us(),
                            .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),
                            .hashes = chain};
@@ -398,7 +398,7 @@ void CacheAwarePolicy::on_completed(const Decision& d, RouteContext& ctx, const 
     if (!outcome.started) {
       if (chain.empty() || d.origin_us == 0) return;
       replica::ChainRecord r{.rule = config_.rule,
-                             .worker = replica::worker_key(d.worker->url()),
+                             .worker = d.worker->url_key(),
                              .origin_us = d.origin_us,
                              .retract = true,
                              .chunk_bytes = static_cast<uint32_t>(chunk_bytes_),

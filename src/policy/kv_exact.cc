@@ -708,7 +708,7 @@ void KvExactPolicy::rebuild_sources() {
         s->rank = r;
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
-        s->key = replica::worker_key(w->url());
+        s->key = w->url_key();
         s->shared = replica_ != nullptr;
         if (replica_) {
           const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, r);

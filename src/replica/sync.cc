@@ -601,7 +601,7 @@ void Sync::remove_sink(uint64_t token) {
 
 void Sync::track(const WorkerPtr& w) {
   std::lock_guard lock(load_mu_);
-  const uint64_t key = worker_key(w->url());
+  const uint64_t key = w->url_key();
   Tracked& t = tracked_[key];
   if (t.count++ == 0) {
     t.worker = w;
@@ -612,7 +612,7 @@ void Sync::track(const WorkerPtr& w) {
 
 void Sync::untrack(const Worker& w) {
   std::lock_guard lock(load_mu_);
-  auto it = tracked_.find(worker_key(w.url()));
+  auto it = tracked_.find(w.url_key());
   if (it == tracked_.end() || --it->second.count > 0) return;
   it->second.worker->set_peer_inflight(0);
   if (peer_inflight_) peer_inflight_->remove({it->second.worker->url()});

@@ -1,12 +1,18 @@
 // workers/worker: see worker.h.
 #include "workers/worker.h"
 
+#define XXH_INLINE_ALL  // header-only xxHash: no library to link
+#include <xxhash.h>
+
 #include "util/log.h"
 
 namespace kvgate {
 
 Worker::Worker(uint64_t id, http::Target target, BreakerConfig breaker)
-    : id_(id), target_(std::move(target)), breaker_(breaker) {}
+    : id_(id),
+      target_(std::move(target)),
+      url_key_(XXH3_64bits(target_.url.data(), target_.url.size())),
+      breaker_(breaker) {}
 
 void Worker::set_healthy(bool h) {
   bool was = healthy_.exchange(h, std::memory_order_acq_rel);

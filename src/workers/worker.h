@@ -62,6 +62,9 @@ class Worker {
 
   uint64_t id() const { return id_; }
   const std::string& url() const { return target_.url; }
+  // XXH3 of url(), made once: how kvgate replicas name this worker to each other
+  // (replica::worker_key gives the same for a URL).
+  uint64_t url_key() const { return url_key_; }
   const http::Target& target() const { return target_; }
 
   bool healthy() const { return healthy_.load(std::memory_order_acquire); }
@@ -135,6 +138,7 @@ class Worker {
 
   uint64_t id_;
   http::Target target_;
+  uint64_t url_key_;
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> inflight_{0};       // changed under listeners_mu_ (see add_listener)
   std::atomic<int64_t> peer_inflight_{0};  // the same

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "workers/worker.h"
+
 namespace kvgate::replica {
 namespace {
 
@@ -133,6 +135,11 @@ TEST(ReplicaWire, CountsLargerThanTheMessageAreRefusedBeforeAllocating) {
 
 TEST(ReplicaWire, WorkerKeyIsTheUrlsHash) {
   EXPECT_EQ(worker_key("http://a:1"), worker_key("http://a:1"));
+  // A worker's own key (made once) is the same: replicas name it alike whichever computes it.
+  http::Target t;
+  ASSERT_EQ(http::parse_url("http://10.0.0.1:30000", t), "");
+  Worker w(1, t, BreakerConfig{});
+  EXPECT_EQ(w.url_key(), worker_key(w.url()));
   EXPECT_NE(worker_key("http://a:1"), worker_key("http://a:2"));
 }
 

@@ -381,11 +381,16 @@ std::string policy_name(const std::string& entry, std::vector<std::string>* flag
   return entry.substr(0, colon);
 }
 
-// A sampled request asked of every kvgate's route-only endpoint: "worker rank" each would choose.
-std::string route_of(int admin_port, std::string_view path, const std::string& body) {
+// A sampled request asked of one kvgate's route-only endpoint: `key` is "worker rank" (what
+// agreement compares), `body` the whole answer (branch, prediction: what a disagreement log shows).
+struct RouteAnswer {
+  std::string key;
+  std::string body;
+};
+RouteAnswer route_of(int admin_port, std::string_view path, const std::string& body) {
   auto r = fetch_sync("http://127.0.0.1:" + std::to_string(admin_port), "POST",
                       "/v1/route?path=" + std::string(path), std::chrono::milliseconds(5000), body);
-  if (r.error != http::CallError::kNone || r.status != 200) return "error";
+  if (r.error != http::CallError::kNone || r.status != 200) return {"error", r.body};
   auto field = [&](std::string_view key) {
     size_t at = r.body.find("\"" + std::string(key) + "\":");
     if (at == std::string::npos) return std::string();
@@ -393,7 +398,7 @@ std::string route_of(int admin_port, std::string_view path, const std::string& b
     size_t end = r.body.find_first_of(",}", at);
     return r.body.substr(at, end - at);
   };
-  return field("worker") + " " + field("dp_rank");
+  return {field("worker") + " " + field("dp_rank"), std::move(r.body)};
 }
 
 }  // namespace
@@ -645,27 +650,49 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
           std::move(tok), sim::make_chat_template(o.tokenizer_path), o.page_size);
       dc.oracle = oracle.get();
     }
-    // A sample of the requests, asked of every kvgate just before it is sent (live agreement: the
-    // fleet's state as the deciding kvgate sees it, records and loads of other requests still on
-    // their way) and again once the run is over (agreement). The live question holds the driver
-    // for a few milliseconds per sampled request (one in four, at most 200).
+    // Every request (at most 2,000) is asked of every kvgate just before it is sent (live
+    // agreement: the fleet's state as the deciding kvgate sees it, records and loads of other
+    // requests still on their way); a sample (one in four, at most 200) again once the run is
+    // over (agreement). The live question holds the driver a millisecond or two per request.
     std::vector<std::string> sampled;
     size_t seen_bodies = 0;
     size_t shadow_asked = 0, shadow_agreed = 0;
-    auto agree_on = [&](const std::string& body) {
-      const std::string first = route_of(gateways.front().admin_port, api_path(dc.api), body);
-      bool same = first != "error";
-      for (size_t g = 1; g < gateways.size() && same; ++g) {
-        same = route_of(gateways[g].admin_port, api_path(dc.api), body) == first;
+    // Every kvgate is asked at once (one thread each), so the answers describe one moment; a
+    // disagreement is written to agreement-<policy>.log with every answer.
+    std::FILE* disagreements = nullptr;
+    auto agree_on = [&](const std::string& body, std::string_view when) {
+      std::vector<RouteAnswer> answers(gateways.size());
+      std::vector<std::thread> askers;
+      askers.reserve(gateways.size());
+      for (size_t g = 0; g < gateways.size(); ++g) {
+        askers.emplace_back(
+            [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body); });
+      }
+      for (auto& t : askers) t.join();
+      bool same = answers.front().key != "error";
+      for (const auto& a : answers) same = same && a.key == answers.front().key;
+      if (!same) {
+        if (!disagreements) {
+          disagreements = std::fopen((o.log_dir + "/agreement-" + policy + ".log").c_str(), "w");
+        }
+        if (disagreements) {
+          std::fprintf(disagreements, "%.*s\n", static_cast<int>(when.size()), when.data());
+          for (size_t g = 0; g < answers.size(); ++g) {
+            std::fprintf(disagreements, "  kvgate %zu: %s\n", g, answers[g].body.c_str());
+          }
+        }
       }
       return same;
     };
     if (replicas > 1) {
-      dc.on_body = [&](int, size_t, const std::string& body) {
-        if (seen_bodies++ % 4 != 0 || sampled.size() >= 200) return;
-        sampled.push_back(body);
-        ++shadow_asked;
-        shadow_agreed += agree_on(body);
+      dc.on_body = [&](int session, size_t turn, const std::string& body) {
+        if (shadow_asked < 2000) {
+          ++shadow_asked;
+          shadow_agreed +=
+              agree_on(body, "live: request " + std::to_string(shadow_asked) + ", conversation " +
+                                 std::to_string(session) + " turn " + std::to_string(turn));
+        }
+        if (seen_bodies++ % 4 == 0 && sampled.size() < 200) sampled.push_back(body);
       };
     }
     size_t done = 0;
@@ -730,8 +757,9 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       size_t agree = 0;
-      for (const auto& body : sampled) agree += agree_on(body);
+      for (const auto& body : sampled) agree += agree_on(body, "quiesced");
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
+      if (disagreements) std::fclose(disagreements);
       if (shadow_asked > 0) {
         sm.live_agreement = static_cast<double>(shadow_agreed) / static_cast<double>(shadow_asked);
       }

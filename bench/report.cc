@@ -113,7 +113,7 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
   }
   for (const auto& s : rows) {
     const std::string agree = s.agreement < 0 ? "-" : fmt("%.1f%%", s.agreement * 100);
-    const std::string live = s.live_agreement < 0 ? "-" : fmt("%.1f%%", s.live_agreement * 100);
+    const std::string live = s.live_agreement < 0 ? "-" : fmt("%.2f%%", s.live_agreement * 100);
     const std::string bytes =
         s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
     if (markdown) {

@@ -55,20 +55,24 @@ struct KvExactPolicy::Source {
   // The same two as the other kvgate replicas last reported them (--replica-sync; else 0).
   std::atomic<int64_t> peer_active{0};
   std::atomic<int64_t> peer_pending{0};
-  // With replicas: `active` as this replica last reported it (its load reports read it every
-  // --replica-load-interval-ms). The cost's active term uses it, not the live count, so every
-  // replica weighs the same figures (a live count differs from what peers know for up to an
-  // interval, and decisions near a tie would differ); queued prefill stays live.
+  // With replicas: `active` and `pending_prefill` as this replica reported them, heard back
+  // from NATS when its peers hear them (Sync::add_rank_load's hear_own). While NATS is there the
+  // cost uses these, not the live counts, so every replica weighs the same figures at the same
+  // moment (a live count differs from what peers know for up to a load interval, and decisions
+  // near a tie would differ); without NATS, the live ones.
   std::atomic<int64_t> reported_active{0};
-  bool shared = false;
+  std::atomic<int64_t> reported_pending{0};
+  const replica::Sync* sync = nullptr;
+  bool shared_view() const { return sync != nullptr && sync->connected(); }
   int64_t fleet_active() const {
-    const int64_t own = shared ? reported_active.load(std::memory_order_relaxed)
-                               : active.load(std::memory_order_relaxed);
+    const int64_t own = shared_view() ? reported_active.load(std::memory_order_relaxed)
+                                      : active.load(std::memory_order_relaxed);
     return own + peer_active.load(std::memory_order_relaxed);
   }
   int64_t fleet_pending() const {
-    return pending_prefill.load(std::memory_order_relaxed) +
-           peer_pending.load(std::memory_order_relaxed);
+    const int64_t own = shared_view() ? reported_pending.load(std::memory_order_relaxed)
+                                      : pending_prefill.load(std::memory_order_relaxed);
+    return own + peer_pending.load(std::memory_order_relaxed);
   }
   std::atomic<bool> ready{false};  // trusted (kvWarmupSec, or holding blocks)
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
@@ -158,6 +162,11 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       subscriber_(kv::SubscriberOptions{.seed = config.replica != nullptr}, *this),
       sources_(std::make_shared<const Sources>()) {
   replica_ = config.replica;
+  if (replica_) {
+    settle_us_ = std::chrono::duration_cast<std::chrono::microseconds>(replica_->config().batch +
+                                                                       replica::Sync::kSettleMargin)
+                     .count();
+  }
   if (replica_ && config.registry) {
     // A miss goes to the fallback: with a local cursor or random draw there, replicas decide
     // misses each their own way (new conversations land anywhere, bursts split).
@@ -417,6 +426,9 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     for (kv::BlockKey k : keys) {
       auto it = predicted_.find(k);
       if (it == predicted_.end() || it->second.expires_us < now) break;
+      // With replicas a prediction counts from its origin + settle_us_ on every one alike (it has
+      // reached them all by then), not from whenever each heard it.
+      if (it->second.origin_us + settle_us_ > now) break;
       if (predicted_pages == 0) predicted_source = it->second.source;
       if (it->second.source != predicted_source) break;
       ++predicted_pages;
@@ -538,10 +550,11 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
       const std::vector<kv::BlockKey>& all = request_keys(ctx);
       std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
       const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
-      predict(keys, *s, origin, false);
+      // With replicas every one, this one included, applies the prediction as NATS delivers it
+      // (siblings of a burst co-locate whichever replica they reach, and no replica decides on
+      // what the others do not know yet); without NATS there, at once.
+      if (!replica_ || !replica_->connected()) predict(keys, *s, origin, false);
       if (replica_) {
-        // Every replica, this one included, holds the same predictions: siblings of a burst
-        // co-locate whichever replica they reach.
         replica_->publish(replica::ChainRecord{.rule = rule_,
                                                .worker = s->key,
                                                .rank = s->rank,
@@ -592,7 +605,7 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       const std::vector<kv::BlockKey>& all = request_keys(ctx);
       std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
       const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
-      predict(keys, *s, origin, true);
+      if (!replica_ || !replica_->connected()) predict(keys, *s, origin, true);
       if (replica_) {
         replica_->publish(replica::ChainRecord{.rule = rule_,
                                                .worker = s->key,
@@ -709,11 +722,14 @@ void KvExactPolicy::rebuild_sources() {
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
         s->key = w->url_key();
-        s->shared = replica_ != nullptr;
+        s->sync = replica_;
         if (replica_) {
           const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, r);
           s->peer_active.store(peers.active, std::memory_order_relaxed);
           s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
+          const replica::Sync::RankLoad own = replica_->own_rank_load(s->key, r);
+          s->reported_active.store(own.active, std::memory_order_relaxed);
+          s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
         }
         if (predicted_tokens_) {
           std::string rank = std::to_string(r);
@@ -1082,11 +1098,9 @@ void KvExactPolicy::start() {
             [this](std::vector<replica::LoadEntry>& out) {
               auto sources = sources_.load();
               for (const auto& s : sources->all) {
-                const int64_t active = s->active.load(std::memory_order_relaxed);
-                s->reported_active.store(active, std::memory_order_relaxed);
                 out.push_back({.worker = s->key,
                                .rank = s->rank,
-                               .inflight = active,
+                               .inflight = s->active.load(std::memory_order_relaxed),
                                .prefill_tokens = std::max<int64_t>(
                                    0, s->pending_prefill.load(std::memory_order_relaxed))});
               }
@@ -1097,18 +1111,30 @@ void KvExactPolicy::start() {
                 s->peer_active.store(peers.active, std::memory_order_relaxed);
                 s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
               }
+            },
+            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad own) {
+              auto sources = sources_.load();
+              if (Source* s = sources->by_key(key, rank)) {
+                s->reported_active.store(own.active, std::memory_order_relaxed);
+                s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
+              }
             });
         responder_token_ = replica_->add_responder(
             rule_, [this](const replica::InventoryRequest& req) { return snapshot_for_peer(req); });
-        chain_token_ = replica_->add_sink(rule_, [this](const replica::ChainRecord& r) {
-          if (!r.predict || predict_ttl_.count() <= 0) return;
-          auto sources = sources_.load();
-          if (Source* s = sources->by_key(r.worker, r.rank)) {
-            predict(std::span<const kv::BlockKey>(
-                        r.hashes.data(), std::min(r.hashes.size(), kMaxPredictedPerRequest)),
-                    *s, r.origin_us, r.retract);
-          }
-        });
+        // Own records too, as NATS echoes them: this replica's predictions take effect here when
+        // they do on its peers (on_dispatched applies them at once only while NATS is away).
+        chain_token_ = replica_->add_sink(
+            rule_,
+            [this](const replica::ChainRecord& r) {
+              if (!r.predict || predict_ttl_.count() <= 0) return;
+              auto sources = sources_.load();
+              if (Source* s = sources->by_key(r.worker, r.rank)) {
+                predict(std::span<const kv::BlockKey>(
+                            r.hashes.data(), std::min(r.hashes.size(), kMaxPredictedPerRequest)),
+                        *s, r.origin_us, r.retract);
+              }
+            },
+            /*own=*/true);
       }
     }
   }

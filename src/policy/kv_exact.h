@@ -161,6 +161,9 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void predict(std::span<const kv::BlockKey> keys, const Source& s, int64_t origin_us,
                bool retract);
   std::chrono::milliseconds predict_ttl_;
+  // With replicas: how long after its origin a prediction counts (Sync's batch interval and
+  // kSettleMargin: every replica has heard it by then); 0 alone.
+  int64_t settle_us_ = 0;
   bool parity_probe_;
   mutable std::mutex predict_mu_;
   std::unordered_map<kv::BlockKey, Prediction> predicted_;

@@ -182,7 +182,9 @@ std::string Sync::start() {
     return fail("--replica-sync '" + redact_url(config_.url) + "' is not a NATS URL list");
   }
   natsOptions_SetName(opts, config_.name.c_str());
-  natsOptions_SetNoEcho(opts, true);  // this replica applied its own records already
+  // Echo stays on: this replica's own records and load reports come back as its peers get them,
+  // and the sinks that decide on the fleet's shared state (kv_exact) apply them then, so every
+  // replica changes its view at the same moment (add_sink's `own`, add_rank_load's `hear_own`).
   natsOptions_SetMaxReconnect(opts, -1);
   natsOptions_SetReconnectWait(opts, 250);
   natsOptions_SetTimeout(opts, 2000);
@@ -361,23 +363,31 @@ void Sync::on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* se
 }
 
 void Sync::handle(std::string_view data, ReplayTarget* replay) {
-  if (!replay && bytes_) bytes_->with({"in"}).inc(data.size());
   Header h;
-  if (std::string e = decode_header(data, h); !e.empty()) {
+  const std::string header_error = decode_header(data, h);
+  // (the echo of this replica's own messages is not counted in)
+  if (!replay && bytes_ && (!header_error.empty() || h.replica != id_)) {
+    bytes_->with({"in"}).inc(data.size());
+  }
+  if (!header_error.empty()) {
     if (errors_) errors_->with({"decode"}).inc();
     static log::RateLimit limit(5, std::chrono::seconds(10));
-    log::warn(limit, "replica sync: message dropped").kv("error", e);
+    log::warn(limit, "replica sync: message dropped").kv("error", header_error);
     return;
   }
-  // Our own messages live (no_echo makes it rare: a second connection of ours) were applied
-  // when made. In a replay they are given too: a policy built since (a rule changed) has none
-  // of them, and applying a record again changes nothing.
-  if (h.replica == id_ && !replay) return;
+  // Our own messages, live: the echo of what this replica sent, for the sinks that apply their
+  // own records (and own load) as the peers do. In a replay they are given to every sink: a policy
+  // built since (a rule changed) has none of them, and applying a record again changes nothing.
+  const bool own = h.replica == id_ && !replay;
   if (h.kind == Kind::kLoad) {
     if (replay) return;  // (the history holds records only)
     LoadReport report;
     if (std::string e = decode_load(data, report); !e.empty()) {
       if (errors_) errors_->with({"decode"}).inc();
+      return;
+    }
+    if (own) {
+      apply_own_load(report);
       return;
     }
     if (messages_) messages_->with({"in", "load"}).inc();
@@ -390,6 +400,15 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
     if (errors_) errors_->with({"decode"}).inc();
     static log::RateLimit limit(5, std::chrono::seconds(10));
     log::warn(limit, "replica sync: message dropped").kv("error", e);
+    return;
+  }
+  if (own) {
+    std::shared_lock lock(sinks_mu_);
+    for (const ChainRecord& r : records) {
+      for (const auto& [token, entry] : sinks_) {
+        if (entry.own && entry.rule == r.rule) entry.sink(r);
+      }
+    }
     return;
   }
   if (!replay && messages_) messages_->with({"in", "chains"}).inc();
@@ -573,12 +592,12 @@ std::optional<Sync::Snapshot> Sync::request_inventory(const InventoryRequest& r,
   return out;
 }
 
-uint64_t Sync::add_sink(const std::string& rule, ChainSink sink) {
+uint64_t Sync::add_sink(const std::string& rule, ChainSink sink, bool own) {
   uint64_t token = 0;
   {
     std::unique_lock lock(sinks_mu_);
     token = next_sink_++;
-    sinks_.emplace(token, SinkEntry{rule, std::move(sink)});
+    sinks_.emplace(token, SinkEntry{rule, std::move(sink), own});
   }
   if (with_history_) {
     {
@@ -688,11 +707,46 @@ void Sync::tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& chan
   }
 }
 
-uint64_t Sync::add_rank_load(RankLoadProvider provide, RankLoadSink hear) {
-  std::unique_lock lock(rank_mu_);
-  const uint64_t token = next_rank_reg_++;
-  rank_regs_.emplace(token, RankReg{std::move(provide), std::move(hear)});
+uint64_t Sync::add_rank_load(RankLoadProvider provide, RankLoadSink hear, RankLoadSink hear_own) {
+  uint64_t token = 0;
+  {
+    std::unique_lock lock(rank_mu_);
+    token = next_rank_reg_++;
+    rank_regs_.emplace(token, RankReg{std::move(provide), std::move(hear), std::move(hear_own)});
+  }
+  // A registration made after the last echo hears its figures with the next one: the next report
+  // is sent at once.
+  {
+    std::lock_guard lock(mu_);
+    last_load_ = {};
+  }
+  cv_.notify_all();
   return token;
+}
+
+void Sync::apply_own_load(const LoadReport& report) {
+  std::lock_guard lock(load_mu_);
+  if (own_seq_ != 0 && report.seq <= own_seq_) return;
+  own_seq_ = report.seq;
+  std::unordered_map<RankKey, RankLoad, RankKeyHash> now;
+  for (const LoadEntry& e : report.entries) {
+    if (e.rank >= 0) now[RankKey{e.worker, e.rank}] = RankLoad{e.inflight, e.prefill_tokens};
+  }
+  std::vector<std::pair<RankKey, RankLoad>> changed;
+  for (const auto& [k, v] : own_ranks_) {
+    if (!now.contains(k)) changed.emplace_back(k, RankLoad{});
+  }
+  for (const auto& [k, v] : now) {
+    auto it = own_ranks_.find(k);
+    if (it == own_ranks_.end() || it->second != v) changed.emplace_back(k, v);
+  }
+  own_ranks_ = std::move(now);
+  if (changed.empty()) return;
+  std::shared_lock rank_lock(rank_mu_);
+  for (const auto& [token, reg] : rank_regs_) {
+    if (!reg.hear_own) continue;
+    for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v);
+  }
 }
 
 void Sync::remove_rank_load(uint64_t token) {
@@ -704,6 +758,12 @@ Sync::RankLoad Sync::peer_rank_load(uint64_t worker, int32_t rank) const {
   std::lock_guard lock(load_mu_);
   auto it = rank_sums_.find(RankKey{worker, rank});
   return it == rank_sums_.end() ? RankLoad{} : it->second;
+}
+
+Sync::RankLoad Sync::own_rank_load(uint64_t worker, int32_t rank) const {
+  std::lock_guard lock(load_mu_);
+  auto it = own_ranks_.find(RankKey{worker, rank});
+  return it == own_ranks_.end() ? RankLoad{} : it->second;
 }
 
 void Sync::resum(const std::vector<uint64_t>& keys) {

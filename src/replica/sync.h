@@ -5,7 +5,8 @@
 //                      worker, the origin time) and kv_exact's predicted pages, batched: a
 //                      message leaves at most --replica-sync-batch-ms after its first record, or
 //                      at 256 records. Peers apply them to the policy of the same rule name
-//                      (ChainSink); the sender applied its own already.
+//                      (ChainSink); the sender applied its own already, or applies them as
+//                      NATS echoes them (a sink added with `own`).
 //   <subject>.load     each replica's own load, absolute: requests in flight per worker (and
 //                      kv_exact's per rank, with the prefill tokens queued there), sent when it
 //                      changed (at most every --replica-load-interval-ms) and at least every
@@ -119,6 +120,10 @@ class Sync {
   // A reconnection's replay starts this long before the connection was lost (clock skew between
   // this host and NATS, messages in flight then).
   static constexpr std::chrono::seconds kReplayMargin{10};
+  // What a record needs beyond the batch interval to reach every replica (NATS's delivery, a
+  // scheduling delay): a policy acting on records from `origin + batch + kSettleMargin` acts on
+  // them at the same moment everywhere.
+  static constexpr std::chrono::milliseconds kSettleMargin{2};
 
   uint64_t id() const { return id_; }
   const SyncConfig& config() const { return config_; }
@@ -141,8 +146,10 @@ class Sync {
   std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
   // of that sink is running. With history, the sink is also given the stream's records (on the
-  // history thread, soon after; see the header comment).
-  uint64_t add_sink(const std::string& rule, ChainSink sink);
+  // history thread, soon after; see the header comment). `own`: this replica's records too, as
+  // NATS echoes them (when its peers get them): a sink deciding on the fleet's shared state
+  // applies its own records then, not when made, so no replica knows more than the others.
+  uint64_t add_sink(const std::string& rule, ChainSink sink, bool own = false);
   void remove_sink(uint64_t token);
 
   // Workers whose load this replica publishes and whose peers' loads it adds up (each pool's,
@@ -154,7 +161,10 @@ class Sync {
   // active and prefill tokens queued per (worker key, rank)) to each load report; `hear` is told
   // the sum of the peers' latest for every (worker key, rank) whose sum changed (on a libnats
   // thread or this class's, in the order the sums were made; it must not call into Sync).
-  // remove_rank_load returns once no call of either is running.
+  // `hear_own` (optional) is told this replica's own entries as NATS echoes its report (when the
+  // peers get it), for every (worker key, rank) whose figures changed (zero for one no longer
+  // reported), so every replica weighs the same figures for this one. The first report after a
+  // registration leaves at once. remove_rank_load returns once no call of any is running.
   struct RankLoad {
     int64_t active = 0;
     int64_t prefill_tokens = 0;
@@ -162,10 +172,12 @@ class Sync {
   };
   using RankLoadProvider = std::function<void(std::vector<LoadEntry>& out)>;
   using RankLoadSink = std::function<void(uint64_t worker, int32_t rank, RankLoad peers)>;
-  uint64_t add_rank_load(RankLoadProvider provide, RankLoadSink hear);
+  uint64_t add_rank_load(RankLoadProvider provide, RankLoadSink hear, RankLoadSink hear_own = {});
   void remove_rank_load(uint64_t token);
   // The peers' sum for one (worker key, rank) now (a source made after the last report).
   RankLoad peer_rank_load(uint64_t worker, int32_t rank) const;
+  // This replica's own figures for one (worker key, rank) as last echoed.
+  RankLoad own_rank_load(uint64_t worker, int32_t rank) const;
 
   // kv_exact's bootstrap from a warm peer (<subject>.inventory, request-reply). A policy answers
   // for its rule with `respond` (on a libnats thread): nullopt when its view of that source is not
@@ -270,6 +282,7 @@ class Sync {
   struct SinkEntry {
     std::string rule;
     ChainSink sink;
+    bool own = false;  // hears this replica's own records (echoed)
   };
   std::map<uint64_t, SinkEntry> sinks_;
   uint64_t next_sink_ = 1;
@@ -307,6 +320,7 @@ class Sync {
   struct RankReg {
     RankLoadProvider provide;
     RankLoadSink hear;
+    RankLoadSink hear_own;
   };
   std::map<uint64_t, RankReg> rank_regs_;
   uint64_t next_rank_reg_ = 1;
@@ -318,6 +332,10 @@ class Sync {
   void resum_ranks(const std::vector<RankKey>& keys,
                    std::vector<std::pair<RankKey, RankLoad>>& changed);
   std::unordered_map<uint64_t, Peer> peers_;
+  // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
+  std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
+  uint64_t own_seq_ = 0;
+  void apply_own_load(const LoadReport& report);
   uint64_t load_seq_ = 0;
   Clock::time_point last_load_{};
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -428,6 +429,65 @@ TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
   a.add_sink("default", [&](const replica::ChainRecord&) { ++own; });
   ASSERT_TRUE(wait_until([&] { return replays_ok() > before; }, 15s));
   EXPECT_EQ(own.load(), kRecords);
+}
+
+// A sink deciding on the fleet's shared state (kv_exact) hears this replica's own records and
+// load as NATS echoes them, when the peers hear them; other sinks never hear their own.
+TEST(Replicas, OwnRecordsAndLoadComeBackToTheSinksThatAskAsThePeersHearThem) {
+  Nats nats;
+  auto config = [&](const std::string& name) {
+    replica::SyncConfig c;
+    c.url = nats.url();
+    c.name = name;
+    return c;
+  };
+  replica::Sync a(config("a"), nullptr), b(config("b"), nullptr);
+  ASSERT_EQ(a.start(), "");
+  ASSERT_EQ(b.start(), "");
+  std::atomic<int> own{0}, plain{0}, peer{0};
+  a.add_sink(
+      "default", [&](const replica::ChainRecord&) { ++own; }, /*own=*/true);
+  a.add_sink("default", [&](const replica::ChainRecord&) { ++plain; });
+  b.add_sink("default", [&](const replica::ChainRecord&) { ++peer; });
+  std::atomic<int64_t> active{3};
+  std::mutex mu;
+  std::map<std::string, replica::Sync::RankLoad> heard;  // "own" / "peer" -> figures (rank 1)
+  a.add_rank_load(
+      [&](std::vector<replica::LoadEntry>& out) {
+        out.push_back({.worker = 7, .rank = 1, .inflight = active.load(), .prefill_tokens = 40});
+      },
+      [](uint64_t, int32_t, replica::Sync::RankLoad) {},
+      [&](uint64_t worker, int32_t rank, replica::Sync::RankLoad l) {
+        std::lock_guard lock(mu);
+        if (worker == 7 && rank == 1) heard["own"] = l;
+      });
+  b.add_rank_load([](std::vector<replica::LoadEntry>&) {},
+                  [&](uint64_t worker, int32_t rank, replica::Sync::RankLoad l) {
+                    std::lock_guard lock(mu);
+                    if (worker == 7 && rank == 1) heard["peer"] = l;
+                  });
+  auto figures = [&](const std::string& who) {
+    std::lock_guard lock(mu);
+    return heard[who];
+  };
+  ASSERT_TRUE(wait_until([&] { return a.connected() && b.connected(); }, 10s));
+  for (int i = 0; i < 3; ++i) {
+    a.publish(replica::ChainRecord{
+        .rule = "default", .worker = 7, .origin_us = replica::Sync::now_us(), .hashes = {1, 2}});
+  }
+  ASSERT_TRUE(wait_until([&] { return own.load() == 3 && peer.load() == 3; }, 10s))
+      << own.load() << " " << peer.load();
+  EXPECT_EQ(plain.load(), 0);
+  const replica::Sync::RankLoad first{3, 40};
+  ASSERT_TRUE(wait_until([&] { return figures("own") == first && figures("peer") == first; }, 10s));
+  EXPECT_EQ(a.own_rank_load(7, 1), first);
+  active = 5;  // a change is heard by both alike
+  const replica::Sync::RankLoad second{5, 40};
+  ASSERT_TRUE(
+      wait_until([&] { return figures("own") == second && figures("peer") == second; }, 10s));
+  // Its own echo does not make a replica its own peer (b is heard within its 1 s heartbeat).
+  ASSERT_TRUE(wait_until([&] { return a.peers() == 1; }, 10s));
+  EXPECT_EQ(a.peers(), 1U);
 }
 
 }  // namespace

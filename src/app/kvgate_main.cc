@@ -27,6 +27,7 @@
 #include "gateway/stats.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "replica/registry.h"
 #include "replica/sync.h"
 #include "rules/cli.h"
 #include "rules/config_file.h"
@@ -290,6 +291,22 @@ int main(int argc, char** argv) {
     }
     replica_sync = std::make_unique<replica::Sync>(std::move(sc), &registry);
     if (std::string e = replica_sync->start(); !e.empty()) return fail(e);
+  }
+  // Its etcd registration (--replica-registry): stopped (its lease revoked) before the Sync goes.
+  std::unique_ptr<replica::Registry> replica_registry;
+  if (replica_sync && !cfg.replica_registry.empty()) {
+    replica::RegistryConfig rc = registry_config(cfg);  // (validate() checked the URL)
+    // The address clients reach this replica at: --host unless it is a wildcard.
+    std::string host = cfg.host;
+    if (host.empty() || host == "0.0.0.0" || host == "::") {
+      char name[256] = {};
+      gethostname(name, sizeof name - 1);
+      host = name;
+    }
+    if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    rc.url = "http://" + host + ":" + std::to_string(cfg.port);
+    replica_registry = std::make_unique<replica::Registry>(std::move(rc), *replica_sync, &registry);
+    if (std::string e = replica_registry->start(); !e.empty()) return fail(e);
   }
   PoolEnv env;
   env.config = &cfg;

@@ -224,10 +224,15 @@ std::string check_worker_key_parts(std::string_view model, std::string_view id) 
 }
 
 std::string split_worker_key(std::string_view key, std::string& model, std::string& id) {
-  if (!key.starts_with(kWorkersPrefix)) {
-    return "the key is not under " + std::string(kWorkersPrefix);
+  return split_record_key(key, kWorkersPrefix, model, id);
+}
+
+std::string split_record_key(std::string_view key, std::string_view root, std::string& model,
+                             std::string& id) {
+  if (!key.starts_with(root)) {
+    return "the key is not under " + std::string(root);
   }
-  std::string_view rest = key.substr(kWorkersPrefix.size());
+  std::string_view rest = key.substr(root.size());
   size_t slash = rest.rfind('/');
   if (slash == std::string_view::npos) return "the key has no <model>/<id> after the prefix";
   std::string_view m = rest.substr(0, slash), i = rest.substr(slash + 1);
@@ -904,9 +909,9 @@ EtcdWatcher::~EtcdWatcher() {
 
 std::string EtcdWatcher::start() {
   if (!client_.url_error().empty()) return client_.url_error();
-  if (!prefix_.starts_with(kWorkersPrefix)) {
-    return "the etcd prefix must be under " + std::string(kWorkersPrefix) + " (e.g. " +
-           std::string(kWorkersPrefix) + "llama/), got '" + prefix_ + "'";
+  if (!prefix_.starts_with(options_.root)) {
+    return "the etcd prefix must be under " + options_.root + " (e.g. " + options_.root +
+           "llama/), got '" + prefix_ + "'";
   }
   std::lock_guard lock(mu_);
   if (thread_.joinable() || stopping_) return "";
@@ -938,7 +943,7 @@ bool EtcdWatcher::apply(const EtcdKeyValue& kv, bool deleted) {
     return true;
   }
   WorkerRecord r;
-  std::string err = split_worker_key(kv.key, r.model, r.id);
+  std::string err = split_record_key(kv.key, options_.root, r.model, r.id);
   if (err.empty()) err = parse_worker_record(kv.value, r);
   if (!err.empty()) {
     stats_.invalid_records.fetch_add(1, std::memory_order_relaxed);

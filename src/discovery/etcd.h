@@ -40,6 +40,9 @@ std::string prefix_range_end(std::string_view prefix);
 
 // ---- The worker record. ----
 inline constexpr std::string_view kWorkersPrefix = "/kvgate/v1/workers/";
+// Gateways registered by --replica-registry: /kvgate/v1/gateways/<subject>/<replica id>, the same
+// record (its url the gateway's).
+inline constexpr std::string_view kGatewaysPrefix = "/kvgate/v1/gateways/";
 inline constexpr size_t kMaxWorkerRecordBytes = size_t{64} * 1024;
 inline constexpr size_t kMaxKeyPartBytes = 256;  // a model name or an id
 
@@ -68,6 +71,9 @@ std::string check_worker_key_parts(std::string_view model, std::string_view id);
 // Splits a key under kWorkersPrefix into model and id (the id is after the last '/'). "" or why
 // the key is not a worker key.
 std::string split_worker_key(std::string_view key, std::string& model, std::string& id);
+// The same under another root: "<root><group>/<id>" (gateways: kGatewaysPrefix).
+std::string split_record_key(std::string_view key, std::string_view root, std::string& model,
+                             std::string& id);
 // Parses and validates a record's JSON value into `out` (model and id untouched). "" or every
 // problem's description, naming the field.
 std::string parse_worker_record(std::string_view value, WorkerRecord& out);
@@ -180,6 +186,8 @@ class EtcdWatcher {
     std::chrono::milliseconds min_backoff{100};  // after a failure; doubles up to max_backoff
     std::chrono::milliseconds max_backoff{5000};
     size_t max_workers = 4096;  // records past this are ignored (logged)
+    // The tree the records are in (keys "<root><model>/<id>"): workers, or kGatewaysPrefix.
+    std::string root = std::string(kWorkersPrefix);
   };
   // Monotonic counters, readable from any thread (for metrics).
   struct Stats {

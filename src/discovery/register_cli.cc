@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "discovery/registrar.h"
 #include "util/flags.h"
 #include "util/log.h"
 
@@ -223,65 +224,17 @@ int register_main(int argc, char** argv) {
     return 1;
   }
 
-  EtcdClient etcd(opts.etcd);
-  const std::string key = worker_key(opts.record.model, opts.record.id);
-  const std::string value = serialize_worker_record(opts.record);
-  const auto keepalive_every = std::chrono::milliseconds(opts.ttl_secs * 1000 / 3);
-  const auto max_retry = std::min(keepalive_every, std::chrono::milliseconds(5000));
-  auto retry = std::chrono::milliseconds(250);
-  int64_t lease = 0;
-  bool registered = false;
-  static log::RateLimit fail_limit(10, std::chrono::seconds(60));
-  log::info("register: starting").kv("etcd", opts.etcd).kv("key", key).kv("ttl", opts.ttl_secs);
-
-  for (;;) {
-    std::string err;
-    if (lease == 0) err = etcd.lease_grant(opts.ttl_secs, lease);
-    if (err.empty() && !registered) {
-      err = etcd.put(key, value, lease);
-      if (err.empty()) {
-        registered = true;
-        retry = std::chrono::milliseconds(250);
-        log::info("register: worker registered")
-            .kv("key", key)
-            .kv("url", opts.record.url)
-            .kv("lease", lease);
-      }
-    }
-    if (!err.empty()) {
-      // A put that failed may have met an expired lease: the next round starts with a new one
-      // (an unused lease expires by itself).
-      lease = 0;
-      if (auto l = log::warn(fail_limit, "register: etcd call failed, retrying")) {
-        l.kv("error", err).kv("retry_ms", retry.count());
-      }
-      if (wait_signal(sfd, retry)) break;
-      retry = std::min(retry * 2, max_retry);
-      continue;
-    }
-    if (wait_signal(sfd, keepalive_every)) break;
-    int64_t ttl_left = 0;
-    err = etcd.lease_keepalive(lease, ttl_left);
-    if (!err.empty()) {
-      // etcd unreachable: the lease may survive it; the next round tells.
-      if (auto l = log::warn(fail_limit, "register: keepalive failed")) l.kv("error", err);
-    } else if (ttl_left == 0) {
-      log::warn("register: the lease is gone (expired, or etcd lost it); registering again")
-          .kv("lease", lease);
-      lease = 0;
-      registered = false;
-    }
-  }
-
-  if (lease != 0) {
-    if (std::string err = etcd.lease_revoke(lease); !err.empty()) {
-      log::warn("register: could not revoke the lease; the key expires with it")
-          .kv("error", err)
-          .kv("ttl", opts.ttl_secs);
-    } else {
-      log::info("register: lease revoked, worker deregistered").kv("key", key);
-    }
-  }
+  log::info("register: starting")
+      .kv("etcd", opts.etcd)
+      .kv("key", worker_key(opts.record.model, opts.record.id))
+      .kv("url", opts.record.url)
+      .kv("ttl", opts.ttl_secs);
+  keep_registered(RegistrarOptions{.etcd_url = opts.etcd,
+                                   .key = worker_key(opts.record.model, opts.record.id),
+                                   .value = serialize_worker_record(opts.record),
+                                   .ttl_secs = opts.ttl_secs,
+                                   .what = "worker"},
+                  [sfd](std::chrono::milliseconds d) { return wait_signal(sfd, d); });
   ::close(sfd);
   log::flush();
   return 0;

@@ -11,6 +11,7 @@
 #include "gateway/knobs.h"
 #include "http/client.h"
 #include "policy/registry.h"
+#include "replica/registry.h"
 
 namespace kvgate {
 namespace {
@@ -838,6 +839,23 @@ const std::vector<K>& table() {
          .field = &C::replica_sync_history_bytes,
          .min = 0,
          .max = 17179869184},
+        {.name = "replica-registry",
+         .group = kReplicas,
+         .value_name = "URL",
+         .help = "etcd://HOST:PORT: this replica registers itself in etcd (etcd's v3 JSON gateway) "
+                 "at /kvgate/v1/gateways/<--replica-sync-subject>/<replica id> under a lease it "
+                 "keeps alive, and watches the fleet's keys: a peer whose key goes (it died and "
+                 "its lease expired, or it stopped) is forgotten at once, not after "
+                 "--replica-peer-timeout-ms of silence. Needs --replica-sync",
+         .field = &C::replica_registry},
+        {.name = "replica-registry-ttl-secs",
+         .group = kReplicas,
+         .value_name = "SECS",
+         .help = "The lease of this replica's etcd key (--replica-registry): a replica that dies "
+                 "is forgotten this long after (keepalives every third of it)",
+         .field = &C::replica_registry_ttl_secs,
+         .min = 2,
+         .max = 300},
 
         {.name = "log-level",
          .group = kLogging,
@@ -925,6 +943,16 @@ std::string validate(const GatewayConfig& c) {
   } else if (c.worker_urls.empty() && c.discovery.empty()) {
     return "no workers: give --worker-urls http://host:port [http://host:port ...] or "
            "--discovery dns://NAME:PORT";
+  }
+  if (!c.replica_registry.empty()) {
+    if (c.replica_sync.empty()) {
+      return "--replica-registry names the replicas that share state: it needs --replica-sync "
+             "nats://HOST:PORT too";
+    }
+    std::string etcd_url;
+    if (std::string e = replica::parse_registry_url(c.replica_registry, etcd_url); !e.empty()) {
+      return e;
+    }
   }
   if (!c.discovery.empty()) {
     discovery::Spec spec;

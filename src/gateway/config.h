@@ -76,6 +76,8 @@ struct GatewayConfig {
   int64_t replica_sync_chunk_bytes = 64;
   int64_t replica_sync_max_chunks = 1048576;
   int64_t replica_sync_history_bytes = 67108864;
+  std::string replica_registry;
+  int64_t replica_registry_ttl_secs = 10;
   // Logging
   std::string log_dir;
   std::string log_level = "info";

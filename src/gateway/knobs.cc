@@ -103,6 +103,15 @@ replica::SyncConfig sync_config(const GatewayConfig& c) {
   return s;
 }
 
+replica::RegistryConfig registry_config(const GatewayConfig& c) {
+  replica::RegistryConfig r;
+  r.uri = c.replica_registry;
+  if (!c.replica_registry.empty()) replica::parse_registry_url(c.replica_registry, r.etcd_url);
+  r.subject = c.replica_sync_subject;
+  r.ttl_secs = c.replica_registry_ttl_secs;
+  return r;
+}
+
 discovery::Source::Options discovery_options(const GatewayConfig& c) {
   discovery::Source::Options o;
   o.dns_max_interval = std::chrono::seconds(c.discovery_interval_secs);

@@ -11,6 +11,7 @@
 #include "http/client.h"
 #include "http/server.h"
 #include "policy/registry.h"
+#include "replica/registry.h"
 #include "replica/sync.h"
 #include "workers/circuit_breaker.h"
 #include "workers/health.h"
@@ -28,6 +29,9 @@ http::ServerConfig server_config(const GatewayConfig& c, size_t max_connections)
 // Replica sync (--replica-sync); the name is left empty when --replica-name is (the binary
 // names it after its host and port).
 replica::SyncConfig sync_config(const GatewayConfig& c);
+// --replica-registry: etcd_url parsed (empty when the flag is, or malformed: validate() says
+// so), the subject and the lease's TTL; `url` (this gateway's address) is the binary's to set.
+replica::RegistryConfig registry_config(const GatewayConfig& c);
 // Discovery watchers (rules' `discovery`, --discovery).
 discovery::Source::Options discovery_options(const GatewayConfig& c);
 // Each request thread's keep-alive pool of upstream connections.

@@ -72,6 +72,11 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
   disconnects_ =
       &r.counter("kvgate_replica_sync_disconnects_total", "Times the connection to NATS was lost")
            .with({});
+  expiries_ = &r.counter("kvgate_replica_peer_expiries_total",
+                         "Peers forgotten (their load no longer counted): silence (nothing for "
+                         "--replica-peer-timeout-ms) or deregistered (their --replica-registry "
+                         "key went)",
+                         {"reason"});
   messages_ = &r.counter("kvgate_replica_sync_messages_total",
                          "Replica sync messages sent and received, by kind (chains, load)",
                          {"direction", "kind"});
@@ -647,6 +652,11 @@ void Sync::apply_load(const Header& h, const LoadReport& report) {
   std::vector<std::pair<RankKey, RankLoad>> changed;
   {
     std::lock_guard lock(load_mu_);
+    if (peers_.size() >= kMaxPeers && !peers_.contains(h.replica)) {
+      // A fleet this large is a misconfiguration (or someone else's traffic on our subject).
+      if (errors_) errors_->with({"too_many_peers"}).inc();
+      return;
+    }
     Peer& p = peers_[h.replica];
     if (p.seq != 0 && report.seq <= p.seq) return;  // an older report arriving late
     p.seq = report.seq;
@@ -760,6 +770,34 @@ Sync::RankLoad Sync::peer_rank_load(uint64_t worker, int32_t rank) const {
   return it == rank_sums_.end() ? RankLoad{} : it->second;
 }
 
+void Sync::set_registered(std::vector<uint64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::pair<RankKey, RankLoad>> changed;
+  std::lock_guard lock(load_mu_);
+  std::vector<uint64_t> keys;
+  std::vector<RankKey> rank_keys;
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    const uint64_t id = it->first;
+    // Only a key seen and then gone says the peer is: one never registered (no registry, a
+    // registration not yet made) keeps its reports until silence.
+    if (!std::binary_search(registered_.begin(), registered_.end(), id) ||
+        std::binary_search(ids.begin(), ids.end(), id)) {
+      ++it;
+      continue;
+    }
+    log::info("replica sync: peer deregistered, its load forgotten").kv("peer", id);
+    if (expiries_) expiries_->with({"deregistered"}).inc();
+    for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
+    for (const auto& [key, n] : it->second.ranks) rank_keys.push_back(key);
+    it = peers_.erase(it);
+  }
+  registered_ = std::move(ids);
+  if (!keys.empty()) resum(keys);
+  if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
+  if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
+  tell_rank_sinks(changed);
+}
+
 Sync::RankLoad Sync::own_rank_load(uint64_t worker, int32_t rank) const {
   std::lock_guard lock(load_mu_);
   auto it = own_ranks_.find(RankKey{worker, rank});
@@ -792,6 +830,7 @@ void Sync::expire_peers() {
         continue;
       }
       log::info("replica sync: peer silent, its load forgotten").kv("peer", it->first);
+      if (expiries_) expiries_->with({"silence"}).inc();
       for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
       for (const auto& [key, n] : it->second.ranks) rank_keys.push_back(key);
       it = peers_.erase(it);

@@ -195,6 +195,11 @@ class Sync {
   std::optional<Snapshot> request_inventory(const InventoryRequest& r,
                                             std::chrono::milliseconds timeout);
 
+  // The replica ids registered now (--replica-registry: the keys under
+  // /kvgate/v1/gateways/<subject>/). A peer whose key was there and is gone is forgotten at once,
+  // as after silence (a replica that still sends is heard again with its next report).
+  void set_registered(std::vector<uint64_t> ids);
+
   // For /readiness and /v1/stats: {"connected":..,"peers":..,...}.
   std::string status_json() const;
 
@@ -332,6 +337,7 @@ class Sync {
   void resum_ranks(const std::vector<RankKey>& keys,
                    std::vector<std::pair<RankKey, RankLoad>>& changed);
   std::unordered_map<uint64_t, Peer> peers_;
+  std::vector<uint64_t> registered_;  // sorted (set_registered)
   // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
   uint64_t own_seq_ = 0;
@@ -343,6 +349,7 @@ class Sync {
   metrics::Gauge* connected_gauge_ = nullptr;
   metrics::Gauge* peers_gauge_ = nullptr;
   metrics::Counter* disconnects_ = nullptr;
+  metrics::CounterFamily* expiries_ = nullptr;     // {reason}
   metrics::CounterFamily* messages_ = nullptr;     // {direction, kind}
   metrics::CounterFamily* bytes_ = nullptr;        // {direction}
   metrics::CounterFamily* records_ = nullptr;      // {result}

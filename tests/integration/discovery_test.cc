@@ -23,6 +23,7 @@
 #include "discovery/etcd.h"
 #include "support/cluster.h"
 #include "support/http_client.h"
+#include "support/nats.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -705,6 +706,89 @@ TEST_F(DiscoveryEtcd, AGatewayFollowsRegisteredWorkersAndALeaseExpiryRemovesOne)
                            "http://127.0.0.1:1", "--ttl", "5"});
   ASSERT_TRUE(wait_until([&] { return keys().size() == 2; }, 5s));
   EXPECT_EQ(gw.total(), 1);
+}
+
+// Gateways register themselves (--replica-registry): each one's key under
+// /kvgate/v1/gateways/<subject>/, and a peer whose key goes (a replica killed: its lease expires)
+// is forgotten at once, long before --replica-peer-timeout-ms of silence would.
+TEST_F(DiscoveryEtcd, GatewaysRegisterThemselvesAndAPeerWhoseKeyGoesIsForgotten) {
+  Nats nats;
+  Sim sim = Sim::launch({"--time-scale", "0"});
+  struct Gw {
+    int port = free_port(), metrics = free_port();
+    std::unique_ptr<Process> process;
+    double metric(const std::string& series) const {
+      const std::string body = HttpClient(metrics).get("/metrics").body;
+      const size_t at = body.find("\n" + series + " ");
+      return at == std::string::npos ? -1 : std::stod(body.substr(at + series.size() + 2));
+    }
+  };
+  auto launch = [&] {
+    Gw g;
+    g.process = std::make_unique<Process>(
+        "kvgate", std::vector<std::string>{"--host",
+                                           "127.0.0.1",
+                                           "--port",
+                                           std::to_string(g.port),
+                                           "--admin-port",
+                                           std::to_string(free_port()),
+                                           "--prometheus-host",
+                                           "127.0.0.1",
+                                           "--prometheus-port",
+                                           std::to_string(g.metrics),
+                                           "--worker-urls",
+                                           sim.url(),
+                                           "--replica-sync",
+                                           nats.url(),
+                                           "--replica-registry",
+                                           "etcd://127.0.0.1:" + std::to_string(etcd_->port()),
+                                           "--replica-registry-ttl-secs",
+                                           "2",
+                                           "--replica-peer-timeout-ms",
+                                           "60000"});
+    return g;
+  };
+  const std::string prefix = std::string(kGatewaysPrefix) + "kvgate/";
+  std::vector<Gw> gws;
+  for (int i = 0; i < 3; ++i) gws.push_back(launch());
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return keys(prefix).size() == 3 && std::all_of(gws.begin(), gws.end(), [](const Gw& g) {
+                 return g.metric("kvgate_replica_peers") == 2 &&
+                        g.metric("kvgate_replica_registry_gateways") == 3 &&
+                        g.metric("kvgate_replica_registry_registered") == 1;
+               });
+      },
+      20s))
+      << gws[0].process->log();
+  // Each record names its gateway's address.
+  std::vector<std::string> urls;
+  for (const auto& kv : keys(prefix)) {
+    WorkerRecord r;
+    ASSERT_EQ(parse_worker_record(kv.value, r), "") << kv.value;
+    urls.push_back(r.url);
+  }
+  for (const auto& g : gws) {
+    EXPECT_NE(std::find(urls.begin(), urls.end(), "http://127.0.0.1:" + std::to_string(g.port)),
+              urls.end());
+  }
+  // Killed: nothing said, but its lease expires (TTL 2 s) and the others forget it then.
+  gws[2].process->kill_now();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return gws[0].metric("kvgate_replica_peers") == 1 &&
+               gws[1].metric("kvgate_replica_peers") == 1;
+      },
+      15s))
+      << gws[0].process->log();
+  EXPECT_EQ(gws[0].metric("kvgate_replica_peer_expiries_total{reason=\"deregistered\"}"), 1);
+  EXPECT_EQ(keys(prefix).size(), 2U);
+  // Stopped: its lease is revoked, its key goes at once, and so does it from the other's peers.
+  gws[1].process->stop();
+  ASSERT_TRUE(wait_until([&] { return gws[0].metric("kvgate_replica_peers") == 0; }, 10s))
+      << gws[0].process->log();
+  EXPECT_EQ(keys(prefix).size(), 1U);
+  EXPECT_EQ(gws[0].metric("kvgate_replica_peer_expiries_total{reason=\"silence\"}"), -1);
 }
 
 }  // namespace

@@ -299,8 +299,9 @@ TEST(Metrics, DocumentedSeriesAreTheExposedOnes) {
                    std::to_string(metrics_port), "--admin-port", std::to_string(admin_port),
                    "--metrics-compat", "smg", "--max-concurrent-requests", "8",
                    "--health-check-interval-secs", "1", "--retry-initial-backoff-ms", "1",
-                   // (no NATS there: the replica series exist all the same)
-                   "--replica-sync", "nats://127.0.0.1:" + std::to_string(free_port())});
+                   // (no NATS nor etcd there: the replica series exist all the same)
+                   "--replica-sync", "nats://127.0.0.1:" + std::to_string(free_port()),
+                   "--replica-registry", "etcd://127.0.0.1:" + std::to_string(free_port())});
   auto scrape = [&] {
     HttpClient m(metrics_port);
     auto r = m.get("/metrics");

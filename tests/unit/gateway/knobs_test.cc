@@ -20,13 +20,15 @@ struct Derived {
   http::ServerConfig server;
   http::ConnectionPool::Options upstream;
   replica::SyncConfig sync;
+  replica::RegistryConfig registry;
   discovery::Source::Options discovery;
   bool operator==(const Derived&) const = default;
 };
 
 Derived derive(const GatewayConfig& c) {
-  return {policy_config(c),    breaker_config(c),        health_config(c), retry_config(c),
-          server_config(c, 0), upstream_pool_options(c), sync_config(c),   discovery_options(c)};
+  return {policy_config(c), breaker_config(c),   health_config(c),
+          retry_config(c),  server_config(c, 0), upstream_pool_options(c),
+          sync_config(c),   registry_config(c),  discovery_options(c)};
 }
 
 // Sets knob `k` of `c` to another valid value; false if it has no plain field.

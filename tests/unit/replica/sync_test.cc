@@ -1,7 +1,7 @@
 // Tests for replica/sync without a NATS server: the JetStream history stream's name (one per
 // subject prefix, never shared by two prefixes, always a valid stream name), the history's
 // settings derived from the knobs (cache_aware's TTL, the byte bound), and a Sync whose NATS is
-// not there: start() succeeds and there is no history.
+// not there: start() succeeds and there is no history; --replica-registry's URL and validation.
 #include "replica/sync.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <set>
 
 #include "gateway/knobs.h"
+#include "replica/registry.h"
 #include "support/process.h"
 
 namespace kvgate::replica {
@@ -56,7 +57,7 @@ TEST(SyncStreamName, ReplacesWhatAStreamNameMayNotHoldAndAddsAHash) {
 }
 
 TEST(SyncConfig, HistoryIsCacheAwaresTtlAndTheByteBound) {
-  GatewayConfig c;
+  kvgate::GatewayConfig c;
   SyncConfig s = sync_config(c);
   EXPECT_EQ(s.history, std::chrono::seconds(c.eviction_interval));
   EXPECT_EQ(s.history_bytes, 64 << 20);
@@ -83,4 +84,27 @@ TEST(Sync, WithoutNatsStartsAndHasNoHistory) {
 }
 
 }  // namespace
+TEST(RegistryUrl, TakesEtcdHostAndPortOnly) {
+  std::string url;
+  EXPECT_EQ(parse_registry_url("etcd://127.0.0.1:2379", url), "");
+  EXPECT_EQ(url, "http://127.0.0.1:2379");
+  for (const char* bad : {"http://127.0.0.1:2379", "etcd://127.0.0.1", "etcd://:2379",
+                          "etcd://127.0.0.1:2379/llama", "etcd://h:0", ""}) {
+    const std::string e = parse_registry_url(bad, url);
+    EXPECT_NE(e, "") << bad;
+    EXPECT_NE(e.find("--replica-registry"), std::string::npos) << e;
+  }
+}
+
+TEST(RegistryUrl, ValidationWantsReplicaSyncBeside) {
+  kvgate::GatewayConfig c;
+  c.worker_urls = {"http://127.0.0.1:1"};
+  c.replica_registry = "etcd://127.0.0.1:2379";
+  EXPECT_NE(validate(c).find("needs --replica-sync"), std::string::npos) << validate(c);
+  c.replica_sync = "nats://127.0.0.1:4222";
+  EXPECT_EQ(validate(c), "");
+  c.replica_registry = "etcd://127.0.0.1:2379/m";
+  EXPECT_NE(validate(c).find("without a path"), std::string::npos) << validate(c);
+}
+
 }  // namespace kvgate::replica

@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -387,9 +389,11 @@ struct RouteAnswer {
   std::string key;
   std::string body;
 };
-RouteAnswer route_of(int admin_port, std::string_view path, const std::string& body) {
+RouteAnswer route_of(int admin_port, std::string_view path, const std::string& body,
+                     int64_t at_us) {
   auto r = fetch_sync("http://127.0.0.1:" + std::to_string(admin_port), "POST",
-                      "/v1/route?path=" + std::string(path), std::chrono::milliseconds(5000), body);
+                      "/v1/route?path=" + std::string(path) + "&at=" + std::to_string(at_us),
+                      std::chrono::milliseconds(5000), body);
   if (r.error != http::CallError::kNone || r.status != 200) return {"error", r.body};
   auto field = [&](std::string_view key) {
     size_t at = r.body.find("\"" + std::string(key) + "\":");
@@ -653,25 +657,34 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     // Every request (at most 2,000) is asked of every kvgate just before it is sent (live
     // agreement: the fleet's state as the deciding kvgate sees it, records and loads of other
     // requests still on their way); a sample (one in four, at most 200) again once the run is
-    // over (agreement). The live question holds the driver a millisecond or two per request.
+    // over (agreement).
     std::vector<std::string> sampled;
     size_t seen_bodies = 0;
-    size_t shadow_asked = 0, shadow_agreed = 0;
-    // Every kvgate is asked at once (one thread each), so the answers describe one moment; a
-    // disagreement is written to agreement-<policy>.log with every answer.
+    // Every kvgate is asked for one moment (route-only's ?at=), so the answers describe one
+    // instant, not each the moment the question reached it; a disagreement is written to
+    // agreement-<policy>.log with every answer. Live, the moment is 10 ms ahead: the questions
+    // leave on threads of their own and the request is held until then (only it: the others go
+    // on), so it is sent at the instant the kvgates were asked about.
+    std::mutex agree_mu;
     std::FILE* disagreements = nullptr;
-    auto agree_on = [&](const std::string& body, std::string_view when) {
+    auto unix_us = [] {
+      return std::chrono::duration_cast<std::chrono::microseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+          .count();
+    };
+    auto agree_on = [&](const std::string& body, std::string_view when, int64_t at) {
       std::vector<RouteAnswer> answers(gateways.size());
       std::vector<std::thread> askers;
       askers.reserve(gateways.size());
       for (size_t g = 0; g < gateways.size(); ++g) {
         askers.emplace_back(
-            [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body); });
+            [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body, at); });
       }
       for (auto& t : askers) t.join();
       bool same = answers.front().key != "error";
       for (const auto& a : answers) same = same && a.key == answers.front().key;
       if (!same) {
+        std::lock_guard lock(agree_mu);
         if (!disagreements) {
           disagreements = std::fopen((o.log_dir + "/agreement-" + policy + ".log").c_str(), "w");
         }
@@ -684,15 +697,27 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       }
       return same;
     };
+    std::deque<std::thread> live_asks;
+    std::atomic<size_t> shadow_agreed{0};
+    size_t shadow_asked = 0;
     if (replicas > 1) {
       dc.on_body = [&](int session, size_t turn, const std::string& body) {
-        if (shadow_asked < 2000) {
-          ++shadow_asked;
-          shadow_agreed +=
-              agree_on(body, "live: request " + std::to_string(shadow_asked) + ", conversation " +
-                                 std::to_string(session) + " turn " + std::to_string(turn));
-        }
         if (seen_bodies++ % 4 == 0 && sampled.size() < 200) sampled.push_back(body);
+        if (shadow_asked >= 2000) return std::chrono::microseconds(0);
+        ++shadow_asked;
+        if (live_asks.size() >= 64) {  // the oldest has long finished: its thread is reclaimed
+          live_asks.front().join();
+          live_asks.pop_front();
+        }
+        constexpr auto kAhead = std::chrono::milliseconds(10);
+        const int64_t at = unix_us() + kAhead.count() * 1000;
+        live_asks.emplace_back([&, body, at,
+                                when = "live: request " + std::to_string(shadow_asked) +
+                                       ", conversation " + std::to_string(session) + " turn " +
+                                       std::to_string(turn)] {
+          if (agree_on(body, when, at)) ++shadow_agreed;
+        });
+        return std::chrono::microseconds(at - unix_us());
       };
     }
     size_t done = 0;
@@ -701,6 +726,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       if (o.on_request) o.on_request(policy, r, done);
     };
     RunResult run = run_workload(w, dc);
+    for (auto& t : live_asks) t.join();
     if (!run.fatal.empty()) {
       error = run.fatal;
       return {};
@@ -757,11 +783,12 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       size_t agree = 0;
-      for (const auto& body : sampled) agree += agree_on(body, "quiesced");
+      for (const auto& body : sampled) agree += agree_on(body, "quiesced", unix_us());
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
       if (disagreements) std::fclose(disagreements);
       if (shadow_asked > 0) {
-        sm.live_agreement = static_cast<double>(shadow_agreed) / static_cast<double>(shadow_asked);
+        sm.live_agreement =
+            static_cast<double>(shadow_agreed.load()) / static_cast<double>(shadow_asked);
       }
     }
     // Each kvgate's final /metrics beside its log (kv_exact's hits and misses by reason, event

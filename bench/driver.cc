@@ -180,7 +180,15 @@ struct Runner {
       r.oracle_reusable_tokens = c.oracle->arrive(prompt);
     }
     std::string body = request_body(c, h, turn);
-    if (c.on_body) c.on_body(session, turn, body);
+    if (c.on_body) {
+      if (auto hold = c.on_body(session, turn, body); hold.count() > 0) {
+        Timer timer(ctx);
+        timer.expires_after(hold);
+        co_await timer.async_wait(asio::as_tuple(use_awaitable));
+        start = Clock::now();
+        r.start_s = std::chrono::duration<double>(start - t0).count();
+      }
+    }
     static constexpr http::Header kHeaders[] = {{"content-type", "application/json"}};
     size_t which = (static_cast<size_t>(session) + turn) % targets.size();
     http::UpstreamCall call(ctx.get_executor(), pool, targets[which], which + 1);

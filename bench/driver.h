@@ -54,9 +54,11 @@ struct DriverConfig {
   std::chrono::seconds timeout{120};
   PrefixOracle* oracle = nullptr;  // counts the upper bound when set
   std::function<void(const RequestRecord&)> on_done;
-  // Each request's body as it is sent (session, turn): what compare asks the gateways' route-only
-  // endpoint again after the run.
-  std::function<void(int session, size_t turn, const std::string& body)> on_body;
+  // Each request's body before it is sent (session, turn): what compare asks the gateways'
+  // route-only endpoint. What it returns holds that request (not the others) for so long before
+  // it is sent; its TTFT counts from the send.
+  std::function<std::chrono::microseconds(int session, size_t turn, const std::string& body)>
+      on_body;
 };
 
 struct RunResult {

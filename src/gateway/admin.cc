@@ -4,8 +4,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <boost/asio/as_tuple.hpp>
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -403,6 +405,27 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     }
     std::string target_path(query_param(ex.target(), "path"));
     if (target_path.empty()) target_path = "/v1/chat/completions";
+    // ?at=UNIX_MICROSECONDS: decide at that moment (at most a second ahead), so that several
+    // replicas asked the same question answer for one instant (agreement checks), not each at
+    // whenever the question reached it.
+    if (std::string_view at = query_param(ex.target(), "at"); !at.empty()) {
+      int64_t at_us = 0;
+      const auto [end, ec] = std::from_chars(at.data(), at.data() + at.size(), at_us);
+      const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+      if (ec != std::errc{} || end != at.data() + at.size() || at_us > now_us + 1'000'000) {
+        co_await fail(ex, 400, "bad_at",
+                      "?at= takes a moment in unix microseconds at most one second ahead (" +
+                          std::string(at) + ")");
+        co_return;
+      }
+      if (at_us > now_us) {
+        Timer t(ex.executor());
+        t.expires_after(std::chrono::microseconds(at_us - now_us));
+        co_await t.async_wait(asio::as_tuple(use_awaitable));
+      }
+    }
     // Routing headers of the request (sticky keys, a pinned worker) are the admin request's own.
     auto header = [&ex](std::string_view name) { return ex.header(name); };
     auto [status, body] = hooks_.route_only(target_path, std::string(ex.body()), header);

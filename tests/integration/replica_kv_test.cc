@@ -61,8 +61,10 @@ struct KvFleet {
   // `replay`: the engines offer a replay endpoint, buffering 4 batches.
   explicit KvFleet(bool replay) {
     const std::string tok = models_dir() + "/qwen3";
+    // Misses go to cache_aware, which replicas decide alike (round_robin's cursor is each
+    // replica's own: two would agree on a miss by accident only).
     std::string yaml =
-        "rules:\n  - name: default\n    mode: 4\n    sel: round_robin\n"
+        "rules:\n  - name: default\n    mode: 4\n    sel: cache_aware\n"
         "    kvEngineType: sglang\n    kvExactMode: 3\n    kvBlockSize: 16\n    kvDpRankCount: " +
         std::to_string(kRanks) + "\n    kvWarmupSec: 30\n    tokenizerPath: " + tok +
         "\n    endpoints:\n";

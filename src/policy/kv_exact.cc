@@ -457,8 +457,11 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     if (!any_ready) {
       return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
     }
-    if (!ctx.route_only) count_zero_hit();
-    return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
+    if (!replica_) {
+      if (!ctx.route_only) count_zero_hit();
+      return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
+    }
+    // With replicas a miss is placed by the cost below (see there).
   }
   const auto tokens = static_cast<int64_t>(req.tokens.size());
   const uint64_t request_hash = keys.empty() ? 0 : keys.front();
@@ -516,11 +519,19 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     return fall_back(available, ctx, "kv_exact_lora", miss_lora_, *sources);
   }
   if (!any_ready) return fall_back(available, ctx, "kv_exact_not_ready", miss_not_ready_, *sources);
-  if (longest == 0 || best == nullptr) {
+  const bool miss = longest == 0 || best == nullptr;
+  if (miss) {
     if (!ctx.route_only) count_zero_hit();
-    return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
-  }
-  if (!ctx.route_only) {
+    // Alone, the fallback places a miss. With replicas kv_exact's own cost does (uncached tokens,
+    // queued prefill and active requests per rank, the figures every replica weighs alike; ties
+    // by the request's first page): the fallback decides on its own replica's state (its live
+    // loads, its records before the peers have them), and replicas would place one new
+    // conversation each their own way. Still counted as a miss.
+    if (!replica_ || best == nullptr) {
+      return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
+    }
+    if (!ctx.route_only && miss_) miss_->inc();
+  } else if (!ctx.route_only) {
     zero_hits_.store(0, std::memory_order_relaxed);
     if (hits_) hits_->inc();
     best->hits.fetch_add(1, std::memory_order_relaxed);
@@ -531,7 +542,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
       it != sources->by_worker.end() && it->second.size() > 1) {
     d.dp_rank = best->rank;
   }
-  d.branch = best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
+  d.branch = miss ? "kv_exact_miss" : best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
   d.origin_us = replica::Sync::now_us();
   d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
   d.target_id = best->id;

@@ -23,6 +23,7 @@
 #include "kv/events.h"
 #include "kv/publisher.h"
 #include "policy/registry.h"
+#include "replica/sync.h"
 #include "support/process.h"
 
 namespace kvgate::testing {
@@ -744,4 +745,49 @@ TEST(KvExactPolicyMisses, FallbackBranchesAndItsHooks) {
 }
 
 }  // namespace
+// With replicas a miss (nothing cached or predicted anywhere) is placed by kv_exact's own cost,
+// not by the fallback, whose state is each replica's own: two replicas (two policies here, each
+// with its own Sync, never started) place a new prompt alike, still counted as a miss; a rank
+// with requests active loses the next miss.
+TEST(KvExactPolicyMisses, WithReplicasAMissIsPlacedByTheCostAlikeEverywhere) {
+  Rig rig(2, 2);
+  replica::Sync sync_a(replica::SyncConfig{}, nullptr), sync_b(replica::SyncConfig{}, nullptr);
+  PolicyConfig ca = rig.config(), cb = rig.config();
+  ca.kv.load_tokens = cb.kv.load_tokens = 64;
+  ca.replica = &sync_a;
+  cb.replica = &sync_b;
+  auto fa = std::make_unique<RecordingPolicy>(), fb = std::make_unique<RecordingPolicy>();
+  RecordingPolicy &rec_a = *fa, &rec_b = *fb;
+  KvExactPolicy a(ca, std::move(fa)), b(cb, std::move(fb));
+  rig.begin(a);
+  rig.begin(b);
+  ASSERT_NO_FATAL_FAILURE(rig.sync({&a, &b}));
+  ASSERT_NO_FATAL_FAILURE(rig.store({&a, &b}, 0, 0, {page_tokens(1, 2)}, 2));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(a));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(b));
+  std::set<std::pair<Worker*, int>> placed;
+  for (int i = 0; i < 16; ++i) {
+    TokReq ra(page_tokens(100 + i, 2)), rb(page_tokens(100 + i, 2));
+    Decision da = route(a, rig.ptrs, ra), db = route(b, rig.ptrs, rb);
+    EXPECT_EQ(da.branch, "kv_exact_miss");
+    EXPECT_EQ(da.inner_branch, "");
+    EXPECT_EQ(da.worker, db.worker);
+    EXPECT_EQ(da.dp_rank, db.dp_rank);
+    ASSERT_TRUE(da.dp_rank.has_value());
+    placed.insert({da.worker, *da.dp_rank});
+  }
+  // Ties (no load anywhere) go by the request: new prompts spread over the ranks.
+  EXPECT_GE(placed.size(), 3U);
+  EXPECT_EQ(rec_a.selected + rec_b.selected, 0);
+  EXPECT_EQ(rig.metric(R"(kvgate_kv_exact_misses_total{rule="r",reason="miss"})"), "32");
+  // A request active on the rank a miss would take sends the next one elsewhere.
+  TokReq first(page_tokens(200, 2));
+  Decision d = route(a, rig.ptrs, first);
+  a.on_dispatched(d, first.ctx);
+  TokReq again(page_tokens(200, 2));
+  Decision next = route(a, rig.ptrs, again);
+  EXPECT_FALSE(next.worker == d.worker && next.dp_rank == d.dp_rank);
+  a.on_completed(d, first.ctx, Outcome{.status = 200, .ok = true});
+}
+
 }  // namespace kvgate::testing

@@ -260,7 +260,8 @@ const std::vector<K>& table() {
         {.name = "kv-fallback-policy",
          .group = kKvExact,
          .value_name = "NAME",
-         .help = "kv_exact: the policy that routes misses (no page cached anywhere, no "
+         .help = "kv_exact: the policy that routes misses (no page cached anywhere (with "
+                 "--replica-sync kv_exact places those itself, alike on every replica), no "
                  "subscriber trusted yet, a request without tokens); a rule's sel",
          .field = &C::kv_fallback_policy,
          .choices = fallback_policy_names()},

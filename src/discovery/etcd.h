@@ -27,12 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "util/base64.h"
+
 namespace kvgate::discovery {
 
-// ---- base64 (RFC 4648, standard alphabet): etcd's JSON carries keys and values in it. ----
-std::string base64_encode(std::string_view in);
-// Strict: the standard alphabet, padding optional but only at the end. False on anything else.
-bool base64_decode(std::string_view in, std::string& out);
+// etcd's JSON carries keys and values in base64 (util/base64.h).
 
 // The range_end that makes `prefix` a prefix query (etcd's clientv3.GetPrefixRangeEnd): the prefix
 // with its last byte below 0xff incremented and what follows dropped; "\0" (every key) when none.

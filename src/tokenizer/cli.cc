@@ -10,6 +10,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/piece_cache.h"
 #include "tokenizer/tokenizer.h"
+#include "util/base64.h"
 #include "util/flags.h"
 #include "util/json.h"
 #include "util/json_parser.h"
@@ -55,36 +56,6 @@ void append_ids(std::string& out, const std::vector<int32_t>& ids) {
     out.append(buf, static_cast<size_t>(r.ptr - buf));
   }
   out.push_back(']');
-}
-
-// Standard base64 (padding optional); false on a bad character.
-bool base64_decode(std::string_view in, std::string& out) {
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    int v;
-    if (c >= 'A' && c <= 'Z')
-      v = c - 'A';
-    else if (c >= 'a' && c <= 'z')
-      v = c - 'a' + 26;
-    else if (c >= '0' && c <= '9')
-      v = c - '0' + 52;
-    else if (c == '+')
-      v = 62;
-    else if (c == '/')
-      v = 63;
-    else if (c == '=')
-      break;
-    else
-      return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return true;
 }
 
 std::string error_line(std::string_view msg) {

@@ -36,9 +36,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (m.events.size() > kMaxWatchEvents) __builtin_trap();
 
   std::string decoded;
-  if (base64_decode(text, decoded)) {
+  if (kvgate::base64_decode(text, decoded)) {
     std::string again;
-    if (!base64_decode(base64_encode(decoded), again) || again != decoded) __builtin_trap();
+    if (!kvgate::base64_decode(kvgate::base64_encode(decoded), again) || again != decoded)
+      __builtin_trap();
   }
   return 0;
 }

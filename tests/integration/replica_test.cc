@@ -3,14 +3,18 @@
 // each conversation's turns to a different replica (as a front balancer without affinity does).
 // A follow-up turn goes where its conversation is, whichever replica takes it; every replica
 // decides every request alike (the route-only endpoint); in-flight load is shared and forgotten
-// with a silent peer; a NATS outage leaves the replicas serving (degraded) and they agree again
-// once it is back. With JetStream (nats-server -js) a replica started late, or restarted, replays
-// the fleet's recent records and routes old conversations where they are; records made during an
-// outage reach the peers once NATS is back.
+// with a silent peer; a replica killed under load costs errors only on its own streams; a NATS
+// outage leaves the replicas serving (degraded) and they agree again once it is back. With
+// JetStream (nats-server -js) a replica started late, or restarted, replays the fleet's recent
+// records and routes old conversations where they are; records made during an outage reach the
+// peers once NATS is back.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,25 +36,28 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The sum of every sample of a /metrics text whose name and labels start with `series`; -1 when
+// there is none.
+double sample_sum(const std::string& text, const std::string& series) {
+  double total = -1;
+  size_t at = 0;
+  while ((at = text.find("\n" + series, at)) != std::string::npos) {
+    size_t sp = text.find(' ', at + 1);
+    size_t nl = text.find('\n', sp);
+    total = (total < 0 ? 0 : total) + std::stod(text.substr(sp + 1, nl - sp - 1));
+    at = nl;
+  }
+  return total;
+}
+
 // A NATS server on a loopback port (the test fails, not skips, without it: scripts/setup); with
 // JetStream when asked (its store in a directory of the test's own).
 struct Replica {
   int port = 0, admin = 0, metrics = 0;
   std::vector<std::string> args;
   std::unique_ptr<Process> process;
-  double metric(const std::string& series) {
-    Response r = HttpClient(metrics).get("/metrics");
-    double total = -1;
-    size_t at = 0;
-    // The sum of every sample whose name and labels start with `series`.
-    while ((at = r.body.find("\n" + series, at)) != std::string::npos) {
-      size_t sp = r.body.find(' ', at + 1);
-      size_t nl = r.body.find('\n', sp);
-      total = (total < 0 ? 0 : total) + std::stod(r.body.substr(sp + 1, nl - sp - 1));
-      at = nl;
-    }
-    return total;
-  }
+  std::string metrics_text() { return HttpClient(metrics).get("/metrics").body; }
+  double metric(const std::string& series) { return sample_sum(metrics_text(), series); }
   std::string readiness() { return HttpClient(port).get("/readiness").body; }
   // What this replica would decide for `body`, without sending it.
   std::string route(const std::string& body) {
@@ -63,11 +70,10 @@ struct Replica {
 
 struct Fleet {
   Fleet(int sims_n, int replicas_n, const std::vector<std::string>& extra = {},
-        bool jetstream = false)
+        bool jetstream = false,
+        const std::vector<std::string>& sim_args = {"--time-scale", "0", "--enable-cache-report"})
       : nats(jetstream) {
-    for (int i = 0; i < sims_n; ++i) {
-      sims.push_back(Sim::launch({"--time-scale", "0", "--enable-cache-report"}));
-    }
+    for (int i = 0; i < sims_n; ++i) sims.push_back(Sim::launch(sim_args));
     for (int i = 0; i < replicas_n; ++i) start_replica(extra);
     for (auto& r : replicas) wait_ready(r);
   }
@@ -235,6 +241,272 @@ TEST(Replicas, InFlightLoadIsSharedAndASilentPeersIsForgotten) {
   EXPECT_TRUE(wait_until([&] { return peer.metric("kvgate_replica_peers") == 0; }, 5s));
   for (auto& c : clients) c.join();
   for (auto& s : fleet.sims) HttpClient(s.port).post("/sim/faults", R"({"hang_rate":0})");
+}
+
+// A streamed chat completion of `tokens` tokens: with the sims' fixed delays it lasts.
+std::string streamed_body(int conv, int tokens) {
+  return R"({"model":"kvgate-sim","stream":true,"max_tokens":)" + std::to_string(tokens) +
+         R"(,"messages":[{"role":"user","content":")" + turn_message(conv, 0) + R"("}]})";
+}
+
+// 200, every token, the finish chunk and `data: [DONE]`, nothing cut.
+bool whole_stream(const Response& r, int tokens) {
+  int deltas = 0;
+  for (size_t at = 0; (at = r.body.find(R"("delta":{"content":)", at)) != std::string::npos; ++at)
+    ++deltas;
+  return r.status == 200 && !r.truncated && deltas == tokens &&
+         r.body.find(R"("finish_reason":"length")") != std::string::npos &&
+         r.body.ends_with("data: [DONE]\n\n");
+}
+
+// What a client saw of one streamed request, and when (relative to the kill).
+struct Streamed {
+  int status = 0;  // 0: no answer (refused, or closed before the headers)
+  bool whole = false;
+  bool started_after_kill = false, ended_after_kill = false;
+  std::string body;
+};
+
+// Issue 17's target: a replica killed under load costs errors only on its own streams. Three
+// replicas, four clients each streaming chat completions in turn (~0.6 s each: the sims' fixed
+// delays); while every client is mid-stream, one replica is SIGKILLed. The survivors' streams, in
+// flight at the kill or sent after, all end whole; the dead replica's fail only as cut streams (in
+// flight at the kill) or refused connections (sent after). The survivors forget its load after
+// --replica-peer-timeout-ms (1.5 s) and book nothing for it afterwards; the sims finish what the
+// survivors sent. Restarted on its ports, it serves again, and it and the survivors hear each
+// other.
+TEST(Replicas, AReplicaKilledUnderLoadCostsErrorsOnlyOnItsOwnStreams) {
+  constexpr int kClients = 4;   // per replica
+  constexpr int kRequests = 6;  // per client, one after another
+  constexpr int kTokens = 24;   // per request: 10 ms + 23 x 25 ms
+  constexpr size_t kVictim = 2;
+  const std::vector<size_t> survivors{0, 1};
+  Fleet fleet(3, 3, {}, /*jetstream=*/false,
+              {"--ttft-ms", "10", "--tpot-ms", "25", "--enable-metrics"});
+  const size_t n = fleet.replicas.size();
+  const std::string peer_inflight = "kvgate_replica_peer_inflight";
+
+  std::atomic<bool> killed{false};
+  std::vector<std::atomic<int>> mid(n);              // per replica: clients mid-stream
+  std::vector<std::atomic<int>> over(n * kClients);  // per client: requests over
+  std::mutex mu;
+  std::vector<std::vector<Streamed>> seen(n);  // per replica, under mu
+  std::vector<std::thread> clients;
+  struct JoinAll {
+    std::vector<std::thread>& threads;
+    ~JoinAll() {
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } join_all{clients};
+  for (size_t r = 0; r < n; ++r) {
+    for (int k = 0; k < kClients; ++k) {
+      clients.emplace_back([&, r, k, port = fleet.replicas[r].port] {
+        HttpClient c(port);
+        for (int i = 0; i < kRequests; ++i) {
+          Streamed s;
+          s.started_after_kill = killed.load();
+          bool first = true;
+          Response got = c.stream("POST", "/v1/chat/completions",
+                                  streamed_body(static_cast<int>(r) * 1000 + k * 100 + i, kTokens),
+                                  {{"content-type", "application/json"}}, [&](std::string_view) {
+                                    if (first) ++mid[r];
+                                    first = false;
+                                    return true;
+                                  });
+          if (!first) --mid[r];
+          s.ended_after_kill = killed.load();
+          s.status = got.status;
+          s.whole = whole_stream(got, kTokens);
+          if (!s.whole) s.body = got.body;
+          {
+            std::lock_guard lock(mu);
+            seen[r].push_back(std::move(s));
+          }
+          ++over[r * kClients + static_cast<size_t>(k)];
+        }
+      });
+    }
+  }
+
+  // Every client has had a stream end and is mid-stream again, and each survivor counts the other
+  // two replicas' streams as their load.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (auto& m : mid)
+          if (m.load() != kClients) return false;
+        for (auto& o : over)
+          if (o.load() < 1) return false;
+        for (size_t s : survivors)
+          if (fleet.replicas[s].metric(peer_inflight) != 2 * kClients) return false;
+        return true;
+      },
+      10s))
+      << fleet.replicas[0].metric(peer_inflight) << " " << fleet.replicas[1].metric(peer_inflight);
+  const int mid_at_kill = mid[kVictim].load();
+  killed = true;
+  fleet.replicas[kVictim].process->kill_now();
+  const auto kill_time = std::chrono::steady_clock::now();
+  auto ms_since_kill = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kill_time)
+        .count();
+  };
+
+  // The survivors forget the dead peer: one peer left, and from then on they count only the other
+  // survivor's load (at most its kClients streams), none of the dead one's.
+  std::vector<double> forgot_ms(n, -1);
+  double peer_load_before = 0;  // the most peer load a survivor showed until it forgot
+  double peer_load_after = 0;   // the most once it forgot
+  EXPECT_TRUE(wait_until(
+      [&] {
+        bool all = true;
+        for (size_t s : survivors) {
+          const std::string text = fleet.replicas[s].metrics_text();
+          // (The scrape that first shows one peer counts as before: a scrape is no snapshot, its
+          // per-worker peer load is read before the gauges, and may predate the expiry.)
+          double& most = forgot_ms[s] < 0 ? peer_load_before : peer_load_after;
+          most = std::max(most, sample_sum(text, peer_inflight));
+          if (forgot_ms[s] < 0 && sample_sum(text, "kvgate_replica_peers") == 1) {
+            forgot_ms[s] = ms_since_kill();
+          }
+          all = all && forgot_ms[s] >= 0;
+        }
+        return all;
+      },
+      10s));
+  // The clients finish (the dead replica's at once: refused).
+  EXPECT_TRUE(wait_until(
+      [&] {
+        for (size_t s : survivors)
+          peer_load_after = std::max(peer_load_after, fleet.replicas[s].metric(peer_inflight));
+        for (auto& o : over)
+          if (o.load() < kRequests) return false;
+        return true;
+      },
+      20s));
+  for (auto& t : clients) t.join();
+  // Until then they counted the dead replica's last streams as well as the other survivor's.
+  EXPECT_GT(peer_load_before, kClients);
+  EXPECT_LE(peer_load_after, kClients);
+  for (size_t s : survivors) {
+    // The timeout runs from the peer's last report, not from the kill: a report goes when the
+    // load changes and at least every second (checked each 10 ms), so it is forgotten 0.5 to 1.5 s
+    // after the kill (and within 10 ms of the timeout); the rest is slack for a busy machine.
+    EXPECT_GE(forgot_ms[s], 1500 - 1000 - 100) << "survivor " << s;
+    EXPECT_LE(forgot_ms[s], 1500 + 1500) << "survivor " << s;
+    // No phantom bookings: with their own requests over, they see no load on any worker.
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return fleet.replicas[s].metric(peer_inflight) == 0 &&
+                 fleet.replicas[s].metric("kvgate_requests_in_flight") == 0;
+        },
+        5s))
+        << fleet.replicas[s].metric(peer_inflight);
+  }
+
+  // What the clients saw: the survivors' streams all whole; the dead replica's fail only from the
+  // kill on: cut (in flight at the kill: status 200 and no [DONE], or no headers yet) or refused.
+  std::vector<int> sent(n), errors(n);
+  int cut = 0, refused = 0;
+  double whole = 0;
+  for (size_t r = 0; r < n; ++r) {
+    for (const Streamed& s : seen[r]) {
+      ++sent[r];
+      whole += s.whole;
+      if (s.whole) {
+        if (r == kVictim) {
+          EXPECT_FALSE(s.started_after_kill) << "served while dead";
+        }
+        continue;
+      }
+      ++errors[r];
+      EXPECT_EQ(r, kVictim) << "a survivor's stream failed: status " << s.status
+                            << (s.started_after_kill ? " (sent after the kill)" : "") << "\n"
+                            << s.body << fleet.replicas[r].process->log();
+      if (r != kVictim) continue;
+      EXPECT_TRUE(s.ended_after_kill) << "failed before the kill: status " << s.status;
+      if (s.started_after_kill) {
+        EXPECT_EQ(s.status, 0) << s.body;
+        ++refused;
+      } else {
+        EXPECT_TRUE(s.status == 0 || s.status == 200) << s.status << " " << s.body;
+        ++cut;
+      }
+    }
+  }
+  for (size_t r = 0; r < n; ++r) EXPECT_EQ(sent[r], kClients * kRequests) << "replica " << r;
+  EXPECT_GE(cut, mid_at_kill);
+  EXPECT_LE(cut, kClients);
+  EXPECT_EQ(cut + refused, errors[kVictim]);
+
+  // The survivors answered every request 200 (as counted when each stream ends), retried nothing,
+  // and saw no upstream error.
+  for (size_t s : survivors) {
+    Replica& r = fleet.replicas[s];
+    const std::string chat = R"(kvgate_requests_total{route="/v1/chat/completions",)";
+    EXPECT_TRUE(wait_until([&] { return r.metric(chat) == sent[s]; }, 5s)) << r.metric(chat);
+    EXPECT_EQ(r.metric(chat + R"(status="200")"), sent[s]);
+    EXPECT_LE(r.metric("kvgate_upstream_errors_total"), 0);
+    EXPECT_LE(r.metric("kvgate_retries_total"), 0);
+  }
+  // The sims finished every stream that ended whole (the survivors' all), gave up the dead
+  // replica's cut ones, and run nothing.
+  auto sims_sum = [&](const std::string& series) {
+    double total = 0;
+    for (auto& sim : fleet.sims)
+      total += std::max(0.0, sample_sum(HttpClient(sim.port).get("/metrics").body, series));
+    return total;
+  };
+  EXPECT_TRUE(wait_until([&] { return sims_sum("sglang:num_running_reqs") == 0; }, 5s));
+  const double finished = sims_sum("sglang:num_requests_total");
+  EXPECT_GE(finished, whole);
+  EXPECT_LE(finished, whole + cut);
+
+  // Restarted on its ports, it serves every sim and hears both survivors; they hear it.
+  const auto restart_time = std::chrono::steady_clock::now();
+  fleet.restart(kVictim);
+  Replica& back = fleet.replicas[kVictim];
+  fleet.wait_ready(back);
+  for (size_t s : survivors) {
+    EXPECT_TRUE(
+        wait_until([&] { return fleet.replicas[s].metric("kvgate_replica_peers") == 2; }, 5s));
+  }
+  const double ready_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - restart_time)
+          .count();
+  // It serves streams again, and its load reaches the survivors.
+  std::vector<std::thread> again;
+  JoinAll join_again{again};
+  std::atomic<int> whole_again{0};
+  for (int k = 0; k < kClients; ++k) {
+    again.emplace_back([&, k, port = back.port] {
+      HttpClient c(port);
+      // (Twice as long: time for the survivors to see all four at once.)
+      Response got = c.stream("POST", "/v1/chat/completions", streamed_body(5000 + k, 2 * kTokens),
+                              {{"content-type", "application/json"}}, nullptr);
+      whole_again += whole_stream(got, 2 * kTokens);
+    });
+  }
+  for (size_t s : survivors) {
+    EXPECT_TRUE(wait_until([&] { return fleet.replicas[s].metric(peer_inflight) == kClients; }, 5s))
+        << fleet.replicas[s].metric(peer_inflight);
+  }
+  for (auto& t : again) t.join();
+  EXPECT_EQ(whole_again.load(), kClients) << back.process->log();
+
+  std::printf(
+      "[ measured ] sent per replica %d/%d/%d, errors %d/%d/%d (killed replica %zu: %d cut, %d "
+      "refused); survivors forgot it after %.0f/%.0f ms (--replica-peer-timeout-ms 1500; peer "
+      "load until then at most %.0f, after %.0f); restarted replica ready in %.0f ms\n",
+      sent[0], sent[1], sent[2], errors[0], errors[1], errors[2], kVictim, cut, refused,
+      forgot_ms[0], forgot_ms[1], peer_load_before, peer_load_after, ready_ms);
+  RecordProperty("sent_per_replica", std::to_string(sent[0]) + "/" + std::to_string(sent[1]) + "/" +
+                                         std::to_string(sent[2]));
+  RecordProperty("errors_per_replica", std::to_string(errors[0]) + "/" + std::to_string(errors[1]) +
+                                           "/" + std::to_string(errors[2]));
+  RecordProperty("forgot_ms", std::to_string(static_cast<int>(forgot_ms[0])) + "/" +
+                                  std::to_string(static_cast<int>(forgot_ms[1])));
+  RecordProperty("restart_ready_ms", static_cast<int>(ready_ms));
 }
 
 TEST(Replicas, ANatsOutageLeavesThemServingAndTheyAgreeAgainWhenItReturns) {

@@ -103,6 +103,8 @@ Sync::Sync(SyncConfig config, metrics::Registry* registry)
     Sync* s = gate->sync;
     if (s == nullptr) return;
     std::lock_guard lock(s->load_mu_);
+    // The peer count with the sums it goes with (one scrape never mixes before and after).
+    if (s->peers_gauge_) s->peers_gauge_->set(static_cast<double>(s->peers_.size()));
     for (const auto& [key, t] : s->tracked_) {
       s->peer_inflight_->with({t.worker->url()})
           .set(static_cast<double>(t.worker->peer_inflight()));
@@ -243,6 +245,7 @@ std::string Sync::start() {
       .kv("url", redact_url(config_.url))
       .kv("subject", config_.subject)
       .kv("replica", config_.name)
+      .kv("id", id_)
       .kv("connected", connected_.load())
       .kv("history", with_history_ ? stream_name_ : std::string("off"));
   return "";

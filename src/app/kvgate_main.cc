@@ -304,7 +304,8 @@ int main(int argc, char** argv) {
       host = name;
     }
     if (host.find(':') != std::string::npos) host = "[" + host + "]";
-    rc.url = "http://" + host + ":" + std::to_string(cfg.port);
+    rc.url = std::string(cfg.tls_cert_path.empty() ? "http://" : "https://") + host + ":" +
+             std::to_string(cfg.port);
     replica_registry = std::make_unique<replica::Registry>(std::move(rc), *replica_sync, &registry);
     if (std::string e = replica_registry->start(); !e.empty()) return fail(e);
   }
@@ -710,6 +711,10 @@ int main(int argc, char** argv) {
   discovery.stop();
   pools.shutdown();
   control.reset();
+  // Silent on NATS before the key goes: a heartbeat after the revoke would bring this replica
+  // back into its peers' loads until they time it out.
+  if (replica_sync) replica_sync->stop();
+  replica_registry.reset();
   log::info("kvgate stopped");
   return 0;
 }

@@ -17,6 +17,7 @@ void keep_registered(const RegistrarOptions& o,
   auto retry = std::chrono::milliseconds(250);
   int64_t lease = 0;
   bool put = false;
+  auto next_keepalive = keepalive_every;
   auto set_registered = [&](bool v) {
     put = v;
     if (registered) registered->store(v, std::memory_order_relaxed);
@@ -45,20 +46,26 @@ void keep_registered(const RegistrarOptions& o,
       retry = std::min(retry * 2, max_retry);
       continue;
     }
-    if (wait(keepalive_every)) break;
+    if (wait(next_keepalive)) break;
     int64_t ttl_left = 0;
     err = etcd.lease_keepalive(lease, ttl_left);
+    next_keepalive = keepalive_every;
     if (!err.empty()) {
-      // etcd unreachable: the lease may survive it; the next round tells.
+      // etcd unreachable: the lease may survive it; tried again soon (backing off), so that a
+      // short outage does not cost the lease.
       if (auto l = log::warn(fail_limit, "register: keepalive failed")) {
-        l.kv("key", o.key).kv("error", err);
+        l.kv("key", o.key).kv("error", err).kv("retry_ms", retry.count());
       }
+      next_keepalive = retry;
+      retry = std::min(retry * 2, max_retry);
     } else if (ttl_left == 0) {
       log::warn("register: the lease is gone (expired, or etcd lost it); registering again")
           .kv("key", o.key)
           .kv("lease", lease);
       lease = 0;
       set_registered(false);
+    } else {
+      retry = std::chrono::milliseconds(250);
     }
   }
   if (lease != 0) {

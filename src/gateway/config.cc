@@ -845,9 +845,10 @@ const std::vector<K>& table() {
          .value_name = "URL",
          .help = "etcd://HOST:PORT: this replica registers itself in etcd (etcd's v3 JSON gateway) "
                  "at /kvgate/v1/gateways/<--replica-sync-subject>/<replica id> under a lease it "
-                 "keeps alive, and watches the fleet's keys: a peer whose key goes (it died and "
-                 "its lease expired, or it stopped) is forgotten at once, not after "
-                 "--replica-peer-timeout-ms of silence. Needs --replica-sync",
+                 "keeps alive (revoked when it stops), and watches the fleet's keys: a peer whose "
+                 "key goes is forgotten at once, so a replica stopped leaves its peers' loads "
+                 "at once and one killed after the shorter of its lease and "
+                 "--replica-peer-timeout-ms. Needs --replica-sync",
          .field = &C::replica_registry},
         {.name = "replica-registry-ttl-secs",
          .group = kReplicas,

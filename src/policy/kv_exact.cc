@@ -59,11 +59,12 @@ struct KvExactPolicy::Source {
   // from NATS when its peers hear them (Sync::add_rank_load's hear_own). While NATS is there the
   // cost uses these, not the live counts, so every replica weighs the same figures at the same
   // moment (a live count differs from what peers know for up to a load interval, and decisions
-  // near a tie would differ); without NATS, the live ones.
+  // near a tie would differ); without NATS (and until its first report after a reconnection
+  // came back), the live ones.
   std::atomic<int64_t> reported_active{0};
   std::atomic<int64_t> reported_pending{0};
   const replica::Sync* sync = nullptr;
-  bool shared_view() const { return sync != nullptr && sync->connected(); }
+  bool shared_view() const { return sync != nullptr && sync->own_view(); }
   int64_t fleet_active() const {
     const int64_t own = shared_view() ? reported_active.load(std::memory_order_relaxed)
                                       : active.load(std::memory_order_relaxed);
@@ -163,9 +164,7 @@ KvExactPolicy::KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy>
       sources_(std::make_shared<const Sources>()) {
   replica_ = config.replica;
   if (replica_) {
-    settle_us_ = std::chrono::duration_cast<std::chrono::microseconds>(replica_->config().batch +
-                                                                       replica::Sync::kSettleMargin)
-                     .count();
+    settle_us_ = std::chrono::duration_cast<std::chrono::microseconds>(replica_->settle()).count();
   }
   if (replica_ && config.registry) {
     // A miss goes to the fallback: with a local cursor or random draw there, replicas decide
@@ -324,6 +323,8 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
   d.inner_branch = inner.branch;
   d.branch = why;
   d.predicted_tokens = 0;
+  // (What names this dispatch's prediction: its retraction must name the same origin.)
+  d.origin_us = next_origin();
   if (counted && !ctx.route_only) counted->inc();
   auto it = sources.by_worker.find(inner.worker->id());
   if (it != sources.by_worker.end() && it->second.size() > 1) {
@@ -472,6 +473,14 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   int64_t best_cached = 0;
   int64_t longest = 0;
   bool any_ready = false;
+  // With replicas, every rank's cost (for a miss: see below).
+  struct Costed {
+    Source* source;
+    double cost;
+    uint64_t tie;
+  };
+  thread_local std::vector<Costed> costed;
+  costed.clear();
   for (Worker* w : available) {
     auto it = sources->by_worker.find(w->id());
     if (it == sources->by_worker.end()) continue;
@@ -503,6 +512,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
       double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
                     static_cast<double>(pending) + load_tokens_ * static_cast<double>(active);
       uint64_t tie = mix(request_hash ^ s->tiebreak);
+      if (replica_) costed.push_back({s, cost, tie});
       bool better = best == nullptr || cost < best_cost ||
                     (cost == best_cost &&
                      (active < best_active || (active == best_active && tie < best_tie)));
@@ -531,6 +541,18 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
       return fall_back(available, ctx, "kv_exact_miss", miss_, *sources);
     }
     if (!ctx.route_only && miss_) miss_->inc();
+    // The figures every replica weighs move once per load report, not at each dispatch: new
+    // prompts decided between two reports would all take the one cheapest rank. So a miss takes,
+    // among the ranks whose queued work is within this request's of the cheapest, the one its
+    // hash picks: a burst of new prompts spreads, alike on every replica.
+    const double within = best_cost + static_cast<double>(tokens);
+    uint64_t pick = std::numeric_limits<uint64_t>::max();
+    for (const Costed& c : costed) {
+      if (c.cost <= within && c.tie < pick) {
+        pick = c.tie;
+        best = c.source;
+      }
+    }
   } else if (!ctx.route_only) {
     zero_hits_.store(0, std::memory_order_relaxed);
     if (hits_) hits_->inc();
@@ -543,7 +565,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
     d.dp_rank = best->rank;
   }
   d.branch = miss ? "kv_exact_miss" : best_cached > 0 ? "kv_exact_hit" : "kv_exact_balance";
-  d.origin_us = replica::Sync::now_us();
+  d.origin_us = next_origin();
   d.predicted_tokens = static_cast<size_t>(std::min(best_cached, tokens));
   d.target_id = best->id;
   return d;
@@ -561,10 +583,10 @@ void KvExactPolicy::on_dispatched(const Decision& d, RouteContext& ctx) {
       const std::vector<kv::BlockKey>& all = request_keys(ctx);
       std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
       const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
-      // With replicas every one, this one included, applies the prediction as NATS delivers it
-      // (siblings of a burst co-locate whichever replica they reach, and no replica decides on
-      // what the others do not know yet); without NATS there, at once.
-      if (!replica_ || !replica_->connected()) predict(keys, *s, origin, false);
+      // Applied here at once and by the peers as NATS delivers it (siblings of a burst co-locate
+      // whichever replica they reach); with replicas it counts from origin + settle on every one
+      // alike, this one included, so none decides on what the others do not know yet.
+      predict(keys, *s, origin, false);
       if (replica_) {
         replica_->publish(replica::ChainRecord{.rule = rule_,
                                                .worker = s->key,
@@ -616,7 +638,7 @@ void KvExactPolicy::on_completed(const Decision& d, RouteContext& ctx, const Out
       const std::vector<kv::BlockKey>& all = request_keys(ctx);
       std::span<const kv::BlockKey> keys(all.data(), std::min(all.size(), kMaxPredictedPerRequest));
       const int64_t origin = d.origin_us != 0 ? d.origin_us : replica::Sync::now_us();
-      if (!replica_ || !replica_->connected()) predict(keys, *s, origin, true);
+      predict(keys, *s, origin, true);
       if (replica_) {
         replica_->publish(replica::ChainRecord{.rule = rule_,
                                                .worker = s->key,
@@ -783,6 +805,19 @@ void KvExactPolicy::rebuild_sources() {
   ids_ = std::move(ids);
   built_from_ = std::move(built_from);
   sources_.store(next);
+  if (replica_) {
+    // Read again now that the snapshot is the one load reports update: one applied between the
+    // reads above and the store updated the old snapshot only (and is told again only when its
+    // figures change).
+    for (const auto& s : next->all) {
+      const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, s->rank);
+      s->peer_active.store(peers.active, std::memory_order_relaxed);
+      s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
+      const replica::Sync::RankLoad own = replica_->own_rank_load(s->key, s->rank);
+      s->reported_active.store(own.active, std::memory_order_relaxed);
+      s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
+    }
+  }
   subscriber_.set_sources(std::move(specs));  // removed or changed sources are reset
 }
 
@@ -1132,20 +1167,8 @@ void KvExactPolicy::start() {
             });
         responder_token_ = replica_->add_responder(
             rule_, [this](const replica::InventoryRequest& req) { return snapshot_for_peer(req); });
-        // Own records too, as NATS echoes them: this replica's predictions take effect here when
-        // they do on its peers (on_dispatched applies them at once only while NATS is away).
-        chain_token_ = replica_->add_sink(
-            rule_,
-            [this](const replica::ChainRecord& r) {
-              if (!r.predict || predict_ttl_.count() <= 0) return;
-              auto sources = sources_.load();
-              if (Source* s = sources->by_key(r.worker, r.rank)) {
-                predict(std::span<const kv::BlockKey>(
-                            r.hashes.data(), std::min(r.hashes.size(), kMaxPredictedPerRequest)),
-                        *s, r.origin_us, r.retract);
-              }
-            },
-            /*own=*/true);
+        chain_token_ =
+            replica_->add_sink(rule_, [this](const replica::ChainRecord& r) { apply_peer(r); });
       }
     }
   }
@@ -1166,6 +1189,28 @@ void KvExactPolicy::stop() {
   }
 }
 
+int64_t KvExactPolicy::next_origin() {
+  // Unique per dispatch of this replica (it names the dispatch's prediction, which its
+  // retraction withdraws): the clock's microsecond, or one past the last one given.
+  const int64_t now = replica::Sync::now_us();
+  int64_t last = last_origin_.load(std::memory_order_relaxed);
+  int64_t next = 0;
+  do {
+    next = std::max(now, last + 1);
+  } while (!last_origin_.compare_exchange_weak(last, next, std::memory_order_relaxed));
+  return next;
+}
+
+void KvExactPolicy::apply_peer(const replica::ChainRecord& r) {
+  if (!r.predict || predict_ttl_.count() <= 0) return;
+  auto sources = sources_.load();
+  if (Source* s = sources->by_key(r.worker, r.rank)) {
+    predict(std::span<const kv::BlockKey>(r.hashes.data(),
+                                          std::min(r.hashes.size(), kMaxPredictedPerRequest)),
+            *s, r.origin_us, r.retract);
+  }
+}
+
 void KvExactPolicy::predict(std::span<const kv::BlockKey> keys, const Source& s, int64_t origin_us,
                             bool retract) {
   const int64_t now = replica::Sync::now_us();
@@ -1178,26 +1223,26 @@ void KvExactPolicy::predict(std::span<const kv::BlockKey> keys, const Source& s,
     const bool live = it != predicted_.end() && it->second.expires_us >= now;
     if (retract) {
       // Only the dispatches relying on this source's prediction withdraw their share.
-      if (live && it->second.source == s.id && --it->second.holders == 0) predicted_.erase(it);
+      if (live && it->second.source == s.id && it->second.release(origin_us)) predicted_.erase(it);
       continue;
     }
     if (live) {
       // The earliest dispatch wins a page, whichever replica heard which first; later ones to the
       // same source rely on it (and do not renew it: the engine's events are the truth after).
       if (it->second.source == s.id) {
-        ++it->second.holders;
+        it->second.hold(origin_us);
         it->second.origin_us = std::min(it->second.origin_us, origin_us);
       } else if (origin_us < it->second.origin_us) {
-        it->second = Prediction{s.id, origin_us, expires};
+        it->second = make_prediction(s.id, origin_us, expires);
       }
       continue;
     }
     if (it != predicted_.end()) {
-      it->second = Prediction{s.id, origin_us, expires};
+      it->second = make_prediction(s.id, origin_us, expires);
     } else if (predicted_.size() < kMaxPredicted) {
       // At the bound, nothing new is predicted until the periodic sweep drops expired entries
       // (no scan on a request thread).
-      predicted_.emplace(k, Prediction{s.id, origin_us, expires});
+      predicted_.emplace(k, make_prediction(s.id, origin_us, expires));
     }
   }
 }

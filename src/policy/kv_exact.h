@@ -13,6 +13,8 @@
 // kv_exact_not_ready, kv_exact_no_tokens, kv_exact_lora), never silently.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -42,6 +44,9 @@ struct PolicyConfig;
 
 class KvExactPolicy final : public Policy, private kv::EventSink {
  public:
+  // A prediction record (another replica's, or one of this replica's heard again: a replay), as
+  // the --replica-sync sink hands it: applied once however often it is heard.
+  void apply_peer(const replica::ChainRecord& r);
   // `fallback` decides misses; it hears on_dispatched/on_completed for its own decisions only.
   KvExactPolicy(const PolicyConfig& config, std::unique_ptr<Policy> fallback);
   ~KvExactPolicy() override;
@@ -150,10 +155,41 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
     kv::SourceId source = 0;
     int64_t origin_us = 0;   // the dispatch that made it (unix microseconds, its replica's clock)
     int64_t expires_us = 0;  // origin + kvPredictTtlMs
-    // Dispatches to `source` that rely on it: one that never ran withdraws only its own share
-    // (a sibling sent there on the prediction is still prefilling those pages).
-    uint32_t holders = 1;
+    // Dispatches to `source` that rely on it, by origin: one that never ran withdraws only its
+    // own share (a sibling sent there on the prediction is still prefilling those pages). A set,
+    // not a count, so that one dispatch heard twice (applied while NATS was away, then echoed;
+    // a history replay) holds once. Past kMaxHolders the prediction stays until it expires.
+    static constexpr size_t kMaxHolders = 8;
+    std::array<int64_t, kMaxHolders> holders{};
+    uint8_t held = 0;
+    bool overflow = false;
+    bool holds(int64_t origin) const {
+      return std::find(holders.begin(), holders.begin() + held, origin) != holders.begin() + held;
+    }
+    void hold(int64_t origin) {
+      if (holds(origin)) return;
+      if (held < kMaxHolders) {
+        holders[held++] = origin;
+      } else {
+        overflow = true;
+      }
+    }
+    // Whether nothing relies on it any more.
+    bool release(int64_t origin) {
+      auto end = holders.begin() + held;
+      auto at = std::find(holders.begin(), end, origin);
+      if (at != end) {
+        *at = *(end - 1);
+        --held;
+      }
+      return held == 0 && !overflow;
+    }
   };
+  static Prediction make_prediction(kv::SourceId source, int64_t origin_us, int64_t expires_us) {
+    Prediction p{.source = source, .origin_us = origin_us, .expires_us = expires_us};
+    p.hold(origin_us);
+    return p;
+  }
   static constexpr size_t kMaxPredicted = 1 << 16;
   static constexpr size_t kMaxPredictedPerRequest = 1024;
   // Applies one dispatch's predicted pages (or, `retract`, withdraws its share), this replica's
@@ -161,9 +197,12 @@ class KvExactPolicy final : public Policy, private kv::EventSink {
   void predict(std::span<const kv::BlockKey> keys, const Source& s, int64_t origin_us,
                bool retract);
   std::chrono::milliseconds predict_ttl_;
-  // With replicas: how long after its origin a prediction counts (Sync's batch interval and
-  // kSettleMargin: every replica has heard it by then); 0 alone.
+  // With replicas: how long after its origin a prediction counts (Sync::settle(): every replica
+  // has heard it by then, and its load reports count from then too); 0 alone.
   int64_t settle_us_ = 0;
+  // The origin of a dispatch (Decision::origin_us): unique on this replica.
+  int64_t next_origin();
+  std::atomic<int64_t> last_origin_{0};
   bool parity_probe_;
   mutable std::mutex predict_mu_;
   std::unordered_map<kv::BlockKey, Prediction> predicted_;

@@ -81,7 +81,8 @@ std::string Registry::start() {
         ids.reserve(records.size());
         for (const auto& r : records) {
           uint64_t id = 0;
-          if (parse_hex_id(r.id, id)) ids.push_back(id);
+          // (Only this fleet's: the prefix also holds longer subjects' keys, "<subject>/x/<id>".)
+          if (r.model == config_.subject && parse_hex_id(r.id, id)) ids.push_back(id);
         }
         state_->gateways.store(ids.size(), std::memory_order_relaxed);
         sync_.set_registered(std::move(ids));

@@ -301,6 +301,7 @@ void Sync::on_disconnected(natsConnection*, void* self) {
   std::shared_lock gate_lock(gate->mu);
   Sync* s = gate->sync;
   if (s == nullptr) return;
+  s->own_fresh_ = false;
   if (s->connected_.exchange(false)) {
     if (s->disconnects_) s->disconnects_->inc();
     log::warn("replica sync: NATS connection lost; routing on this replica's state")
@@ -320,6 +321,7 @@ void Sync::on_reconnected(natsConnection*, void* self) {
   std::shared_lock gate_lock(gate->mu);
   Sync* s = gate->sync;
   if (s == nullptr) return;
+  s->own_fresh_ = false;
   if (!s->connected_.exchange(true))
     log::info("replica sync: connected to NATS").kv("url", redact_url(s->config_.url));
   if (s->connected_gauge_) s->connected_gauge_->set(1);
@@ -383,9 +385,10 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
     log::warn(limit, "replica sync: message dropped").kv("error", header_error);
     return;
   }
-  // Our own messages, live: the echo of what this replica sent, for the sinks that apply their
-  // own records (and own load) as the peers do. In a replay they are given to every sink: a policy
-  // built since (a rule changed) has none of them, and applying a record again changes nothing.
+  // Our own messages, live: the echo of what this replica sent. Its records were applied when
+  // made; its load reports count here from the moment they count on the peers (settle). In a
+  // replay own records are given to every sink: a policy built since (a rule changed) has none
+  // of them, and applying a record again changes nothing.
   const bool own = h.replica == id_ && !replay;
   if (h.kind == Kind::kLoad) {
     if (replay) return;  // (the history holds records only)
@@ -394,12 +397,28 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
       if (errors_) errors_->with({"decode"}).inc();
       return;
     }
+    if (!own && messages_) messages_->with({"in", "load"}).inc();
+    // A report counts from its sending + settle() on every replica alike, this one included
+    // (the run thread applies it then; one heard later at once, one from a clock ahead of ours
+    // at most settle() from now): the figures every replica weighs change at one moment, and
+    // never before the predictions of the dispatches they count (records leave first).
+    const int64_t settle_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(settle()).count();
+    const int64_t now = now_us();
+    const int64_t due = std::min(h.sent_us + settle_us, now + settle_us);
+    if (due > now) {
+      std::lock_guard lock(mu_);
+      if (due_loads_.size() < kMaxDueLoads) {
+        due_loads_.push(DueLoad{due, own, h, std::move(report)});
+        cv_.notify_all();
+        return;
+      }
+    }
     if (own) {
       apply_own_load(report);
-      return;
+    } else {
+      apply_load(h, report);
     }
-    if (messages_) messages_->with({"in", "load"}).inc();
-    apply_load(h, report);
     return;
   }
   if (h.kind != Kind::kChains) return;
@@ -410,15 +429,7 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
     log::warn(limit, "replica sync: message dropped").kv("error", e);
     return;
   }
-  if (own) {
-    std::shared_lock lock(sinks_mu_);
-    for (const ChainRecord& r : records) {
-      for (const auto& [token, entry] : sinks_) {
-        if (entry.own && entry.rule == r.rule) entry.sink(r);
-      }
-    }
-    return;
-  }
+  if (own) return;  // applied when made
   if (!replay && messages_) messages_->with({"in", "chains"}).inc();
   const int64_t now = now_us();
   std::shared_lock lock(sinks_mu_);
@@ -600,12 +611,12 @@ std::optional<Sync::Snapshot> Sync::request_inventory(const InventoryRequest& r,
   return out;
 }
 
-uint64_t Sync::add_sink(const std::string& rule, ChainSink sink, bool own) {
+uint64_t Sync::add_sink(const std::string& rule, ChainSink sink) {
   uint64_t token = 0;
   {
     std::unique_lock lock(sinks_mu_);
     token = next_sink_++;
-    sinks_.emplace(token, SinkEntry{rule, std::move(sink), own});
+    sinks_.emplace(token, SinkEntry{rule, std::move(sink)});
   }
   if (with_history_) {
     {
@@ -655,13 +666,28 @@ void Sync::apply_load(const Header& h, const LoadReport& report) {
   std::vector<std::pair<RankKey, RankLoad>> changed;
   {
     std::lock_guard lock(load_mu_);
+    if (auto d = deregistered_.find(h.replica); d != deregistered_.end()) {
+      if (Clock::now() - d->second < config_.peer_timeout) return;
+      deregistered_.erase(d);
+    }
     if (peers_.size() >= kMaxPeers && !peers_.contains(h.replica)) {
       // A fleet this large is a misconfiguration (or someone else's traffic on our subject).
       if (errors_) errors_->with({"too_many_peers"}).inc();
       return;
     }
+    {
+      // All peers' entries together are bounded too (each report is, by the wire's bound).
+      auto known = peers_.find(h.replica);
+      const size_t before =
+          known == peers_.end() ? 0 : known->second.inflight.size() + known->second.ranks.size();
+      if (peer_entries_ - before + report.entries.size() > kMaxPeerEntries) {
+        if (errors_) errors_->with({"too_many_peers"}).inc();
+        return;
+      }
+    }
     Peer& p = peers_[h.replica];
     if (p.seq != 0 && report.seq <= p.seq) return;  // an older report arriving late
+    peer_entries_ -= p.inflight.size() + p.ranks.size();
     p.seq = report.seq;
     p.seen = Clock::now();
     std::vector<uint64_t> keys;
@@ -681,6 +707,7 @@ void Sync::apply_load(const Header& h, const LoadReport& report) {
         rank_keys.push_back(k);
       }
     }
+    peer_entries_ += p.inflight.size() + p.ranks.size();
     if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
     resum(keys);
     resum_ranks(rank_keys, changed);
@@ -754,12 +781,15 @@ void Sync::apply_own_load(const LoadReport& report) {
     if (it == own_ranks_.end() || it->second != v) changed.emplace_back(k, v);
   }
   own_ranks_ = std::move(now);
-  if (changed.empty()) return;
-  std::shared_lock rank_lock(rank_mu_);
-  for (const auto& [token, reg] : rank_regs_) {
-    if (!reg.hear_own) continue;
-    for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v);
+  {
+    std::shared_lock rank_lock(rank_mu_);
+    for (const auto& [token, reg] : rank_regs_) {
+      if (!reg.hear_own) continue;
+      for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v);
+    }
   }
+  // The figures told, the policies may weigh them (own_view()).
+  own_fresh_ = true;
 }
 
 void Sync::remove_rank_load(uint64_t token) {
@@ -790,10 +820,15 @@ void Sync::set_registered(std::vector<uint64_t> ids) {
     }
     log::info("replica sync: peer deregistered, its load forgotten").kv("peer", id);
     if (expiries_) expiries_->with({"deregistered"}).inc();
+    // Its reports still on their way (or a last heartbeat before it stopped) do not bring it
+    // back: ignored until its key is there again, or for a peer timeout.
+    if (deregistered_.size() < kMaxPeers) deregistered_[id] = Clock::now();
     for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
     for (const auto& [key, n] : it->second.ranks) rank_keys.push_back(key);
+    peer_entries_ -= it->second.inflight.size() + it->second.ranks.size();
     it = peers_.erase(it);
   }
+  for (uint64_t id : ids) deregistered_.erase(id);
   registered_ = std::move(ids);
   if (!keys.empty()) resum(keys);
   if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
@@ -836,6 +871,7 @@ void Sync::expire_peers() {
       if (expiries_) expiries_->with({"silence"}).inc();
       for (const auto& [key, n] : it->second.inflight) keys.push_back(key);
       for (const auto& [key, n] : it->second.ranks) rank_keys.push_back(key);
+      peer_entries_ -= it->second.inflight.size() + it->second.ranks.size();
       it = peers_.erase(it);
     }
     if (!keys.empty()) resum(keys);
@@ -924,17 +960,43 @@ void Sync::publish_load(bool force) {
 
 void Sync::run() {
   std::vector<ChainRecord> batch;
+  std::vector<DueLoad> loads;
   std::unique_lock lock(mu_);
   auto next_load = Clock::now();
   while (!stopping_) {
     const auto now = Clock::now();
+    // Load reports whose moment came, in the order of their moments.
+    const int64_t unix_now = now_us();
+    while (!due_loads_.empty() && due_loads_.top().due_us <= unix_now) {
+      loads.push_back(due_loads_.top());
+      due_loads_.pop();
+    }
+    if (!loads.empty()) {
+      lock.unlock();
+      for (const DueLoad& d : loads) {
+        if (d.own) {
+          apply_own_load(d.report);
+        } else {
+          apply_load(d.header, d.report);
+        }
+      }
+      loads.clear();
+      lock.lock();
+      continue;
+    }
     // Not ready (disconnected, or the history stream not yet ensured): records wait here.
     const bool may_send = ready_ && !pending_.empty();
+    // Records go before a load report that counts their dispatches (a peer must never weigh a
+    // dispatch's load without its prediction).
     const bool due = may_send && (pending_.size() >= config_.batch_records ||
-                                  now >= first_pending_ + config_.batch);
+                                  now >= first_pending_ + config_.batch || now >= next_load);
     if (!due && now < next_load) {
-      cv_.wait_until(lock,
-                     may_send ? std::min(next_load, first_pending_ + config_.batch) : next_load);
+      auto until = may_send ? std::min(next_load, first_pending_ + config_.batch) : next_load;
+      if (!due_loads_.empty()) {
+        until =
+            std::min(until, now + std::chrono::microseconds(due_loads_.top().due_us - unix_now));
+      }
+      cv_.wait_until(lock, until);
       continue;
     }
     if (due) {

@@ -5,8 +5,7 @@
 //                      worker, the origin time) and kv_exact's predicted pages, batched: a
 //                      message leaves at most --replica-sync-batch-ms after its first record, or
 //                      at 256 records. Peers apply them to the policy of the same rule name
-//                      (ChainSink); the sender applied its own already, or applies them as
-//                      NATS echoes them (a sink added with `own`).
+//                      (ChainSink); the sender applied its own already.
 //   <subject>.load     each replica's own load, absolute: requests in flight per worker (and
 //                      kv_exact's per rank, with the prefill tokens queued there), sent when it
 //                      changed (at most every --replica-load-interval-ms) and at least every
@@ -54,6 +53,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <queue>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -120,14 +120,19 @@ class Sync {
   // A reconnection's replay starts this long before the connection was lost (clock skew between
   // this host and NATS, messages in flight then).
   static constexpr std::chrono::seconds kReplayMargin{10};
-  // What a record needs beyond the batch interval to reach every replica (NATS's delivery, a
-  // scheduling delay): a policy acting on records from `origin + batch + kSettleMargin` acts on
-  // them at the same moment everywhere.
+  // How long after its origin a change of the fleet's shared state counts, on every replica
+  // alike: load reports (own, echoed by NATS, and peers'), kv_exact's predictions. The batch
+  // interval (a record may wait that long to leave) and kSettleMargin (NATS's delivery, a
+  // scheduling delay; the replicas' clocks must agree within it: NTP).
   static constexpr std::chrono::milliseconds kSettleMargin{2};
+  std::chrono::milliseconds settle() const { return config_.batch + kSettleMargin; }
 
   uint64_t id() const { return id_; }
   const SyncConfig& config() const { return config_; }
   bool connected() const { return connected_.load(std::memory_order_relaxed); }
+  // Connected, and a load report of this replica came back since it connected: the own figures
+  // told to add_rank_load's hear_own are what the peers weigh now.
+  bool own_view() const { return connected() && own_fresh_.load(std::memory_order_relaxed); }
   // The history stream is there for this connection.
   bool history() const { return history_ok_.load(std::memory_order_relaxed); }
   size_t peers() const;
@@ -142,14 +147,14 @@ class Sync {
   // peer (or all of them together) may book on a worker.
   static constexpr size_t kMaxPeers = 1024;
   static constexpr int64_t kMaxPeerLoad = 100000;
+  // Load entries (per worker, per rank) of every peer together.
+  static constexpr size_t kMaxPeerEntries = size_t{1} << 20;
   // The records waiting for the next batch, taken (tests: a Sync never started keeps them).
   std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call
   // of that sink is running. With history, the sink is also given the stream's records (on the
-  // history thread, soon after; see the header comment). `own`: this replica's records too, as
-  // NATS echoes them (when its peers get them): a sink deciding on the fleet's shared state
-  // applies its own records then, not when made, so no replica knows more than the others.
-  uint64_t add_sink(const std::string& rule, ChainSink sink, bool own = false);
+  // history thread, soon after; see the header comment).
+  uint64_t add_sink(const std::string& rule, ChainSink sink);
   void remove_sink(uint64_t token);
 
   // Workers whose load this replica publishes and whose peers' loads it adds up (each pool's,
@@ -249,6 +254,7 @@ class Sync {
   __natsConnection* nc_ = nullptr;
   std::vector<__natsSubscription*> subs_;
   std::atomic<bool> connected_{false};
+  std::atomic<bool> own_fresh_{false};  // an own report echoed since the last (re)connection
   // Records may leave (connected, and with history the stream ensured for this connection).
   std::atomic<bool> ready_{false};
   std::atomic<bool> history_ok_{false};
@@ -274,6 +280,18 @@ class Sync {
   metrics::CounterFamily* bootstraps_ = nullptr;  // {result}
   Clock::time_point started_at_{};
 
+  // Load reports heard, waiting for their moment (sent + settle()), earliest first (mu_). Past
+  // kMaxDueLoads (a flood of reports) one is applied when heard.
+  struct DueLoad {
+    int64_t due_us = 0;
+    bool own = false;
+    Header header;
+    LoadReport report;
+    bool operator>(const DueLoad& o) const { return due_us > o.due_us; }
+  };
+  static constexpr size_t kMaxDueLoads = 65536;
+  std::priority_queue<DueLoad, std::vector<DueLoad>, std::greater<>> due_loads_;
+
   // Records waiting for the next batch.
   std::mutex mu_;
   std::condition_variable cv_;
@@ -287,7 +305,6 @@ class Sync {
   struct SinkEntry {
     std::string rule;
     ChainSink sink;
-    bool own = false;  // hears this replica's own records (echoed)
   };
   std::map<uint64_t, SinkEntry> sinks_;
   uint64_t next_sink_ = 1;
@@ -337,7 +354,11 @@ class Sync {
   void resum_ranks(const std::vector<RankKey>& keys,
                    std::vector<std::pair<RankKey, RankLoad>>& changed);
   std::unordered_map<uint64_t, Peer> peers_;
+  size_t peer_entries_ = 0;           // entries in peers_ (load_mu_)
   std::vector<uint64_t> registered_;  // sorted (set_registered)
+  // Peers forgotten because their key went, and when: their reports are ignored for a peer
+  // timeout unless the key comes back (at most kMaxPeers).
+  std::unordered_map<uint64_t, Clock::time_point> deregistered_;
   // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
   uint64_t own_seq_ = 0;

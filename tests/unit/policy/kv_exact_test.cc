@@ -790,4 +790,53 @@ TEST(KvExactPolicyMisses, WithReplicasAMissIsPlacedByTheCostAlikeEverywhere) {
   a.on_completed(d, first.ctx, Outcome{.status = 200, .ok = true});
 }
 
+// With replicas a prediction is heard by the peers (their sink: apply_peer) and may be heard
+// twice (this replica applied it, then a replay gives it again): applied once, it counts from
+// origin + settle on both, and one retraction withdraws it everywhere.
+TEST(KvExactPolicyPredict, APredictionHeardTwiceHoldsOnceAndOneRetractionWithdrawsIt) {
+  Rig rig(2, 1);
+  replica::Sync sync_a(replica::SyncConfig{}, nullptr), sync_b(replica::SyncConfig{}, nullptr);
+  PolicyConfig ca = rig.config(), cb = rig.config();
+  ca.kv.predict_ttl = cb.kv.predict_ttl = 60s;
+  ca.replica = &sync_a;
+  cb.replica = &sync_b;
+  auto a = rig.make(ca);
+  auto b = rig.make(cb);
+  ASSERT_TRUE(a && b);
+  ASSERT_NO_FATAL_FAILURE(rig.sync({a.get(), b.get()}));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(*a));
+  ASSERT_NO_FATAL_FAILURE(rig.wait_ready(*b));
+  const auto prefix = page_tokens(1, 3);
+  TokReq first(concat(prefix, page_tokens(2, 1)));
+  Decision d = route(*a, rig.ptrs, first);
+  ASSERT_EQ(d.branch, "kv_exact_miss");
+  a->on_dispatched(d, first.ctx);
+  std::vector<replica::ChainRecord> made = sync_a.take_pending();
+  ASSERT_EQ(made.size(), 1U);
+  b->apply_peer(made[0]);
+  b->apply_peer(made[0]);  // heard twice
+  a->apply_peer(made[0]);  // its own, replayed
+  // Both count it from origin + settle: a sibling then goes where the first went, on either.
+  auto sibling = [&](KvExactPolicy& p, int i) {
+    TokReq r(concat(prefix, page_tokens(10 + i, 1)));
+    return route(p, rig.ptrs, r);
+  };
+  ASSERT_TRUE(wait_until([&] {
+    return sibling(*a, 0).branch == "kv_exact_hit" && sibling(*b, 0).branch == "kv_exact_hit";
+  }));
+  EXPECT_EQ(sibling(*a, 1).target_id, d.target_id);
+  EXPECT_EQ(sibling(*b, 1).worker, d.worker);
+  // It never ran: one retraction, heard by both (by b twice), withdraws it everywhere.
+  a->on_completed(d, first.ctx, Outcome{.status = 503, .ok = false, .started = false});
+  std::vector<replica::ChainRecord> back = sync_a.take_pending();
+  ASSERT_EQ(back.size(), 1U);
+  EXPECT_TRUE(back[0].retract);
+  b->apply_peer(back[0]);
+  b->apply_peer(back[0]);
+  EXPECT_EQ(sibling(*a, 2).branch, "kv_exact_miss");
+  EXPECT_EQ(sibling(*b, 2).branch, "kv_exact_miss");
+  a->stop();
+  b->stop();
+}
+
 }  // namespace kvgate::testing

@@ -14,8 +14,8 @@
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -388,6 +388,7 @@ std::string policy_name(const std::string& entry, std::vector<std::string>* flag
 struct RouteAnswer {
   std::string key;
   std::string body;
+  int64_t late_us = 0;  // how long after the moment asked the kvgate decided
 };
 RouteAnswer route_of(int admin_port, std::string_view path, const std::string& body,
                      int64_t at_us) {
@@ -402,7 +403,9 @@ RouteAnswer route_of(int admin_port, std::string_view path, const std::string& b
     size_t end = r.body.find_first_of(",}", at);
     return r.body.substr(at, end - at);
   };
-  return {field("worker") + " " + field("dp_rank"), std::move(r.body)};
+  const std::string late = field("late_us");
+  return {field("worker") + " " + field("dp_rank"), std::move(r.body),
+          late.empty() ? 0 : std::atoll(late.c_str())};
 }
 
 }  // namespace
@@ -664,8 +667,11 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     // instant, not each the moment the question reached it; a disagreement is written to
     // agreement-<policy>.log with every answer. Live, the moment is 10 ms ahead: the questions
     // leave on threads of their own and the request is held until then (only it: the others go
-    // on), so it is sent at the instant the kvgates were asked about.
+    // on), so it is sent at the instant the kvgates were asked about. An answer decided more
+    // than 1 ms after that moment (the question came late, the kvgate was busy) makes the
+    // question "late": counted, and reported beside the agreement.
     std::mutex agree_mu;
+    std::atomic<size_t> late_asks{0};
     std::FILE* disagreements = nullptr;
     auto unix_us = [] {
       return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -681,6 +687,10 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
             [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body, at); });
       }
       for (auto& t : askers) t.join();
+      if (std::any_of(answers.begin(), answers.end(),
+                      [](const RouteAnswer& a) { return a.late_us > 1000; })) {
+        ++late_asks;
+      }
       bool same = answers.front().key != "error";
       for (const auto& a : answers) same = same && a.key == answers.front().key;
       if (!same) {
@@ -697,7 +707,11 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       }
       return same;
     };
-    std::deque<std::thread> live_asks;
+    // The live questions' threads (detached: the driver's loop never waits for one), counted
+    // so that the run's end waits for the last.
+    std::mutex asks_mu;
+    std::condition_variable asks_cv;
+    size_t asks_running = 0;
     std::atomic<size_t> shadow_agreed{0};
     size_t shadow_asked = 0;
     if (replicas > 1) {
@@ -705,18 +719,19 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         if (seen_bodies++ % 4 == 0 && sampled.size() < 200) sampled.push_back(body);
         if (shadow_asked >= 2000) return std::chrono::microseconds(0);
         ++shadow_asked;
-        if (live_asks.size() >= 64) {  // the oldest has long finished: its thread is reclaimed
-          live_asks.front().join();
-          live_asks.pop_front();
-        }
         constexpr auto kAhead = std::chrono::milliseconds(10);
         const int64_t at = unix_us() + kAhead.count() * 1000;
-        live_asks.emplace_back([&, body, at,
-                                when = "live: request " + std::to_string(shadow_asked) +
-                                       ", conversation " + std::to_string(session) + " turn " +
-                                       std::to_string(turn)] {
+        {
+          std::lock_guard lock(asks_mu);
+          ++asks_running;
+        }
+        std::thread([&, body, at,
+                     when = "live: request " + std::to_string(shadow_asked) + ", conversation " +
+                            std::to_string(session) + " turn " + std::to_string(turn)] {
           if (agree_on(body, when, at)) ++shadow_agreed;
-        });
+          std::lock_guard lock(asks_mu);
+          if (--asks_running == 0) asks_cv.notify_all();
+        }).detach();
         return std::chrono::microseconds(at - unix_us());
       };
     }
@@ -726,7 +741,10 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       if (o.on_request) o.on_request(policy, r, done);
     };
     RunResult run = run_workload(w, dc);
-    for (auto& t : live_asks) t.join();
+    {
+      std::unique_lock lock(asks_mu);
+      asks_cv.wait(lock, [&] { return asks_running == 0; });
+    }
     if (!run.fatal.empty()) {
       error = run.fatal;
       return {};
@@ -786,6 +804,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       for (const auto& body : sampled) agree += agree_on(body, "quiesced", unix_us());
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
       if (disagreements) std::fclose(disagreements);
+      sm.live_asked = shadow_asked;
+      sm.live_late = late_asks.load();
       if (shadow_asked > 0) {
         sm.live_agreement =
             static_cast<double>(shadow_agreed.load()) / static_cast<double>(shadow_asked);

@@ -38,7 +38,9 @@ struct Summary {
   int gateways = 1;
   bool synced = false;
   double agreement = -1;
-  double live_agreement = -1;  // the same, asked as each sampled request was sent
+  double live_agreement = -1;  // the same, asked as each request was sent (at most 2,000)
+  size_t live_asked = 0;       // requests asked live
+  size_t live_late = 0;        // of them, some kvgate decided > 1 ms after the moment asked
   double sync_bytes_per_request = -1;
 };
 

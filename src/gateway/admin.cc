@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "gateway/decision_log.h"
@@ -408,6 +409,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     // ?at=UNIX_MICROSECONDS: decide at that moment (at most a second ahead), so that several
     // replicas asked the same question answer for one instant (agreement checks), not each at
     // whenever the question reached it.
+    std::optional<int64_t> asked_at;
     if (std::string_view at = query_param(ex.target(), "at"); !at.empty()) {
       int64_t at_us = 0;
       const auto [end, ec] = std::from_chars(at.data(), at.data() + at.size(), at_us);
@@ -425,10 +427,20 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
         t.expires_after(std::chrono::microseconds(at_us - now_us));
         co_await t.async_wait(asio::as_tuple(use_awaitable));
       }
+      asked_at = at_us;
     }
     // Routing headers of the request (sticky keys, a pinned worker) are the admin request's own.
     auto header = [&ex](std::string_view name) { return ex.header(name); };
+    const int64_t decided_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
     auto [status, body] = hooks_.route_only(target_path, std::string(ex.body()), header);
+    if (asked_at && status == 200 && body.starts_with("{")) {
+      // How long after the moment asked it decided (the question arrived late, or the loop was
+      // busy): an agreement check counts such answers apart.
+      body.insert(
+          1, "\"late_us\":" + std::to_string(std::max<int64_t>(0, decided_us - *asked_at)) + ",");
+    }
     const http::Header json_type[] = {{"content-type", "application/json"},
                                       {"cache-control", "no-store"}};
     co_await ex.respond(status, json_type, body);

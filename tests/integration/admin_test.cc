@@ -777,4 +777,37 @@ TEST(ConfigFile, ErrorsAtStartupNameTheFileAndLine) {
 }
 
 }  // namespace
+// Route-only: where a request would go, without sending it; with ?at= decided at that moment
+// (the answer says how late it was), and a moment that is not one, or more than a second ahead,
+// refused.
+TEST(Admin, RouteOnlyDecidesWithoutSendingAndAtAMomentAsked) {
+  AdminCluster ac(2);
+  Admin admin = ac.admin();
+  const std::string body =
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2})";
+  Response r = admin.call("POST", "/v1/route?path=/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find(R"("worker":"http://)"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("late_us"), std::string::npos) << r.body;
+  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const auto t0 = std::chrono::steady_clock::now();
+  r = admin.call("POST", "/v1/route?path=/v1/chat/completions&at=" + std::to_string(now + 200000),
+                 body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);  // it waited for the moment
+  EXPECT_GE(json_number_field(r.body, "late_us"), 0) << r.body;
+  for (const std::string& bad :
+       {std::string("soon"), std::string("12x"), std::to_string(now + 5'000'000)}) {
+    r = admin.call("POST", "/v1/route?path=/v1/chat/completions&at=" + bad, body);
+    EXPECT_EQ(r.status, 400) << bad << " " << r.body;
+    EXPECT_NE(r.body.find("bad_at"), std::string::npos) << r.body;
+  }
+  // Nothing was sent: no request went through the gateway's request path.
+  EXPECT_EQ(ac.cluster.metrics().find("kvgate_requests_total{route=\"/v1/chat/completions\""),
+            std::string::npos)
+      << ac.cluster.metrics();
+}
+
 }  // namespace kvgate::testing

@@ -114,7 +114,7 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
   for (const auto& s : rows) {
     const std::string agree = s.agreement < 0 ? "-" : fmt("%.1f%%", s.agreement * 100);
     std::string live = s.live_agreement < 0 ? "-" : fmt("%.2f%%", s.live_agreement * 100);
-    if (s.live_late > 0) live += fmt(" (%zu late)", s.live_late);
+    if (s.live_late > 0) live += " (" + std::to_string(s.live_late) + " late)";
     const std::string bytes =
         s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
     if (markdown) {

@@ -512,8 +512,9 @@ int main(int argc, char** argv) {
   };
   // Rules created through the API take the knobs in force (a reload may have changed them).
   admin_hooks.route_only = [&gateway](std::string_view path, std::string body,
-                                      const std::function<std::string_view(std::string_view)>& h) {
-    auto r = gateway.route_only(path, std::move(body), h);
+                                      const std::function<std::string_view(std::string_view)>& h,
+                                      int64_t at_us) {
+    auto r = gateway.route_only(path, std::move(body), h, at_us);
     return std::pair<int, std::string>(r.status, std::move(r.body));
   };
   AdminApi admin(in_force, pools, admin_hooks);

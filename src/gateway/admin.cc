@@ -434,7 +434,8 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     const int64_t decided_us = std::chrono::duration_cast<std::chrono::microseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count();
-    auto [status, body] = hooks_.route_only(target_path, std::string(ex.body()), header);
+    auto [status, body] =
+        hooks_.route_only(target_path, std::string(ex.body()), header, asked_at.value_or(0));
     if (asked_at && status == 200 && body.starts_with("{")) {
       // How long after the moment asked it decided (the question arrived late, or the loop was
       // busy): an agreement check counts such answers apart.

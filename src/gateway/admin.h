@@ -67,11 +67,11 @@ class AdminApi {
     // GET /v1/stats: the dashboard's JSON (gateway/stats.h) with the `recent` newest decisions;
     // empty: "{}".
     std::function<std::string(size_t recent)> stats;
-    // POST /v1/route?path=P: the request path's decision for the body, nothing sent (status,
-    // JSON); empty: 404.
+    // POST /v1/route?path=P[&at=US]: the request path's decision for the body, as of unix
+    // microsecond `at_us` (0: now), nothing sent (status, JSON); empty: 404.
     std::function<std::pair<int, std::string>(
         std::string_view path, std::string body,
-        const std::function<std::string_view(std::string_view)>& header)>
+        const std::function<std::string_view(std::string_view)>& header, int64_t at_us)>
         route_only;
   };
   // `config` is the configuration in force, read when rules are created (a reload replaces it on

@@ -662,7 +662,7 @@ std::string_view route_only_header(const void* self, std::string_view name) {
 
 Gateway::RouteOnly Gateway::route_only(
     std::string_view path, std::string body,
-    const std::function<std::string_view(std::string_view)>& header) const {
+    const std::function<std::string_view(std::string_view)>& header, int64_t at_us) const {
   auto error = [](int status, std::string_view code, std::string_view message) {
     return RouteOnly{status, R"({"error":{"type":"invalid_request_error","code":)" +
                                  json::quote(code) + R"(,"message":)" + json::quote(message) +
@@ -700,6 +700,7 @@ Gateway::RouteOnly Gateway::route_only(
   RouteContext ctx;
   ctx.request = &info;
   ctx.route_only = true;
+  ctx.at_us = at_us;
   RouteOnlyHeaders headers{&header};
   ctx.header_fn = &route_only_header;
   ctx.header_self = &headers;

@@ -126,8 +126,10 @@ class Gateway {
     int status = 200;
     std::string body;
   };
+  // `at_us`: decide as of that moment (unix microseconds: RouteContext::at_us); 0: now.
   RouteOnly route_only(std::string_view path, std::string body,
-                       const std::function<std::string_view(std::string_view)>& header) const;
+                       const std::function<std::string_view(std::string_view)>& header,
+                       int64_t at_us = 0) const;
   // Replica sync (--replica-sync), for /readiness's details; before the first request.
   void set_replica(const replica::Sync* r) { replica_ = r; }
 

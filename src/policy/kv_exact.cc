@@ -52,28 +52,51 @@ struct KvExactPolicy::Source {
   uint64_t key = 0;                         // replica::worker_key of the url
   std::atomic<int64_t> active{0};           // requests dispatched here, not completed
   std::atomic<int64_t> pending_prefill{0};  // their prompt tokens not cached here
-  // The same two as the other kvgate replicas last reported them (--replica-sync; else 0).
-  std::atomic<int64_t> peer_active{0};
-  std::atomic<int64_t> peer_pending{0};
-  // With replicas: `active` and `pending_prefill` as this replica reported them, heard back
-  // from NATS when its peers hear them (Sync::add_rank_load's hear_own). While NATS is there the
-  // cost uses these, not the live counts, so every replica weighs the same figures at the same
-  // moment (a live count differs from what peers know for up to a load interval, and decisions
-  // near a tie would differ); without NATS (and until its first report after a reconnection
-  // came back), the live ones.
-  std::atomic<int64_t> reported_active{0};
-  std::atomic<int64_t> reported_pending{0};
+  // The same two as the other kvgate replicas reported them, summed (--replica-sync; else 0),
+  // and this replica's own as NATS echoed its report: each with the moment it counts from (the
+  // report's sending + settle), and the figures before it, so that a decision asked for a moment
+  // (route-only ?at=) weighs the figures of that moment, not those of when it ran.
+  struct Figures {
+    int64_t active = 0;
+    int64_t pending = 0;
+  };
+  struct Versioned {
+    std::atomic<int64_t> active{0}, pending{0}, prev_active{0}, prev_pending{0}, from_us{0};
+    // One writer at a time (Sync tells under its load lock).
+    void set(replica::Sync::RankLoad l, int64_t from) {
+      prev_active.store(active.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      prev_pending.store(pending.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      from_us.store(from, std::memory_order_relaxed);
+      active.store(l.active, std::memory_order_relaxed);
+      pending.store(l.prefill_tokens, std::memory_order_relaxed);
+    }
+    // As of `at` (unix us; 0: now).
+    Figures at(int64_t when) const {
+      if (when != 0 && when < from_us.load(std::memory_order_relaxed)) {
+        return {prev_active.load(std::memory_order_relaxed),
+                prev_pending.load(std::memory_order_relaxed)};
+      }
+      return {active.load(std::memory_order_relaxed), pending.load(std::memory_order_relaxed)};
+    }
+  };
+  Versioned peers;
+  // With replicas, the cost uses `reported` (own) rather than the live counts while NATS is
+  // there, so every replica weighs the same figures at the same moment (a live count differs
+  // from what peers know for up to a load interval, and decisions near a tie would differ);
+  // without NATS (and until its first report after a reconnection came back), the live ones.
+  Versioned reported;
   const replica::Sync* sync = nullptr;
   bool shared_view() const { return sync != nullptr && sync->own_view(); }
-  int64_t fleet_active() const {
-    const int64_t own = shared_view() ? reported_active.load(std::memory_order_relaxed)
-                                      : active.load(std::memory_order_relaxed);
-    return own + peer_active.load(std::memory_order_relaxed);
+  // The fleet's figures as of `when` (unix us; 0: now).
+  int64_t fleet_active(int64_t when = 0) const {
+    const int64_t own =
+        shared_view() ? reported.at(when).active : active.load(std::memory_order_relaxed);
+    return own + peers.at(when).active;
   }
-  int64_t fleet_pending() const {
-    const int64_t own = shared_view() ? reported_pending.load(std::memory_order_relaxed)
-                                      : pending_prefill.load(std::memory_order_relaxed);
-    return own + peer_pending.load(std::memory_order_relaxed);
+  int64_t fleet_pending(int64_t when = 0) const {
+    const int64_t own =
+        shared_view() ? reported.at(when).pending : pending_prefill.load(std::memory_order_relaxed);
+    return own + peers.at(when).pending;
   }
   std::atomic<bool> ready{false};  // trusted (kvWarmupSec, or holding blocks)
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
@@ -332,7 +355,7 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
     int best = 0;
     int64_t best_load = std::numeric_limits<int64_t>::max();
     for (const Source* s : it->second) {
-      int64_t load = s->fleet_pending() + s->fleet_active();
+      int64_t load = s->fleet_pending(ctx.at_us) + s->fleet_active(ctx.at_us);
       if (load < best_load) {
         best_load = load;
         best = s->rank;
@@ -421,8 +444,10 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   // Pages predicted where earlier requests were just sent: the leading run of one source.
   kv::SourceId predicted_source = 0;
   int64_t predicted_pages = 0;
+  // The moment decided for: now, or the one route-only was asked about (?at=).
+  const int64_t when = ctx.at_us;
   if (predict_ttl_.count() > 0 && !keys.empty()) {
-    const int64_t now = replica::Sync::now_us();
+    const int64_t now = when != 0 ? when : replica::Sync::now_us();
     std::lock_guard lock(predict_mu_);
     for (kv::BlockKey k : keys) {
       auto it = predicted_.find(k);
@@ -497,7 +522,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
           break;
         }
       }
-      int64_t pending = s->fleet_pending();
+      int64_t pending = s->fleet_pending(when);
       if (s->id == predicted_source) {
         // The prefix is being prefilled there for the requests just sent: this one waits for
         // that work instead of doing it again, so the part the engine has not confirmed yet is
@@ -508,7 +533,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
         pending = std::max<int64_t>(0, pending - unconfirmed);
       }
       longest = std::max(longest, cached);
-      int64_t active = s->fleet_active();
+      int64_t active = s->fleet_active(when);
       double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
                     static_cast<double>(pending) + load_tokens_ * static_cast<double>(active);
       uint64_t tie = mix(request_hash ^ s->tiebreak);
@@ -757,12 +782,8 @@ void KvExactPolicy::rebuild_sources() {
         s->key = w->url_key();
         s->sync = replica_;
         if (replica_) {
-          const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, r);
-          s->peer_active.store(peers.active, std::memory_order_relaxed);
-          s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
-          const replica::Sync::RankLoad own = replica_->own_rank_load(s->key, r);
-          s->reported_active.store(own.active, std::memory_order_relaxed);
-          s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
+          s->peers.set(replica_->peer_rank_load(s->key, r), 0);
+          s->reported.set(replica_->own_rank_load(s->key, r), 0);
         }
         if (predicted_tokens_) {
           std::string rank = std::to_string(r);
@@ -810,12 +831,8 @@ void KvExactPolicy::rebuild_sources() {
     // reads above and the store updated the old snapshot only (and is told again only when its
     // figures change).
     for (const auto& s : next->all) {
-      const replica::Sync::RankLoad peers = replica_->peer_rank_load(s->key, s->rank);
-      s->peer_active.store(peers.active, std::memory_order_relaxed);
-      s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
-      const replica::Sync::RankLoad own = replica_->own_rank_load(s->key, s->rank);
-      s->reported_active.store(own.active, std::memory_order_relaxed);
-      s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
+      s->peers.set(replica_->peer_rank_load(s->key, s->rank), 0);
+      s->reported.set(replica_->own_rank_load(s->key, s->rank), 0);
     }
   }
   subscriber_.set_sources(std::move(specs));  // removed or changed sources are reset
@@ -1151,19 +1168,13 @@ void KvExactPolicy::start() {
                                    0, s->pending_prefill.load(std::memory_order_relaxed))});
               }
             },
-            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad peers) {
+            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad peers, int64_t from_us) {
               auto sources = sources_.load();
-              if (Source* s = sources->by_key(key, rank)) {
-                s->peer_active.store(peers.active, std::memory_order_relaxed);
-                s->peer_pending.store(peers.prefill_tokens, std::memory_order_relaxed);
-              }
+              if (Source* s = sources->by_key(key, rank)) s->peers.set(peers, from_us);
             },
-            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad own) {
+            [this](uint64_t key, int32_t rank, replica::Sync::RankLoad own, int64_t from_us) {
               auto sources = sources_.load();
-              if (Source* s = sources->by_key(key, rank)) {
-                s->reported_active.store(own.active, std::memory_order_relaxed);
-                s->reported_pending.store(own.prefill_tokens, std::memory_order_relaxed);
-              }
+              if (Source* s = sources->by_key(key, rank)) s->reported.set(own, from_us);
             });
         responder_token_ = replica_->add_responder(
             rule_, [this](const replica::InventoryRequest& req) { return snapshot_for_peer(req); });
@@ -1350,8 +1361,9 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.hash_mismatched = s->hash_mismatched.load(std::memory_order_relaxed);
     c.active = s->active.load(std::memory_order_relaxed);
     c.pending_prefill = s->pending_prefill.load(std::memory_order_relaxed);
-    c.peer_active = s->peer_active.load(std::memory_order_relaxed);
-    c.peer_pending = s->peer_pending.load(std::memory_order_relaxed);
+    const Source::Figures peers = s->peers.at(0);
+    c.peer_active = peers.active;
+    c.peer_pending = peers.pending;
   }
   return c;
 }

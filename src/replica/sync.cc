@@ -415,9 +415,9 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
       }
     }
     if (own) {
-      apply_own_load(report);
+      apply_own_load(report, due);
     } else {
-      apply_load(h, report);
+      apply_load(h, report, due);
     }
     return;
   }
@@ -662,7 +662,7 @@ size_t Sync::peers() const {
   return peers_.size();
 }
 
-void Sync::apply_load(const Header& h, const LoadReport& report) {
+void Sync::apply_load(const Header& h, const LoadReport& report, int64_t from_us) {
   std::vector<std::pair<RankKey, RankLoad>> changed;
   {
     std::lock_guard lock(load_mu_);
@@ -713,7 +713,7 @@ void Sync::apply_load(const Header& h, const LoadReport& report) {
     resum_ranks(rank_keys, changed);
     // Told under load_mu_: two reports (or a report and an expiry) are told in the order they
     // were summed, so a stale sum never lands last.
-    tell_rank_sinks(changed);
+    tell_rank_sinks(changed, from_us);
   }
 }
 
@@ -739,11 +739,12 @@ void Sync::resum_ranks(const std::vector<RankKey>& keys,
   }
 }
 
-void Sync::tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed) {
+void Sync::tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed,
+                           int64_t from_us) {
   if (changed.empty()) return;
   std::shared_lock lock(rank_mu_);
   for (const auto& [token, reg] : rank_regs_) {
-    for (const auto& [k, sum] : changed) reg.hear(k.worker, k.rank, sum);
+    for (const auto& [k, sum] : changed) reg.hear(k.worker, k.rank, sum, from_us);
   }
 }
 
@@ -764,7 +765,7 @@ uint64_t Sync::add_rank_load(RankLoadProvider provide, RankLoadSink hear, RankLo
   return token;
 }
 
-void Sync::apply_own_load(const LoadReport& report) {
+void Sync::apply_own_load(const LoadReport& report, int64_t from_us) {
   std::lock_guard lock(load_mu_);
   if (own_seq_ != 0 && report.seq <= own_seq_) return;
   own_seq_ = report.seq;
@@ -785,7 +786,7 @@ void Sync::apply_own_load(const LoadReport& report) {
     std::shared_lock rank_lock(rank_mu_);
     for (const auto& [token, reg] : rank_regs_) {
       if (!reg.hear_own) continue;
-      for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v);
+      for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v, from_us);
     }
   }
   // The figures told, the policies may weigh them (own_view()).
@@ -833,7 +834,7 @@ void Sync::set_registered(std::vector<uint64_t> ids) {
   if (!keys.empty()) resum(keys);
   if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
   if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
-  tell_rank_sinks(changed);
+  tell_rank_sinks(changed, now_us());
 }
 
 Sync::RankLoad Sync::own_rank_load(uint64_t worker, int32_t rank) const {
@@ -877,7 +878,7 @@ void Sync::expire_peers() {
     if (!keys.empty()) resum(keys);
     if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
     if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
-    tell_rank_sinks(changed);
+    tell_rank_sinks(changed, now_us());
   }
 }
 
@@ -946,11 +947,17 @@ void Sync::publish_load(bool force) {
     if (!changed && !force) return;
     report.seq = ++load_seq_;
     report.entries.reserve(tracked_.size());
+    // Absolute, and a peer takes a report as the whole of this replica's load: an entry left out
+    // is zero there, so idle workers and ranks are not sent (most of them, most of the time).
     for (auto& [key, t] : tracked_) {
       t.published = t.worker->inflight();
-      report.entries.push_back({.worker = key, .rank = -1, .inflight = t.published});
+      if (t.published != 0) {
+        report.entries.push_back({.worker = key, .rank = -1, .inflight = t.published});
+      }
     }
-    report.entries.insert(report.entries.end(), merged.begin(), merged.end());
+    for (const LoadEntry& e : merged) {
+      if (e.inflight != 0 || e.prefill_tokens != 0) report.entries.push_back(e);
+    }
     last_ranks_ = std::move(merged);
   }
   std::string msg;
@@ -975,9 +982,9 @@ void Sync::run() {
       lock.unlock();
       for (const DueLoad& d : loads) {
         if (d.own) {
-          apply_own_load(d.report);
+          apply_own_load(d.report, d.due_us);
         } else {
-          apply_load(d.header, d.report);
+          apply_load(d.header, d.report, d.due_us);
         }
       }
       loads.clear();

@@ -22,7 +22,8 @@
 // conversations its peers served before it came; a reconnected one replays what it missed.
 // Replays: an ephemeral ordered consumer from a start time (or the beginning), each message fed
 // to handle() as the live subscription's are, up to the stream's last message when the replay
-// began (later ones arrive live) or SyncConfig::replay_timeout; own messages are skipped there.
+// began (later ones arrive live) or SyncConfig::replay_timeout; own records are given too (a
+// policy built since a rule changed has none of them; a record applied twice changes nothing).
 // The trigger is per sink: a sink (a rule's policy, added after start(): pools start after
 // Sync) is owed the whole history when added, and every sink is owed what was sent since the
 // connection was lost (minus kReplayMargin) when it returns. The history thread pays what is owed
@@ -165,18 +166,23 @@ class Sync {
   // kv_exact's per-rank load: `provide` appends this replica's own entries (rank >= 0: requests
   // active and prefill tokens queued per (worker key, rank)) to each load report; `hear` is told
   // the sum of the peers' latest for every (worker key, rank) whose sum changed (on a libnats
-  // thread or this class's, in the order the sums were made; it must not call into Sync).
-  // `hear_own` (optional) is told this replica's own entries as NATS echoes its report (when the
-  // peers get it), for every (worker key, rank) whose figures changed (zero for one no longer
-  // reported), so every replica weighs the same figures for this one. The first report after a
-  // registration leaves at once. remove_rank_load returns once no call of any is running.
+  // thread, this class's, or the registry's watcher (set_registered), in the order the sums were
+  // made; it must not call into Sync).
+  // `hear_own` (optional) is told this replica's own entries as NATS echoes its report, at the
+  // moment it counts on the peers (sent + settle()), for every (worker key, rank) whose figures
+  // changed (zero for one no longer reported), so every replica weighs the same figures for this
+  // one (own_view() says when they are current). Reports count at sent + settle() for `hear` as
+  // well. The first report after a registration leaves at once. remove_rank_load returns once
+  // no call of any is running.
   struct RankLoad {
     int64_t active = 0;
     int64_t prefill_tokens = 0;
     bool operator==(const RankLoad&) const = default;
   };
   using RankLoadProvider = std::function<void(std::vector<LoadEntry>& out)>;
-  using RankLoadSink = std::function<void(uint64_t worker, int32_t rank, RankLoad peers)>;
+  // `from_us`: the moment the figures count from (a report's sending + settle(), unix us).
+  using RankLoadSink =
+      std::function<void(uint64_t worker, int32_t rank, RankLoad load, int64_t from_us)>;
   uint64_t add_rank_load(RankLoadProvider provide, RankLoadSink hear, RankLoadSink hear_own = {});
   void remove_rank_load(uint64_t token);
   // The peers' sum for one (worker key, rank) now (a source made after the last report).
@@ -226,7 +232,7 @@ class Sync {
   ReplayResult replay(int64_t since_us, ReplayTarget& target);
   void set_ready(bool ready);
   void count_replay(ReplayResult r);
-  void apply_load(const Header& h, const LoadReport& report);
+  void apply_load(const Header& h, const LoadReport& report, int64_t from_us);
   void run();  // the batching / load thread
   void flush_records(std::vector<ChainRecord>& batch);
   void publish_load(bool force);
@@ -349,7 +355,7 @@ class Sync {
   // The rank entries last published, to send only on a change.
   std::vector<LoadEntry> last_ranks_;
   // Sums changed by apply_load / expire_peers, told to the sinks (load_mu_ held).
-  void tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed);
+  void tell_rank_sinks(const std::vector<std::pair<RankKey, RankLoad>>& changed, int64_t from_us);
   // Recomputes rank_sums_ for `keys` (load_mu_ held); appends what changed.
   void resum_ranks(const std::vector<RankKey>& keys,
                    std::vector<std::pair<RankKey, RankLoad>>& changed);
@@ -362,7 +368,7 @@ class Sync {
   // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
   uint64_t own_seq_ = 0;
-  void apply_own_load(const LoadReport& report);
+  void apply_own_load(const LoadReport& report, int64_t from_us);
   uint64_t load_seq_ = 0;
   Clock::time_point last_load_{};
 

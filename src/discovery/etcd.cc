@@ -836,9 +836,9 @@ EtcdWatcher::EtcdWatcher(std::string etcd_url, std::string prefix, Options optio
                          OnChange on_change)
     : url_(std::move(etcd_url)),
       prefix_(std::move(prefix)),
-      options_(options),
+      options_(std::move(options)),
       on_change_(std::move(on_change)),
-      client_(url_, options.client) {}
+      client_(url_, options_.client) {}
 
 EtcdWatcher::~EtcdWatcher() {
   stop();

@@ -76,7 +76,7 @@ std::string Registry::start() {
   wo.root = std::string(discovery::kGatewaysPrefix);
   watcher_ = std::make_unique<discovery::EtcdWatcher>(
       config_.etcd_url, std::string(discovery::kGatewaysPrefix) + config_.subject + "/", wo,
-      [this](std::vector<discovery::WorkerRecord> records) {
+      [this](const std::vector<discovery::WorkerRecord>& records) {
         std::vector<uint64_t> ids;
         ids.reserve(records.size());
         for (const auto& r : records) {

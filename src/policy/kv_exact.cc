@@ -780,11 +780,7 @@ void KvExactPolicy::rebuild_sources() {
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
         s->key = w->url_key();
-        s->sync = replica_;
-        if (replica_) {
-          s->peers.set(replica_->peer_rank_load(s->key, r), 0);
-          s->reported.set(replica_->own_rank_load(s->key, r), 0);
-        }
+        s->sync = replica_;  // (its shared figures: told once the snapshot holds it, below)
         if (predicted_tokens_) {
           std::string rank = std::to_string(r);
           s->predicted_tokens = &predicted_tokens_->with({rule_, s->url, rank});
@@ -826,15 +822,10 @@ void KvExactPolicy::rebuild_sources() {
   ids_ = std::move(ids);
   built_from_ = std::move(built_from);
   sources_.store(next);
-  if (replica_) {
-    // Read again now that the snapshot is the one load reports update: one applied between the
-    // reads above and the store updated the old snapshot only (and is told again only when its
-    // figures change).
-    for (const auto& s : next->all) {
-      s->peers.set(replica_->peer_rank_load(s->key, s->rank), 0);
-      s->reported.set(replica_->own_rank_load(s->key, s->rank), 0);
-    }
-  }
+  // The shared figures, told again now that the snapshot is the one load reports update (each
+  // is told only when it changes: a new source would miss those that did not). Sync tells them
+  // under its load lock, in order with the reports it applies. (Not started yet: start() does.)
+  if (replica_ && rank_token_ != 0) replica_->retell(rank_token_);
   subscriber_.set_sources(std::move(specs));  // removed or changed sources are reset
 }
 
@@ -1176,6 +1167,7 @@ void KvExactPolicy::start() {
               auto sources = sources_.load();
               if (Source* s = sources->by_key(key, rank)) s->reported.set(own, from_us);
             });
+        replica_->retell(rank_token_);  // what the fleet's figures are now
         responder_token_ = replica_->add_responder(
             rule_, [this](const replica::InventoryRequest& req) { return snapshot_for_peer(req); });
         chain_token_ =

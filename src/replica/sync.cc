@@ -793,6 +793,18 @@ void Sync::apply_own_load(const LoadReport& report, int64_t from_us) {
   own_fresh_ = true;
 }
 
+void Sync::retell(uint64_t token) {
+  std::lock_guard lock(load_mu_);
+  std::shared_lock rank_lock(rank_mu_);
+  auto it = rank_regs_.find(token);
+  if (it == rank_regs_.end()) return;
+  const int64_t now = now_us();
+  for (const auto& [k, sum] : rank_sums_) it->second.hear(k.worker, k.rank, sum, now);
+  if (it->second.hear_own) {
+    for (const auto& [k, v] : own_ranks_) it->second.hear_own(k.worker, k.rank, v, now);
+  }
+}
+
 void Sync::remove_rank_load(uint64_t token) {
   std::unique_lock lock(rank_mu_);
   rank_regs_.erase(token);

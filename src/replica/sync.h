@@ -185,6 +185,10 @@ class Sync {
       std::function<void(uint64_t worker, int32_t rank, RankLoad load, int64_t from_us)>;
   uint64_t add_rank_load(RankLoadProvider provide, RankLoadSink hear, RankLoadSink hear_own = {});
   void remove_rank_load(uint64_t token);
+  // Tells registration `token` every (worker key, rank) whose figures are not zero now: the
+  // peers' sums to `hear`, this replica's echoed ones to `hear_own` (a policy whose sources were
+  // made since, which start at zero). Under the same lock as the reports' telling: in order.
+  void retell(uint64_t token);
   // The peers' sum for one (worker key, rank) now (a source made after the last report).
   RankLoad peer_rank_load(uint64_t worker, int32_t rank) const;
   // This replica's own figures for one (worker key, rank) as last echoed.

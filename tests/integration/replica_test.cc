@@ -198,7 +198,15 @@ TEST(Replicas, FollowUpsLandWhereTheirConversationIsWhicheverReplicaTakesThem) {
   std::set<std::string> homes(home.begin(), home.end());
   EXPECT_EQ(homes.size(), fleet.sims.size());
 
-  // Quiesced, every replica decides every request alike: the next turns and new conversations.
+  // Quiesced (the records applied, and every peer's last load report: no request in flight
+  // anywhere), every replica decides every request alike: the next turns and new conversations.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return std::all_of(fleet.replicas.begin(), fleet.replicas.end(), [](Replica& r) {
+          return r.metric("kvgate_replica_peer_inflight") <= 0;
+        });
+      },
+      5s));
   int agreed = 0, asked = 0;
   for (int c = 0; c < kConversations; ++c) {
     for (const auto& body :

@@ -405,7 +405,8 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
     const int64_t settle_us =
         std::chrono::duration_cast<std::chrono::microseconds>(settle()).count();
     const int64_t now = now_us();
-    const int64_t due = std::min(h.sent_us + settle_us, now + settle_us);
+    // (Compared before adding: a sending time from the far future must not overflow.)
+    const int64_t due = h.sent_us >= now ? now + settle_us : h.sent_us + settle_us;
     if (due > now) {
       std::lock_guard lock(mu_);
       if (due_loads_.size() < kMaxDueLoads) {
@@ -434,6 +435,12 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
   const int64_t now = now_us();
   std::shared_lock lock(sinks_mu_);
   for (const ChainRecord& r : records) {
+    // An origin no clock gives (before 1970, or over a day ahead of ours): dropped, so that the
+    // sinks' origin + TTL arithmetic stays in range.
+    if (r.origin_us < 0 || r.origin_us > now + kMaxOriginAheadUs) {
+      if (errors_) errors_->with({"decode"}).inc();
+      continue;
+    }
     bool applied = false;
     for (const auto& [token, entry] : sinks_) {
       if (entry.rule != r.rule) continue;

@@ -669,10 +669,11 @@ TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
     return c;
   };
   metrics::Registry registry;  // a's
+  // What the Syncs' threads call into outlives them (declared first, destroyed last).
+  std::atomic<int> heard{0}, first{0}, second{0}, other{0}, own{0};
   replica::Sync a(config("a"), &registry), live(config("live"), nullptr);
   ASSERT_EQ(a.start(), "");
   ASSERT_EQ(live.start(), "");
-  std::atomic<int> heard{0};
   live.add_sink("default", [&](const replica::ChainRecord&) { ++heard; });
   ASSERT_TRUE(wait_until([&] { return a.history() && live.history(); }, 10s));
   constexpr int kRecords = 20000;  // 1,250 messages, ~6 MB
@@ -688,7 +689,6 @@ TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
 
   replica::Sync b(config("b"), nullptr);
   ASSERT_EQ(b.start(), "");
-  std::atomic<int> first{0}, second{0}, other{0}, own{0};
   b.add_sink("default", [&](const replica::ChainRecord&) { ++first; });
   b.add_sink("other", [&](const replica::ChainRecord&) { ++other; });
   ASSERT_TRUE(wait_until([&] { return first.load() == kRecords; }, 15s)) << first.load();
@@ -722,16 +722,17 @@ TEST(Replicas, OwnLoadComesBackAsThePeersHearItAndOwnRecordsDoNot) {
     c.name = name;
     return c;
   };
-  replica::Sync a(config("a"), nullptr), b(config("b"), nullptr);
-  ASSERT_EQ(a.start(), "");
-  ASSERT_EQ(b.start(), "");
+  // What the Syncs' threads call into outlives them (declared first, destroyed last).
   std::atomic<int> plain{0}, peer{0};
-  a.add_sink("default", [&](const replica::ChainRecord&) { ++plain; });
-  b.add_sink("default", [&](const replica::ChainRecord&) { ++peer; });
   std::atomic<int64_t> active{3};
   std::mutex mu;
   std::map<std::string, replica::Sync::RankLoad> heard;  // "own" / "peer" -> figures (rank 1)
   std::map<std::string, int64_t> from;                   // and the moment they count from
+  replica::Sync a(config("a"), nullptr), b(config("b"), nullptr);
+  ASSERT_EQ(a.start(), "");
+  ASSERT_EQ(b.start(), "");
+  a.add_sink("default", [&](const replica::ChainRecord&) { ++plain; });
+  b.add_sink("default", [&](const replica::ChainRecord&) { ++peer; });
   a.add_rank_load(
       [&](std::vector<replica::LoadEntry>& out) {
         out.push_back({.worker = 7, .rank = 1, .inflight = active.load(), .prefill_tokens = 40});

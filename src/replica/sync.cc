@@ -189,9 +189,8 @@ std::string Sync::start() {
     return fail("--replica-sync '" + redact_url(config_.url) + "' is not a NATS URL list");
   }
   natsOptions_SetName(opts, config_.name.c_str());
-  // Echo stays on: this replica's own records and load reports come back as its peers get them,
-  // and the sinks that decide on the fleet's shared state (kv_exact) apply them then, so every
-  // replica changes its view at the same moment (add_sink's `own`, add_rank_load's `hear_own`).
+  // Echo stays on: this replica's own load reports come back as its peers get them, and count
+  // here when they count there (add_rank_load's `hear_own`); its own records are skipped.
   natsOptions_SetMaxReconnect(opts, -1);
   natsOptions_SetReconnectWait(opts, 250);
   natsOptions_SetTimeout(opts, 2000);
@@ -415,11 +414,7 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
         return;
       }
     }
-    if (own) {
-      apply_own_load(report, due);
-    } else {
-      apply_load(h, report, due);
-    }
+    apply_report(own, h, report, due);
     return;
   }
   if (h.kind != Kind::kChains) return;
@@ -669,6 +664,14 @@ size_t Sync::peers() const {
   return peers_.size();
 }
 
+void Sync::apply_report(bool own, const Header& h, const LoadReport& report, int64_t from_us) {
+  if (own) {
+    apply_own_load(report, from_us);
+  } else {
+    apply_load(h, report, from_us);
+  }
+}
+
 void Sync::apply_load(const Header& h, const LoadReport& report, int64_t from_us) {
   std::vector<std::pair<RankKey, RankLoad>> changed;
   {
@@ -715,7 +718,6 @@ void Sync::apply_load(const Header& h, const LoadReport& report, int64_t from_us
       }
     }
     peer_entries_ += p.inflight.size() + p.ranks.size();
-    if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
     resum(keys);
     resum_ranks(rank_keys, changed);
     // Told under load_mu_: two reports (or a report and an expiry) are told in the order they
@@ -817,12 +819,6 @@ void Sync::remove_rank_load(uint64_t token) {
   rank_regs_.erase(token);
 }
 
-Sync::RankLoad Sync::peer_rank_load(uint64_t worker, int32_t rank) const {
-  std::lock_guard lock(load_mu_);
-  auto it = rank_sums_.find(RankKey{worker, rank});
-  return it == rank_sums_.end() ? RankLoad{} : it->second;
-}
-
 void Sync::set_registered(std::vector<uint64_t> ids) {
   std::sort(ids.begin(), ids.end());
   std::vector<std::pair<RankKey, RankLoad>> changed;
@@ -852,7 +848,6 @@ void Sync::set_registered(std::vector<uint64_t> ids) {
   registered_ = std::move(ids);
   if (!keys.empty()) resum(keys);
   if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
-  if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
   tell_rank_sinks(changed, now_us());
 }
 
@@ -896,7 +891,6 @@ void Sync::expire_peers() {
     }
     if (!keys.empty()) resum(keys);
     if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
-    if (peers_gauge_) peers_gauge_->set(static_cast<double>(peers_.size()));
     tell_rank_sinks(changed, now_us());
   }
 }
@@ -999,13 +993,7 @@ void Sync::run() {
     }
     if (!loads.empty()) {
       lock.unlock();
-      for (const DueLoad& d : loads) {
-        if (d.own) {
-          apply_own_load(d.report, d.due_us);
-        } else {
-          apply_load(d.header, d.report, d.due_us);
-        }
-      }
+      for (const DueLoad& d : loads) apply_report(d.own, d.header, d.report, d.due_us);
       loads.clear();
       lock.lock();
       continue;

@@ -191,8 +191,6 @@ class Sync {
   // peers' sums to `hear`, this replica's echoed ones to `hear_own` (a policy whose sources were
   // made since, which start at zero). Under the same lock as the reports' telling: in order.
   void retell(uint64_t token);
-  // The peers' sum for one (worker key, rank) now (a source made after the last report).
-  RankLoad peer_rank_load(uint64_t worker, int32_t rank) const;
   // This replica's own figures for one (worker key, rank) as last echoed.
   RankLoad own_rank_load(uint64_t worker, int32_t rank) const;
 
@@ -238,6 +236,8 @@ class Sync {
   ReplayResult replay(int64_t since_us, ReplayTarget& target);
   void set_ready(bool ready);
   void count_replay(ReplayResult r);
+  // A load report, own (echoed) or a peer's, counting from `from_us`.
+  void apply_report(bool own, const Header& h, const LoadReport& report, int64_t from_us);
   void apply_load(const Header& h, const LoadReport& report, int64_t from_us);
   void run();  // the batching / load thread
   void flush_records(std::vector<ChainRecord>& batch);

@@ -21,6 +21,9 @@ CacheAwarePolicy::CacheAwarePolicy(const PolicyConfig& config)
     chunk_bytes_ = config.replica->config().chunk_bytes;
     chunks_ = std::make_unique<prefix::ChunkIndex>(config.replica->config().max_chunks);
     ttl_us_ = config.eviction_interval_secs * 1000000;
+    const auto settle =
+        std::chrono::duration_cast<std::chrono::microseconds>(config.replica->settle());
+    chunks_->set_settle(ttl_us_, settle.count());
   }
   if (config.registry) {
     // Every series carries the rule (pool) whose policy this is: two pools never overwrite each
@@ -259,16 +262,27 @@ const std::vector<uint64_t>& CacheAwarePolicy::chain_of(RouteContext& ctx) {
 // select() when replicas share the state: the same rules as select(), over the chunk index and
 // fleet loads, ties broken by tie_key (no random draw), so every replica decides alike.
 Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, RouteContext& ctx) {
+  if (available.empty()) return {};
   const std::string& text = ctx.request ? ctx.request->text : kNoText;
   const std::vector<uint64_t>& chain = chain_of(ctx);
   const uint64_t request = chain.empty() ? XXH3_64bits(text.data(), text.size()) : chain.back();
   thread_local std::vector<uint64_t> keys;
   thread_local std::vector<size_t> matched;
+  thread_local std::vector<int64_t> loads;
   keys.resize(available.size());
   matched.assign(available.size(), 0);
   for (size_t i = 0; i < available.size(); ++i) keys[i] = available[i]->url_key();
   const int64_t now = replica::Sync::now_us();
-  const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, now);
+  // The moment decided for: now, or the one route-only was asked about (?at=). Records and
+  // loads count from their origin + settle on every replica alike, and this replica's own load
+  // as NATS echoed it (while NATS is there), so every replica weighs the same figures then.
+  const int64_t when = ctx.at_us != 0 ? ctx.at_us : now;
+  const bool echoed = config_.replica->own_view();
+  loads.resize(available.size());
+  for (size_t i = 0; i < available.size(); ++i) {
+    loads[i] = available[i]->shared_inflight(ctx.at_us, echoed);
+  }
+  const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, when);
   auto covered = [&](size_t chunks) {
     return prefix::chunk_bytes_covered(chunks, chunk_bytes_, text.size());
   };
@@ -279,7 +293,7 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
     uint64_t tie = 0;
     for (size_t i = 0; i < available.size(); ++i) {
       if (!eligible(i)) continue;
-      const int64_t l = available[i]->fleet_inflight();
+      const int64_t l = loads[i];
       const uint64_t t = tie_key(request, keys[i]);
       if (at == available.size() || l < load || (l == load && t < tie)) {
         at = i;
@@ -292,7 +306,8 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
   auto any = [](size_t) { return true; };
   Decision d;
   d.origin_us = now;
-  if (imbalanced(load_spread(available, inflight_load), config_.balance_abs_threshold,
+  const auto [low, high] = std::minmax_element(loads.begin(), loads.end());
+  if (imbalanced(LoadSpread{*low, *high}, config_.balance_abs_threshold,
                  config_.balance_rel_threshold)) {
     const size_t i = pick(any);
     d.worker = available[i];

@@ -18,9 +18,12 @@
 // replicas do not send each other, so the policy routes on a chunk index instead
 // (prefix/chunk_index.h): each dispatch is applied to it at once and published (the chain of the
 // prompt's chunks, the worker, the origin time), and peers' records of the same rule are applied
-// as they arrive, each counting until its origin time + --eviction-interval. The decision is then
-// a function of state every replica holds: the index, fleet loads (Worker::fleet_inflight), and
-// ties broken by a hash of the request and the worker instead of a random draw, so the same
+// as they arrive, each counting from its origin time + replica::Sync::settle() (by then every
+// replica has it) until its origin time + --eviction-interval. Loads are the fleet's as every
+// replica weighs them at that moment (Worker::shared_inflight): the peers' reports and this
+// replica's own as NATS echoed its report, each counting from its sending + settle. The decision
+// is then a function of state every replica holds at the moment decided for (now, or route-only's
+// ?at=), ties broken by a hash of the request and the worker instead of a random draw, so the same
 // request asked of any replica goes to the same worker. A withdrawal is published as the
 // retraction of the record it undoes; a worker's report of fewer cached tokens is counted
 // (predicted vs cached) but corrects nothing, since the index holds no other text of the worker to

@@ -88,6 +88,18 @@ void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64
   }
 }
 
+void ChunkIndex::set_settle(int64_t ttl_us, int64_t settle_us) {
+  window_us_ = settle_us > 0 && ttl_us > settle_us ? ttl_us - settle_us : 0;
+}
+
+bool ChunkIndex::counts(const Holder& x, int64_t now_us) const {
+  for (const int64_t e : x.expiries) {
+    if (e <= now_us) return false;  // latest first: the rest expired too (or none: 0)
+    if (window_us_ == 0 || e - window_us_ <= now_us) return true;
+  }
+  return false;
+}
+
 size_t ChunkIndex::match(std::span<const uint64_t> chain, std::span<const uint64_t> workers,
                          std::span<size_t> matched, int64_t now_us) const {
   std::fill(matched.begin(), matched.end(), 0);
@@ -98,7 +110,7 @@ size_t ChunkIndex::match(std::span<const uint64_t> chain, std::span<const uint64
     auto it = s.entries.find(chain[i]);
     if (it == s.entries.end()) break;  // nobody holds it, so nobody holds what follows it
     for (const Holder& x : it->second) {
-      if (x.latest() <= now_us) continue;
+      if (!counts(x, now_us)) continue;
       for (size_t k = 0; k < workers.size(); ++k) {
         if (workers[k] == x.worker) {
           matched[k] = i + 1;

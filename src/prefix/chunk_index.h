@@ -7,7 +7,8 @@
 // it holds.
 //
 // A holder keeps the expiries of the records that named it (the 4 latest; a record is known by
-// its expiry, its origin time in microseconds plus the TTL) and counts until the latest. A
+// its expiry, its origin time in microseconds plus the TTL) and counts until the latest (from
+// its origin + a settle time, set_settle(), when replicas must agree on the moment). A
 // record applied twice is applied once; a retraction removes its own expiry only, so another
 // record of the same worker keeps it held. Applying the same records in any order (each
 // retraction after its record, as NATS delivers one publisher's messages) leaves every replica
@@ -50,6 +51,11 @@ class ChunkIndex {
   size_t apply(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us);
   // Undoes apply(chain, worker, expiry_us) where no later record of the worker refreshed it.
   void retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us);
+  // Records count from their origin + `settle_us` (their expiry - `ttl_us` + `settle_us`), not
+  // from when this replica applied them: every replica's match at a moment is the same once each
+  // has heard the records of that moment (replica::Sync::settle()). Default: at once. Set before
+  // use (not synchronised with match()).
+  void set_settle(int64_t ttl_us, int64_t settle_us);
   // For each of `workers`, how many leading hashes of `chain` it holds at `now_us` (into
   // `matched`, same size). Returns the largest.
   size_t match(std::span<const uint64_t> chain, std::span<const uint64_t> workers,
@@ -73,11 +79,14 @@ class ChunkIndex {
     std::unordered_map<uint64_t, std::vector<Holder>> entries;
   };
   static constexpr size_t kShards = 16;
+  // Whether a record of `x` counts at `now_us`.
+  bool counts(const Holder& x, int64_t now_us) const;
   Shard& shard(uint64_t h) { return shards_[(h >> 60) & (kShards - 1)]; }
   const Shard& shard(uint64_t h) const { return shards_[(h >> 60) & (kShards - 1)]; }
 
   size_t max_entries_;
   size_t shard_cap_;
+  int64_t window_us_ = 0;  // how long before its expiry a record counts (0: all of its life)
   std::array<Shard, kShards> shards_;
   std::atomic<size_t> size_{0};
 };

@@ -285,6 +285,7 @@ void Sync::stop() {
   for (auto& [key, t] : tracked_) t.worker->set_peer_inflight(0);
   peers_.clear();
   rank_sums_.clear();
+  own_inflight_.clear();
 }
 
 void Sync::set_ready(bool ready) {
@@ -646,7 +647,9 @@ void Sync::track(const WorkerPtr& w) {
   if (t.count++ == 0) {
     t.worker = w;
     t.published = -1;
-    resum({key});
+    resum({key}, now_us());
+    auto own = own_inflight_.find(key);
+    w->set_echoed_inflight(own == own_inflight_.end() ? 0 : own->second, now_us());
   }
 }
 
@@ -718,7 +721,7 @@ void Sync::apply_load(const Header& h, const LoadReport& report, int64_t from_us
       }
     }
     peer_entries_ += p.inflight.size() + p.ranks.size();
-    resum(keys);
+    resum(keys, from_us);
     resum_ranks(rank_keys, changed);
     // Told under load_mu_: two reports (or a report and an expiry) are told in the order they
     // were summed, so a stale sum never lands last.
@@ -779,9 +782,25 @@ void Sync::apply_own_load(const LoadReport& report, int64_t from_us) {
   if (own_seq_ != 0 && report.seq <= own_seq_) return;
   own_seq_ = report.seq;
   std::unordered_map<RankKey, RankLoad, RankKeyHash> now;
+  std::unordered_map<uint64_t, int64_t> inflight;
   for (const LoadEntry& e : report.entries) {
     if (e.rank >= 0) now[RankKey{e.worker, e.rank}] = RankLoad{e.inflight, e.prefill_tokens};
+    if (e.rank == -1) inflight[e.worker] = e.inflight;
   }
+  // Per worker (every policy's shared figure, Worker::shared_inflight): a worker left out of
+  // the report has none in flight.
+  for (const auto& [key, n] : own_inflight_) {
+    if (inflight.contains(key)) continue;
+    if (auto t = tracked_.find(key); t != tracked_.end())
+      t->second.worker->set_echoed_inflight(0, from_us);
+  }
+  for (const auto& [key, n] : inflight) {
+    auto old = own_inflight_.find(key);
+    if (old != own_inflight_.end() && old->second == n) continue;
+    if (auto t = tracked_.find(key); t != tracked_.end())
+      t->second.worker->set_echoed_inflight(n, from_us);
+  }
+  own_inflight_ = std::move(inflight);
   std::vector<std::pair<RankKey, RankLoad>> changed;
   for (const auto& [k, v] : own_ranks_) {
     if (!now.contains(k)) changed.emplace_back(k, RankLoad{});
@@ -846,9 +865,10 @@ void Sync::set_registered(std::vector<uint64_t> ids) {
   }
   for (uint64_t id : ids) deregistered_.erase(id);
   registered_ = std::move(ids);
-  if (!keys.empty()) resum(keys);
+  const int64_t now = now_us();
+  if (!keys.empty()) resum(keys, now);
   if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
-  tell_rank_sinks(changed, now_us());
+  tell_rank_sinks(changed, now);
 }
 
 Sync::RankLoad Sync::own_rank_load(uint64_t worker, int32_t rank) const {
@@ -857,7 +877,7 @@ Sync::RankLoad Sync::own_rank_load(uint64_t worker, int32_t rank) const {
   return it == own_ranks_.end() ? RankLoad{} : it->second;
 }
 
-void Sync::resum(const std::vector<uint64_t>& keys) {
+void Sync::resum(const std::vector<uint64_t>& keys, int64_t from_us) {
   for (uint64_t key : keys) {
     auto it = tracked_.find(key);
     if (it == tracked_.end()) continue;
@@ -866,7 +886,7 @@ void Sync::resum(const std::vector<uint64_t>& keys) {
       auto f = peer.inflight.find(key);
       if (f != peer.inflight.end()) sum += f->second;
     }
-    it->second.worker->set_peer_inflight(std::min(sum, kMaxPeerLoad));
+    it->second.worker->set_peer_inflight(std::min(sum, kMaxPeerLoad), from_us);
   }
 }
 
@@ -889,9 +909,10 @@ void Sync::expire_peers() {
       peer_entries_ -= it->second.inflight.size() + it->second.ranks.size();
       it = peers_.erase(it);
     }
-    if (!keys.empty()) resum(keys);
+    const int64_t unix_now = now_us();
+    if (!keys.empty()) resum(keys, unix_now);
     if (!rank_keys.empty()) resum_ranks(rank_keys, changed);
-    tell_rank_sinks(changed, now_us());
+    tell_rank_sinks(changed, unix_now);
   }
 }
 

@@ -244,7 +244,7 @@ class Sync {
   void publish_load(bool force);
   void expire_peers();
   // Sets every tracked worker's peer sum from peers_ (load_mu_ held) for the given keys.
-  void resum(const std::vector<uint64_t>& keys);
+  void resum(const std::vector<uint64_t>& keys, int64_t from_us);
   void send(const std::string& subject, const std::string& data, std::string_view kind);
 
   // What libnats' callbacks are given instead of `this`: it may call one after Unsubscribe or
@@ -373,6 +373,7 @@ class Sync {
   std::unordered_map<uint64_t, Clock::time_point> deregistered_;
   // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
+  std::unordered_map<uint64_t, int64_t> own_inflight_;  // worker key -> requests (rank -1)
   uint64_t own_seq_ = 0;
   void apply_own_load(const LoadReport& report, int64_t from_us);
   uint64_t load_seq_ = 0;

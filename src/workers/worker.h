@@ -82,7 +82,21 @@ class Worker {
   // without --replica-sync), and the sum the policies compare.
   int64_t peer_inflight() const { return peer_inflight_.load(std::memory_order_relaxed); }
   int64_t fleet_inflight() const { return inflight() + peer_inflight(); }
-  void set_peer_inflight(int64_t n);
+  // `from_us`: the moment the sum counts from on every replica (a report's sending + settle;
+  // 0: now, tests).
+  void set_peer_inflight(int64_t n, int64_t from_us = 0);
+  // This gateway's own in-flight count as NATS last echoed its load report, counting from
+  // `from_us` as the peers' do (replica::Sync).
+  void set_echoed_inflight(int64_t n, int64_t from_us);
+  // The fleet's in-flight count every replica weighs alike as of `when_us` (unix us; 0: now):
+  // the peers' sum and, with `own_echoed` (replica::Sync::own_view()), this gateway's as echoed;
+  // else its live count. A figure that changed after `when_us` counts as before the change, so a
+  // decision asked for a moment (route-only ?at=) weighs that moment's figures.
+  int64_t shared_inflight(int64_t when_us, bool own_echoed) const {
+    const int64_t own =
+        own_echoed ? echoed_inflight_.at(when_us) : inflight_.load(std::memory_order_relaxed);
+    return own + peer_at_.at(when_us);
+  }
   // Load the server last reported on /get_load (running + waiting requests), 0 before the first
   // report. When polls fail, the health plane keeps the last value or raises it (never lowers it
   // to look idle).
@@ -142,6 +156,25 @@ class Worker {
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> inflight_{0};       // changed under listeners_mu_ (see add_listener)
   std::atomic<int64_t> peer_inflight_{0};  // the same
+  // A count with the moment it counts from and the value before it. One writer at a time (Sync
+  // sets under its load lock); a reader racing a write sees the old or the new figure.
+  struct Versioned {
+    std::atomic<int64_t> value{0}, prev{0}, from_us{0};
+    void set(int64_t v, int64_t from) {
+      if (v == value.load(std::memory_order_relaxed)) return;  // (keeps the last change's moment)
+      prev.store(value.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      from_us.store(from, std::memory_order_relaxed);
+      value.store(v, std::memory_order_relaxed);
+    }
+    int64_t at(int64_t when) const {
+      if (when != 0 && when < from_us.load(std::memory_order_relaxed)) {
+        return prev.load(std::memory_order_relaxed);
+      }
+      return value.load(std::memory_order_relaxed);
+    }
+  };
+  Versioned peer_at_;
+  Versioned echoed_inflight_;
   std::mutex listeners_mu_;
   std::vector<Listener> listeners_;
   std::atomic<int64_t> reported_load_{0};

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "http/client.h"
 #include "replica/sync.h"
 #include "support/chats.h"
 #include "support/cluster.h"
@@ -30,6 +31,7 @@
 #include "support/nats.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "workers/worker.h"
 
 namespace kvgate::testing {
 namespace {
@@ -783,6 +785,45 @@ TEST(Replicas, OwnLoadComesBackAsThePeersHearItAndOwnRecordsDoNot) {
   // Its own echo does not make a replica its own peer (b is heard within its 1 s heartbeat).
   ASSERT_TRUE(wait_until([&] { return a.peers() == 1; }, 10s));
   EXPECT_EQ(a.peers(), 1U);
+}
+
+TEST(Replicas, AWorkersOwnInFlightIsWeighedAsEchoedAndThePeersSeeTheSame) {
+  Nats nats;
+  auto config = [&](const std::string& name) {
+    replica::SyncConfig c;
+    c.url = nats.url();
+    c.name = name;
+    return c;
+  };
+  // Each replica has its own Worker for the same server (the same URL, so the same key).
+  http::Target t;
+  ASSERT_EQ(http::parse_url("http://127.0.0.1:30000", t), "");
+  auto wa = std::make_shared<Worker>(1, t, BreakerConfig{});
+  auto wb = std::make_shared<Worker>(1, t, BreakerConfig{});
+  replica::Sync a(config("a"), nullptr), b(config("b"), nullptr);
+  ASSERT_EQ(a.start(), "");
+  ASSERT_EQ(b.start(), "");
+  a.track(wa);
+  b.track(wb);
+  ASSERT_TRUE(wait_until([&] { return a.own_view() && b.own_view(); }, 10s));
+  wa->begin_request();
+  wa->begin_request();
+  // Live, a counts its 2 at once; the shared figure (echoed) only once the peers have it too.
+  EXPECT_EQ(wa->shared_inflight(0, false), 2);
+  const int64_t far = replica::Sync::now_us() + 500'000;
+  ASSERT_TRUE(wait_until([&] { return wb->shared_inflight(far, true) == 2; }, 10s));
+  ASSERT_TRUE(wait_until([&] { return wa->shared_inflight(far, true) == 2; }, 10s));
+  // At any one moment both weigh the same (the echo and the peers' report count from one).
+  for (int i = 0; i < 50; ++i) {
+    const int64_t at = replica::Sync::now_us() - 50'000 + i * 2'000;
+    EXPECT_EQ(wa->shared_inflight(at, true), wb->shared_inflight(at, true)) << i;
+  }
+  wa->end_request();
+  wa->end_request();
+  ASSERT_TRUE(wait_until([&] { return wb->shared_inflight(0, true) == 0; }, 10s));
+  ASSERT_TRUE(wait_until([&] { return wa->shared_inflight(0, true) == 0; }, 10s));
+  a.untrack(*wa);
+  b.untrack(*wb);
 }
 
 }  // namespace

@@ -35,9 +35,16 @@ struct Replica {
     policy->on_dispatched(d, r.ctx);
     return d;
   }
-  Decision ask(Pool& pool, const std::string& text) {
+  // Decides as of `after` from now (route-only's ?at=): by default once what was dispatched until
+  // now counts on every replica (its origin + settle).
+  Decision ask(Pool& pool, const std::string& text, std::chrono::microseconds after = settled()) {
     Req r(text);
+    r.ctx.at_us = replica::Sync::now_us() + after.count();
     return policy->select(pool.ptrs, r.ctx);
+  }
+  static std::chrono::microseconds settled() {
+    return replica::Sync(sync_config(GatewayConfig{}), nullptr).settle() +
+           std::chrono::milliseconds(1);
   }
   // What this replica published, applied by `peer`.
   void deliver_to(Replica& peer) {
@@ -49,8 +56,11 @@ struct Replica {
 };
 
 std::string conversation(int i) {
+  // A system prompt all share (the first 64-byte chunk), then one of the user's own longer than
+  // a chunk.
   return "You are a helpful assistant. Answer briefly and precisely. User " + std::to_string(i) +
-         " asks: tell me about the history of the number " + std::to_string(i * 7919) + ".";
+         " asks: tell me about the history of the number " + std::to_string(i * 7919) +
+         ", who used it first, and why.";
 }
 
 TEST(CacheAwareShared, AFollowUpOnAnotherReplicaGoesWhereItsConversationIs) {
@@ -137,6 +147,46 @@ TEST(CacheAwareShared, RecordsOfAnotherChunkSizeOrRuleAreNotApplied) {
   EXPECT_EQ(b.ask(pool, conversation(1)).branch, "cache_miss_min_load");
   b.shared->apply_peer(records[0]);
   EXPECT_EQ(b.ask(pool, conversation(1)).branch, "cache_hit");
+}
+
+TEST(CacheAwareShared, ARecordCountsFromItsOriginPlusSettleOnEveryReplicaAlike) {
+  Pool pool(4);
+  Replica a(pool), b(pool);
+  const std::string text = conversation(5);
+  const Decision d = a.route(pool, text);
+  a.deliver_to(b);
+  const std::string turn2 = text + " Assistant: yes. User: and?";
+  // Asked for the moment of the dispatch, neither replica counts it yet (the peers may not have
+  // heard it): both decide as if it had not been sent, alike.
+  const Decision early_a = a.ask(pool, turn2, std::chrono::microseconds(0));
+  const Decision early_b = b.ask(pool, turn2, std::chrono::microseconds(0));
+  EXPECT_EQ(early_a.branch, "cache_miss_min_load");
+  EXPECT_EQ(early_a.worker, early_b.worker);
+  EXPECT_EQ(early_a.branch, early_b.branch);
+  // From its origin + settle on, both count it.
+  EXPECT_EQ(a.ask(pool, turn2).worker, d.worker);
+  EXPECT_EQ(b.ask(pool, turn2).worker, d.worker);
+  EXPECT_EQ(b.ask(pool, turn2).branch, "cache_hit");
+}
+
+TEST(CacheAwareShared, LoadsAreWeighedAsOfTheMomentAsked) {
+  Pool pool(2);
+  Replica a(pool);
+  const int64_t t0 = replica::Sync::now_us();
+  // The peers' sum for worker 0 becomes 9 at t0 + 50 ms (a report's sending + settle).
+  pool.ptrs[0]->set_peer_inflight(9, t0 + 50'000);
+  Req after(conversation(1));
+  after.ctx.at_us = t0 + 60'000;
+  EXPECT_EQ(a.policy->select(pool.ptrs, after.ctx).worker, pool.ptrs[1]);
+  // Before the change the request went where its hash sends it (worker 0 for some requests).
+  int zero_before = 0;
+  for (int i = 0; i < 16; ++i) {
+    Req r(conversation(i));
+    r.ctx.at_us = t0 + 10'000;
+    zero_before += a.policy->select(pool.ptrs, r.ctx).worker == pool.ptrs[0];
+  }
+  EXPECT_GT(zero_before, 0);
+  pool.ptrs[0]->set_peer_inflight(0);
 }
 
 TEST(FleetLoad, TheAvailabilityIndexCountsPeersInFlight) {

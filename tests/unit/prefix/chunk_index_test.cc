@@ -75,6 +75,22 @@ TEST(ChunkIndex, ARetractionUndoesItsOwnRecordOnly) {
   EXPECT_EQ(index.held(c, 2, 0), 0u);
 }
 
+TEST(ChunkIndex, WithASettleTimeARecordCountsFromItsOriginPlusIt) {
+  ChunkIndex index(1 << 16);
+  index.set_settle(/*ttl_us=*/1000, /*settle_us=*/100);
+  const auto c = chain("a prompt of some length, long enough");
+  index.apply(c, 1, 1500);  // origin 500: counts over [600, 1500)
+  EXPECT_EQ(index.held(c, 1, 599), 0u);
+  EXPECT_EQ(index.held(c, 1, 600), c.size());
+  EXPECT_EQ(index.held(c, 1, 1499), c.size());
+  EXPECT_EQ(index.held(c, 1, 1500), 0u);
+  // A newer record not counting yet leaves an older one counting.
+  index.apply(c, 1, 2450);  // origin 1450: counts from 1550
+  EXPECT_EQ(index.held(c, 1, 1499), c.size());
+  EXPECT_EQ(index.held(c, 1, 1520), 0u);  // the old one expired, the new one not yet counting
+  EXPECT_EQ(index.held(c, 1, 1550), c.size());
+}
+
 TEST(ChunkIndex, TheSameRecordsInAnyOrderGiveTheSameIndex) {
   struct Record {
     std::vector<uint64_t> chain;

@@ -671,7 +671,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
     // than 1 ms after that moment (the question came late, the kvgate was busy) makes the
     // question "late": counted, and reported beside the agreement.
     std::mutex agree_mu;
-    std::atomic<size_t> late_asks{0};
+    std::atomic<size_t> late_asks{0}, late_agreed{0};
     std::FILE* disagreements = nullptr;
     auto unix_us = [] {
       return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -687,12 +687,12 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
             [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body, at); });
       }
       for (auto& t : askers) t.join();
-      if (std::any_of(answers.begin(), answers.end(),
-                      [](const RouteAnswer& a) { return a.late_us > 1000; })) {
-        ++late_asks;
-      }
+      const bool late = std::any_of(answers.begin(), answers.end(),
+                                    [](const RouteAnswer& a) { return a.late_us > 1000; });
+      if (late) ++late_asks;
       bool same = answers.front().key != "error";
       for (const auto& a : answers) same = same && a.key == answers.front().key;
+      if (late && same) ++late_agreed;
       if (!same) {
         std::lock_guard lock(agree_mu);
         if (!disagreements) {
@@ -806,6 +806,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       if (disagreements) std::fclose(disagreements);
       sm.live_asked = shadow_asked;
       sm.live_late = late_asks.load();
+      sm.live_late_agreed = late_agreed.load();
+      sm.live_agreed = shadow_agreed.load();
       if (shadow_asked > 0) {
         sm.live_agreement =
             static_cast<double>(shadow_agreed.load()) / static_cast<double>(shadow_asked);

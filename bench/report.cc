@@ -107,14 +107,18 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
   int w = 16;
   for (const auto& s : rows) w = std::max(w, static_cast<int>(s.label.size()));
   if (!markdown) {
-    std::snprintf(line, sizeof line, "%-*s %8s %7s %10s %18s %12s %7s\n", w, "policy", "kvgates",
+    std::snprintf(line, sizeof line, "%-*s %8s %7s %10s %36s %12s %7s\n", w, "policy", "kvgates",
                   "shared", "agreement", "live", "sync B/req", "spread");
     out += line;
   }
   for (const auto& s : rows) {
     const std::string agree = s.agreement < 0 ? "-" : fmt("%.1f%%", s.agreement * 100);
     std::string live = s.live_agreement < 0 ? "-" : fmt("%.2f%%", s.live_agreement * 100);
-    if (s.live_late > 0) live += " (" + std::to_string(s.live_late) + " late)";
+    if (s.live_late > 0) {
+      live += " (" + std::to_string(s.live_late) + " late";
+      if (s.live_on_time() >= 0) live += fmt("; on time %.2f%%", s.live_on_time() * 100);
+      live += ")";
+    }
     const std::string bytes =
         s.sync_bytes_per_request < 0 ? "-" : fmt("%.0f", s.sync_bytes_per_request);
     if (markdown) {
@@ -123,7 +127,7 @@ std::string replicas_table(const std::vector<Summary>& rows, bool markdown) {
       out.append(" | ").append(live).append(" | ").append(bytes).append(" | ");
       out.append(fmt("%.2f", s.spread_requests)).append(" |\n");
     } else {
-      std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %18s %12s %7.2f\n", w, s.label.c_str(),
+      std::snprintf(line, sizeof line, "%-*s %8d %7s %10s %36s %12s %7.2f\n", w, s.label.c_str(),
                     s.gateways, s.synced ? "NATS" : "no", agree.c_str(), live.c_str(),
                     bytes.c_str(), s.spread_requests);
       out += line;
@@ -198,7 +202,9 @@ std::string to_json(const std::vector<Summary>& rows, const std::string& workloa
          ",\"agreement\":" + (s.agreement < 0 ? "null" : num(s.agreement)) +
          ",\"live_agreement\":" + (s.live_agreement < 0 ? "null" : num(s.live_agreement)) +
          ",\"live_asked\":" + std::to_string(s.live_asked) +
-         ",\"live_late\":" + std::to_string(s.live_late) + ",\"sync_bytes_per_request\":" +
+         ",\"live_late\":" + std::to_string(s.live_late) +
+         ",\"live_on_time\":" + (s.live_on_time() < 0 ? "null" : num(s.live_on_time())) +
+         ",\"sync_bytes_per_request\":" +
          (s.sync_bytes_per_request < 0 ? "null" : num(s.sync_bytes_per_request));
     o += "}";
   }

@@ -87,6 +87,25 @@ TEST(BenchReport, MarkdownRowsHaveOneCellPerHeaderColumn) {
   EXPECT_EQ(table[2][col("policy")], "round_robin");
 }
 
+TEST(BenchReport, LiveAgreementSaysHowQuestionsAnsweredOnTimeAgreed) {
+  Summary s = row("kv_exact:gateways=4:sync", 0.5, 0.6, 0, 10);
+  s.gateways = 4;
+  s.synced = true;
+  s.live_asked = 100;
+  s.live_agreed = 90;
+  s.live_agreement = 0.9;
+  s.live_late = 20;
+  s.live_late_agreed = 12;  // 8 of the 10 disagreements were late
+  EXPECT_DOUBLE_EQ(s.live_on_time(), 78.0 / 80.0);
+  EXPECT_NE(to_markdown({s}, "multiturn", "desc", "setup").find("90.00% (20 late; on time 97.50%)"),
+            std::string::npos);
+  EXPECT_NE(to_json({s}, "multiturn", "desc").find("\"live_on_time\":0.975"), std::string::npos)
+      << to_json({s}, "multiturn", "desc");
+  s.live_late = 100;  // none on time
+  s.live_late_agreed = 90;
+  EXPECT_LT(s.live_on_time(), 0);
+}
+
 // --- SVG geometry ---
 
 struct Box {

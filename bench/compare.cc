@@ -678,7 +678,8 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
                  std::chrono::system_clock::now().time_since_epoch())
           .count();
     };
-    auto agree_on = [&](const std::string& body, std::string_view when, int64_t at) {
+    // `live`: a question asked under traffic (lateness counted); else one after the run.
+    auto agree_on = [&](const std::string& body, std::string_view when, int64_t at, bool live) {
       std::vector<RouteAnswer> answers(gateways.size());
       std::vector<std::thread> askers;
       askers.reserve(gateways.size());
@@ -689,10 +690,12 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
       for (auto& t : askers) t.join();
       const bool late = std::any_of(answers.begin(), answers.end(),
                                     [](const RouteAnswer& a) { return a.late_us > 1000; });
-      if (late) ++late_asks;
       bool same = answers.front().key != "error";
       for (const auto& a : answers) same = same && a.key == answers.front().key;
-      if (late && same) ++late_agreed;
+      if (live && late) {
+        ++late_asks;
+        if (same) ++late_agreed;
+      }
       if (!same) {
         std::lock_guard lock(agree_mu);
         if (!disagreements) {
@@ -728,7 +731,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::thread([&, body, at,
                      when = "live: request " + std::to_string(shadow_asked) + ", conversation " +
                             std::to_string(session) + " turn " + std::to_string(turn)] {
-          if (agree_on(body, when, at)) ++shadow_agreed;
+          if (agree_on(body, when, at, true)) ++shadow_agreed;
           std::lock_guard lock(asks_mu);
           if (--asks_running == 0) asks_cv.notify_all();
         }).detach();
@@ -801,7 +804,7 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       size_t agree = 0;
-      for (const auto& body : sampled) agree += agree_on(body, "quiesced", unix_us());
+      for (const auto& body : sampled) agree += agree_on(body, "quiesced", unix_us(), false);
       sm.agreement = static_cast<double>(agree) / static_cast<double>(sampled.size());
       if (disagreements) std::fclose(disagreements);
       sm.live_asked = shadow_asked;

@@ -38,14 +38,14 @@ struct Summary {
   int gateways = 1;
   bool synced = false;
   double agreement = -1;
-  double live_agreement = -1;  // the same, asked as each request was sent (at most 2,000)
-  size_t live_asked = 0;       // requests asked live
-  size_t live_late = 0;        // of them, some kvgate decided > 1 ms after the moment asked
+  double live_agreement = -1;   // the same, asked as each request was sent (at most 2,000)
+  size_t live_asked = 0;        // requests asked live
+  size_t live_late = 0;         // of them, some kvgate decided > 1 ms after the moment asked
   size_t live_agreed = 0;       // answered alike
   size_t live_late_agreed = 0;  // late, and answered alike all the same
   // The live agreement of the questions answered on time (-1: none was).
   double live_on_time() const {
-    if (live_asked <= live_late || live_agreement < 0) return -1;
+    if (live_asked <= live_late || live_agreement < 0 || live_agreed < live_late_agreed) return -1;
     return static_cast<double>(live_agreed - live_late_agreed) /
            static_cast<double>(live_asked - live_late);
   }

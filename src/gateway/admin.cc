@@ -416,9 +416,12 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
       const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
-      if (ec != std::errc{} || end != at.data() + at.size() || at_us > now_us + 1'000'000) {
+      // Within a second of now: the shared figures keep only their last change before a moment
+      // (util/versioned.h), so a moment long past cannot be answered for.
+      if (ec != std::errc{} || end != at.data() + at.size() || at_us > now_us + 1'000'000 ||
+          at_us < now_us - 1'000'000) {
         co_await fail(ex, 400, "bad_at",
-                      "?at= takes a moment in unix microseconds at most one second ahead (" +
+                      "?at= takes a moment in unix microseconds within one second of now (" +
                           std::string(at) + ")");
         co_return;
       }

@@ -2,6 +2,7 @@
 #include "policy/cache_aware.h"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 
 #define XXH_INLINE_ALL  // header-only xxHash: no library to link
@@ -280,24 +281,28 @@ Decision CacheAwarePolicy::select_shared(std::span<Worker* const> available, Rou
   const bool echoed = config_.replica->own_view();
   loads.resize(available.size());
   for (size_t i = 0; i < available.size(); ++i) {
-    loads[i] = available[i]->shared_inflight(ctx.at_us, echoed);
+    loads[i] = available[i]->shared_inflight(when, echoed);
   }
   const size_t best = chain.empty() ? 0 : chunks_->match(chain, keys, matched, when);
   auto covered = [&](size_t chunks) {
     return prefix::chunk_bytes_covered(chunks, chunk_bytes_, text.size());
   };
-  // The least loaded of the workers `eligible` accepts, ties to the lowest tie_key.
+  // Of the workers `eligible` accepts, those within one request of the least loaded, and of
+  // them the lowest tie_key. (The shared figures move once per load report, so requests decided
+  // between two reports see the same loads: a strict least would send them all to one worker;
+  // the band lets the request's hash spread them.)
   auto pick = [&](auto eligible) {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < available.size(); ++i) {
+      if (eligible(i)) least = std::min(least, loads[i]);
+    }
     size_t at = available.size();
-    int64_t load = 0;
     uint64_t tie = 0;
     for (size_t i = 0; i < available.size(); ++i) {
-      if (!eligible(i)) continue;
-      const int64_t l = loads[i];
+      if (!eligible(i) || loads[i] > least + 1) continue;
       const uint64_t t = tie_key(request, keys[i]);
-      if (at == available.size() || l < load || (l == load && t < tie)) {
+      if (at == available.size() || t < tie) {
         at = i;
-        load = l;
         tie = t;
       }
     }

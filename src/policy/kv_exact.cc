@@ -14,6 +14,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/versioned.h"
 
 namespace kvgate {
 namespace {
@@ -56,29 +57,7 @@ struct KvExactPolicy::Source {
   // and this replica's own as NATS echoed its report: each with the moment it counts from (the
   // report's sending + settle), and the figures before it, so that a decision asked for a moment
   // (route-only ?at=) weighs the figures of that moment, not those of when it ran.
-  struct Figures {
-    int64_t active = 0;
-    int64_t pending = 0;
-  };
-  struct Versioned {
-    std::atomic<int64_t> active{0}, pending{0}, prev_active{0}, prev_pending{0}, from_us{0};
-    // One writer at a time (Sync tells under its load lock).
-    void set(replica::Sync::RankLoad l, int64_t from) {
-      prev_active.store(active.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      prev_pending.store(pending.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      from_us.store(from, std::memory_order_relaxed);
-      active.store(l.active, std::memory_order_relaxed);
-      pending.store(l.prefill_tokens, std::memory_order_relaxed);
-    }
-    // As of `at` (unix us; 0: now).
-    Figures at(int64_t when) const {
-      if (when != 0 && when < from_us.load(std::memory_order_relaxed)) {
-        return {prev_active.load(std::memory_order_relaxed),
-                prev_pending.load(std::memory_order_relaxed)};
-      }
-      return {active.load(std::memory_order_relaxed), pending.load(std::memory_order_relaxed)};
-    }
-  };
+  using Versioned = VersionedFigures<2>;  // {active, pending}
   Versioned peers;
   // With replicas, the cost uses `reported` (own) rather than the live counts while NATS is
   // there, so every replica weighs the same figures at the same moment (a live count differs
@@ -90,13 +69,13 @@ struct KvExactPolicy::Source {
   // The fleet's figures as of `when` (unix us; 0: now).
   int64_t fleet_active(int64_t when = 0) const {
     const int64_t own =
-        shared_view() ? reported.at(when).active : active.load(std::memory_order_relaxed);
-    return own + peers.at(when).active;
+        shared_view() ? reported.at(when)[0] : active.load(std::memory_order_relaxed);
+    return own + peers.at(when)[0];
   }
   int64_t fleet_pending(int64_t when = 0) const {
     const int64_t own =
-        shared_view() ? reported.at(when).pending : pending_prefill.load(std::memory_order_relaxed);
-    return own + peers.at(when).pending;
+        shared_view() ? reported.at(when)[1] : pending_prefill.load(std::memory_order_relaxed);
+    return own + peers.at(when)[1];
   }
   std::atomic<bool> ready{false};  // trusted (kvWarmupSec, or holding blocks)
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
@@ -1161,11 +1140,15 @@ void KvExactPolicy::start() {
             },
             [this](uint64_t key, int32_t rank, replica::Sync::RankLoad peers, int64_t from_us) {
               auto sources = sources_.load();
-              if (Source* s = sources->by_key(key, rank)) s->peers.set(peers, from_us);
+              if (Source* s = sources->by_key(key, rank)) {
+                s->peers.set({peers.active, peers.prefill_tokens}, from_us);
+              }
             },
             [this](uint64_t key, int32_t rank, replica::Sync::RankLoad own, int64_t from_us) {
               auto sources = sources_.load();
-              if (Source* s = sources->by_key(key, rank)) s->reported.set(own, from_us);
+              if (Source* s = sources->by_key(key, rank)) {
+                s->reported.set({own.active, own.prefill_tokens}, from_us);
+              }
             });
         replica_->retell(rank_token_);  // what the fleet's figures are now
         responder_token_ = replica_->add_responder(
@@ -1353,9 +1336,9 @@ KvExactPolicy::SourceCounts KvExactPolicy::counts(kv::SourceId id) const {
     c.hash_mismatched = s->hash_mismatched.load(std::memory_order_relaxed);
     c.active = s->active.load(std::memory_order_relaxed);
     c.pending_prefill = s->pending_prefill.load(std::memory_order_relaxed);
-    const Source::Figures peers = s->peers.at(0);
-    c.peer_active = peers.active;
-    c.peer_pending = peers.pending;
+    const auto peers = s->peers.at(0);
+    c.peer_active = peers[0];
+    c.peer_pending = peers[1];
   }
   return c;
 }

@@ -54,16 +54,44 @@ size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64
     }
     auto& e = hit->expiries;
     if (std::find(e.begin(), e.end(), expiry_us) != e.end()) continue;  // applied already
-    if (expiry_us <= e[kKept - 1]) continue;                            // older than all kept
-    // Insert in order, the earliest falling off.
-    size_t at = kKept - 1;
-    while (at > 0 && e[at - 1] < expiry_us) {
-      e[at] = e[at - 1];
-      --at;
-    }
-    e[at] = expiry_us;
+    keep(e, expiry_us);
   }
   return dropped;
+}
+
+void ChunkIndex::keep(std::array<int64_t, kKept>& e, int64_t expiry_us) const {
+  // The kept and the new one, latest first (0: an empty slot, last).
+  std::array<int64_t, kKept + 1> c{};
+  size_t n = 0;
+  bool placed = false;
+  for (const int64_t x : e) {
+    if (!placed && expiry_us > x) {
+      c[n++] = expiry_us;
+      placed = true;
+    }
+    c[n++] = x;
+  }
+  if (!placed) c[n++] = expiry_us;
+  // One falls off: the earliest, unless it is the anchor (the latest counting by the time the
+  // newest does: settle before it) or no record is; then the second newest. Records of one
+  // holder arriving faster than they settle would otherwise push out the one that counts,
+  // leaving the holder holding nothing until a new one settles; kept, the older ones settle in
+  // turn and become the anchor, so it keeps moving on.
+  size_t drop = kKept;
+  if (settle_us_ > 0 && c[kKept] != 0) {
+    size_t anchor = kKept + 1;  // none
+    for (size_t i = 0; i <= kKept; ++i) {
+      if (c[i] <= c[0] - settle_us_) {
+        anchor = i;
+        break;
+      }
+    }
+    if (anchor >= kKept) drop = 1;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i <= kKept; ++i) {
+    if (i != drop) e[j++] = c[i];
+  }
 }
 
 void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us) {
@@ -90,6 +118,7 @@ void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64
 
 void ChunkIndex::set_settle(int64_t ttl_us, int64_t settle_us) {
   window_us_ = settle_us > 0 && ttl_us > settle_us ? ttl_us - settle_us : 0;
+  settle_us_ = window_us_ > 0 ? settle_us : 0;
 }
 
 bool ChunkIndex::counts(const Holder& x, int64_t now_us) const {

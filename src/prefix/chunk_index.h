@@ -6,7 +6,9 @@
 // whose first i + 1 chunks equal this one's: its match is the deepest hash of the request's chain
 // it holds.
 //
-// A holder keeps the expiries of the records that named it (the 4 latest; a record is known by
+// A holder keeps the expiries of the records that named it (the 4 latest, and with a settle
+// time the latest that counts once the newest does, so that records arriving faster than they
+// settle never leave it holding nothing; a record is known by
 // its expiry, its origin time in microseconds plus the TTL) and counts until the latest (from
 // its origin + a settle time, set_settle(), when replicas must agree on the moment). A
 // record applied twice is applied once; a retraction removes its own expiry only, so another
@@ -79,6 +81,8 @@ class ChunkIndex {
     std::unordered_map<uint64_t, std::vector<Holder>> entries;
   };
   static constexpr size_t kShards = 16;
+  // Adds `expiry_us` to a holder's kept expiries (one falls off when full).
+  void keep(std::array<int64_t, kKept>& e, int64_t expiry_us) const;
   // Whether a record of `x` counts at `now_us`.
   bool counts(const Holder& x, int64_t now_us) const;
   Shard& shard(uint64_t h) { return shards_[(h >> 60) & (kShards - 1)]; }
@@ -87,6 +91,7 @@ class ChunkIndex {
   size_t max_entries_;
   size_t shard_cap_;
   int64_t window_us_ = 0;  // how long before its expiry a record counts (0: all of its life)
+  int64_t settle_us_ = 0;
   std::array<Shard, kShards> shards_;
   std::atomic<size_t> size_{0};
 };

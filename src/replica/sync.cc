@@ -281,8 +281,14 @@ void Sync::stop() {
     natsConnection_Destroy(nc_);
     nc_ = nullptr;
   }
+  // Stopped, the policies weigh their live counts (own_view() false), nobody else's.
+  own_fresh_ = false;
   std::lock_guard lock(load_mu_);
-  for (auto& [key, t] : tracked_) t.worker->set_peer_inflight(0);
+  const int64_t now = now_us();
+  for (auto& [key, t] : tracked_) {
+    t.worker->set_peer_inflight(0, now);
+    t.worker->set_echoed_inflight(0, now);
+  }
   peers_.clear();
   rank_sums_.clear();
   own_inflight_.clear();
@@ -431,10 +437,20 @@ void Sync::handle(std::string_view data, ReplayTarget* replay) {
   const int64_t now = now_us();
   std::shared_lock lock(sinks_mu_);
   for (const ChainRecord& r : records) {
-    // An origin no clock gives (before 1970, or over a day ahead of ours): dropped, so that the
-    // sinks' origin + TTL arithmetic stays in range.
-    if (r.origin_us < 0 || r.origin_us > now + kMaxOriginAheadUs) {
+    // An origin no clock gives (before 1970) is malformed; one over a minute ahead of ours is a
+    // clock gone wrong (NTP): dropped, so that the sinks' origin + TTL arithmetic stays in range
+    // and a record stamped far ahead does not outlive the others in the index.
+    if (r.origin_us < 0) {
       if (errors_) errors_->with({"decode"}).inc();
+      continue;
+    }
+    if (r.origin_us > now + kMaxOriginAheadUs) {
+      if (errors_) errors_->with({"clock_ahead"}).inc();
+      static log::RateLimit limit(1, std::chrono::seconds(60));
+      log::warn(limit,
+                "replica sync: a peer's record is stamped over a minute ahead of this clock; "
+                "dropped (check NTP on every replica)")
+          .kv("ahead_ms", (r.origin_us - now) / 1000);
       continue;
     }
     bool applied = false;
@@ -657,7 +673,9 @@ void Sync::untrack(const Worker& w) {
   std::lock_guard lock(load_mu_);
   auto it = tracked_.find(w.url_key());
   if (it == tracked_.end() || --it->second.count > 0) return;
-  it->second.worker->set_peer_inflight(0);
+  const int64_t now = now_us();
+  it->second.worker->set_peer_inflight(0, now);
+  it->second.worker->set_echoed_inflight(0, now);
   if (peer_inflight_) peer_inflight_->remove({it->second.worker->url()});
   tracked_.erase(it);
 }

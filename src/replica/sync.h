@@ -151,7 +151,7 @@ class Sync {
   // Load entries (per worker, per rank) of every peer together.
   static constexpr size_t kMaxPeerEntries = size_t{1} << 20;
   // A record whose origin is further ahead of this replica's clock is dropped (and counted).
-  static constexpr int64_t kMaxOriginAheadUs = int64_t{86400} * 1000000;
+  static constexpr int64_t kMaxOriginAheadUs = int64_t{60} * 1000000;
   // The records waiting for the next batch, taken (tests: a Sync never started keeps them).
   std::vector<ChainRecord> take_pending();
   // Peers' records of `rule` go to `sink` until remove_sink(token), which returns once no call

@@ -16,6 +16,7 @@
 #include "http/client.h"
 #include "metrics/metrics.h"
 #include "util/shared_snapshot.h"
+#include "util/versioned.h"
 #include "workers/circuit_breaker.h"
 
 namespace kvgate {
@@ -94,8 +95,8 @@ class Worker {
   // decision asked for a moment (route-only ?at=) weighs that moment's figures.
   int64_t shared_inflight(int64_t when_us, bool own_echoed) const {
     const int64_t own =
-        own_echoed ? echoed_inflight_.at(when_us) : inflight_.load(std::memory_order_relaxed);
-    return own + peer_at_.at(when_us);
+        own_echoed ? echoed_inflight_.at(when_us)[0] : inflight_.load(std::memory_order_relaxed);
+    return own + peer_at_.at(when_us)[0];
   }
   // Load the server last reported on /get_load (running + waiting requests), 0 before the first
   // report. When polls fail, the health plane keeps the last value or raises it (never lowers it
@@ -156,25 +157,10 @@ class Worker {
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> inflight_{0};       // changed under listeners_mu_ (see add_listener)
   std::atomic<int64_t> peer_inflight_{0};  // the same
-  // A count with the moment it counts from and the value before it. One writer at a time (Sync
-  // sets under its load lock); a reader racing a write sees the old or the new figure.
-  struct Versioned {
-    std::atomic<int64_t> value{0}, prev{0}, from_us{0};
-    void set(int64_t v, int64_t from) {
-      if (v == value.load(std::memory_order_relaxed)) return;  // (keeps the last change's moment)
-      prev.store(value.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      from_us.store(from, std::memory_order_relaxed);
-      value.store(v, std::memory_order_relaxed);
-    }
-    int64_t at(int64_t when) const {
-      if (when != 0 && when < from_us.load(std::memory_order_relaxed)) {
-        return prev.load(std::memory_order_relaxed);
-      }
-      return value.load(std::memory_order_relaxed);
-    }
-  };
-  Versioned peer_at_;
-  Versioned echoed_inflight_;
+  // The same two as every replica weighs them, each from the moment it counts (util/versioned):
+  // peer_at_ written under listeners_mu_, echoed_inflight_ under replica::Sync's load lock.
+  VersionedFigures<1> peer_at_;
+  VersionedFigures<1> echoed_inflight_;
   std::mutex listeners_mu_;
   std::vector<Listener> listeners_;
   std::atomic<int64_t> reported_load_{0};

@@ -799,7 +799,8 @@ TEST(Admin, RouteOnlyDecidesWithoutSendingAndAtAMomentAsked) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);  // it waited for the moment
   EXPECT_GE(json_number_field(r.body, "late_us"), 0) << r.body;
   for (const std::string& bad :
-       {std::string("soon"), std::string("12x"), std::to_string(now + 5'000'000)}) {
+       {std::string("soon"), std::string("12x"), std::to_string(now + 5'000'000),
+        std::to_string(now - 5'000'000), std::string("0"), std::string("-1")}) {
     r = admin.call("POST", "/v1/route?path=/v1/chat/completions&at=" + bad, body);
     EXPECT_EQ(r.status, 400) << bad << " " << r.body;
     EXPECT_NE(r.body.find("bad_at"), std::string::npos) << r.body;

@@ -23,7 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/knobs.h"
 #include "http/client.h"
+#include "policy/cache_aware.h"
 #include "replica/sync.h"
 #include "support/chats.h"
 #include "support/cluster.h"
@@ -31,6 +33,7 @@
 #include "support/nats.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
+#include "unit/policy/policy_fixture.h"
 #include "workers/worker.h"
 
 namespace kvgate::testing {
@@ -62,8 +65,10 @@ struct Replica {
   double metric(const std::string& series) { return sample_sum(metrics_text(), series); }
   std::string readiness() { return HttpClient(port).get("/readiness").body; }
   // What this replica would decide for `body`, without sending it.
-  std::string route(const std::string& body) {
-    Response r = HttpClient(admin).post("/v1/route?path=/v1/chat/completions", body,
+  // Where `body` would go, decided now or at the instant `at_us` (unix us; route-only's ?at=).
+  std::string route(const std::string& body, int64_t at_us = 0) {
+    const std::string at = at_us != 0 ? "&at=" + std::to_string(at_us) : "";
+    Response r = HttpClient(admin).post("/v1/route?path=/v1/chat/completions" + at, body,
                                         {{"content-type", "application/json"}});
     EXPECT_EQ(r.status, 200) << r.body;
     return json_string_field(r.body, "worker") + " " + json_string_field(r.body, "branch");
@@ -213,10 +218,13 @@ TEST(Replicas, FollowUpsLandWhereTheirConversationIsWhicheverReplicaTakesThem) {
   for (int c = 0; c < kConversations; ++c) {
     for (const auto& body :
          {chat_body(convs[static_cast<size_t>(c)]), chat_body({turn_message(100 + c, 0)})}) {
-      const std::string first = fleet.replicas[0].route(body);
+      // One instant for all (each replica's own last report counts from the moment its peers'
+      // copies do; asked for a moment after it, none decides between the two).
+      const int64_t at = replica::Sync::now_us() + 20'000;
+      const std::string first = fleet.replicas[0].route(body, at);
       bool same = true;
       for (size_t k = 1; k < fleet.replicas.size(); ++k)
-        same = same && fleet.replicas[k].route(body) == first;
+        same = same && fleet.replicas[k].route(body, at) == first;
       agreed += same;
       ++asked;
     }
@@ -824,6 +832,69 @@ TEST(Replicas, AWorkersOwnInFlightIsWeighedAsEchoedAndThePeersSeeTheSame) {
   ASSERT_TRUE(wait_until([&] { return wa->shared_inflight(0, true) == 0; }, 10s));
   a.untrack(*wa);
   b.untrack(*wb);
+}
+
+TEST(Replicas, SharedCacheAwareWeighsItsOwnLoadAsEchoedNotLive) {
+  Nats nats;
+  // Two replicas' cache_aware over started Syncs, each with its own Worker objects for the same
+  // two servers (the same URLs).
+  struct Side {
+    explicit Side(const std::string& url, const std::string& name)
+        : pool(2), sync(config(url, name), nullptr) {}
+    static replica::SyncConfig config(const std::string& url, const std::string& name) {
+      replica::SyncConfig c = sync_config(GatewayConfig{});
+      c.url = url;
+      c.name = name;
+      return c;
+    }
+    Pool pool;
+    replica::Sync sync;
+    std::unique_ptr<Policy> policy;
+    Decision ask(const std::string& text, int64_t at_us) {
+      Req r(text);
+      r.ctx.at_us = at_us;
+      return policy->select(pool.ptrs, r.ctx);
+    }
+  };
+  Side a(nats.url(), "a"), b(nats.url(), "b");
+  for (Side* s : {&a, &b}) {
+    PolicyConfig c = policy_config(GatewayConfig{});
+    c.name = "cache_aware";
+    c.rule = "default";
+    c.replica = &s->sync;
+    s->policy = make(c, s->pool);
+    ASSERT_TRUE(s->policy);
+    ASSERT_EQ(s->sync.start(), "");
+    s->policy->start();
+    for (const WorkerPtr& w : s->pool.owned) s->sync.track(w);
+  }
+  ASSERT_TRUE(wait_until([&] { return a.sync.own_view() && b.sync.own_view(); }, 10s));
+  // A new conversation whose hash picks worker 0 while both are idle.
+  std::string text;
+  for (int i = 0; i < 64 && text.empty(); ++i) {
+    const std::string t = "conversation " + std::to_string(i) + " with a prompt of its own";
+    if (a.ask(t, 0).worker == a.pool.ptrs[0]) text = t;
+  }
+  ASSERT_FALSE(text.empty());
+  const int64_t before = replica::Sync::now_us();
+  a.pool.set_inflight(a.pool.ptrs[0], 5);  // replica a sends 5 requests to worker 0
+  // Until a's report counts (echoed on a, heard on b), both weigh worker 0 idle: asked for the
+  // moment before, a decides as b does although its live count says 5.
+  EXPECT_EQ(a.ask(text, before).worker, a.pool.ptrs[0]);
+  EXPECT_EQ(b.ask(text, before).worker, b.pool.ptrs[0]);
+  // Once the report counts, both weigh the 5 and send it to worker 1.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const int64_t now = replica::Sync::now_us();
+        return a.ask(text, now).worker == a.pool.ptrs[1] &&
+               b.ask(text, now).worker == b.pool.ptrs[1];
+      },
+      10s));
+  a.pool.set_inflight(a.pool.ptrs[0], 0);
+  for (Side* s : {&a, &b}) {
+    s->policy->stop();
+    s->sync.stop();
+  }
 }
 
 }  // namespace

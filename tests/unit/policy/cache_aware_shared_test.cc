@@ -42,6 +42,11 @@ struct Replica {
     r.ctx.at_us = replica::Sync::now_us() + after.count();
     return policy->select(pool.ptrs, r.ctx);
   }
+  Decision ask_at(Pool& pool, const std::string& text, int64_t at_us) {
+    Req r(text);
+    r.ctx.at_us = at_us;
+    return policy->select(pool.ptrs, r.ctx);
+  }
   static std::chrono::microseconds settled() {
     return replica::Sync(sync_config(GatewayConfig{}), nullptr).settle() +
            std::chrono::milliseconds(1);
@@ -158,8 +163,8 @@ TEST(CacheAwareShared, ARecordCountsFromItsOriginPlusSettleOnEveryReplicaAlike) 
   const std::string turn2 = text + " Assistant: yes. User: and?";
   // Asked for the moment of the dispatch, neither replica counts it yet (the peers may not have
   // heard it): both decide as if it had not been sent, alike.
-  const Decision early_a = a.ask(pool, turn2, std::chrono::microseconds(0));
-  const Decision early_b = b.ask(pool, turn2, std::chrono::microseconds(0));
+  const Decision early_a = a.ask_at(pool, turn2, d.origin_us);
+  const Decision early_b = b.ask_at(pool, turn2, d.origin_us);
   EXPECT_EQ(early_a.branch, "cache_miss_min_load");
   EXPECT_EQ(early_a.worker, early_b.worker);
   EXPECT_EQ(early_a.branch, early_b.branch);

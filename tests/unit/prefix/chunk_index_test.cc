@@ -91,6 +91,30 @@ TEST(ChunkIndex, WithASettleTimeARecordCountsFromItsOriginPlusIt) {
   EXPECT_EQ(index.held(c, 1, 1550), c.size());
 }
 
+TEST(ChunkIndex, RecordsArrivingFasterThanTheySettleNeverLeaveAHolderHoldingNothing) {
+  ChunkIndex index(1 << 16);
+  constexpr int64_t kTtl = 100'000, kSettle = 7'000;
+  index.set_settle(kTtl, kSettle);
+  const auto c = chain("a system prompt every request of a fan-out shares....");
+  // One record every millisecond for 1 s (ten TTLs): from the first's settling on, the worker
+  // holds the chunk at every moment, however many newer records have not settled yet.
+  int missed = 0;
+  for (int64_t origin = 0; origin < 1'000'000; origin += 1'000) {
+    index.apply(c, 1, origin + kTtl);
+    for (int64_t t = origin; t < origin + 1'000; t += 250) {
+      if (t >= kSettle && index.held(c, 1, t) != c.size()) ++missed;
+    }
+  }
+  EXPECT_EQ(missed, 0);
+  // A burst of five within the settle time after a settled record: still held.
+  ChunkIndex burst(1 << 16);
+  burst.set_settle(kTtl, kSettle);
+  burst.apply(c, 1, 0 + kTtl);
+  for (int64_t origin = 20'000; origin < 25'000; origin += 1'000) burst.apply(c, 1, origin + kTtl);
+  EXPECT_EQ(burst.held(c, 1, 24'000), c.size());
+  EXPECT_EQ(burst.held(c, 1, 27'000), c.size());  // the first of the burst counts now
+}
+
 TEST(ChunkIndex, TheSameRecordsInAnyOrderGiveTheSameIndex) {
   struct Record {
     std::vector<uint64_t> chain;

@@ -64,18 +64,20 @@ struct KvExactPolicy::Source {
   // from what peers know for up to a load interval, and decisions near a tie would differ);
   // without NATS (and until its first report after a reconnection came back), the live ones.
   Versioned reported;
-  const replica::Sync* sync = nullptr;
-  bool shared_view() const { return sync != nullptr && sync->own_view(); }
-  // The fleet's figures as of `when` (unix us; 0: now).
-  int64_t fleet_active(int64_t when = 0) const {
-    const int64_t own =
-        shared_view() ? reported.at(when)[0] : active.load(std::memory_order_relaxed);
-    return own + peers.at(when)[0];
-  }
-  int64_t fleet_pending(int64_t when = 0) const {
-    const int64_t own =
-        shared_view() ? reported.at(when)[1] : pending_prefill.load(std::memory_order_relaxed);
-    return own + peers.at(when)[1];
+  // The fleet's figures {active, pending} as of `when` (unix us; 0: now), this replica's own as
+  // echoed when `shared` (Sync::own_view(), read once per decision so that every rank of it is
+  // weighed alike), else live.
+  Versioned::Values fleet(int64_t when, bool shared) const {
+    Versioned::Values f = peers.at(when);
+    if (shared) {
+      const Versioned::Values own = reported.at(when);
+      f[0] += own[0];
+      f[1] += own[1];
+    } else {
+      f[0] += active.load(std::memory_order_relaxed);
+      f[1] += pending_prefill.load(std::memory_order_relaxed);
+    }
+    return f;
   }
   std::atomic<bool> ready{false};  // trusted (kvWarmupSec, or holding blocks)
   // Its events' block size is not the rule's kvBlockSize: excluded (its pages never match ours),
@@ -333,8 +335,10 @@ Decision KvExactPolicy::fall_back(std::span<Worker* const> available, RouteConte
     // The fallback chose the worker; the rank with the least prefill queued there takes it.
     int best = 0;
     int64_t best_load = std::numeric_limits<int64_t>::max();
+    const bool shared = replica_ != nullptr && replica_->own_view();
     for (const Source* s : it->second) {
-      int64_t load = s->fleet_pending(ctx.at_us) + s->fleet_active(ctx.at_us);
+      const auto f = s->fleet(ctx.at_us, shared);
+      int64_t load = f[0] + f[1];
       if (load < best_load) {
         best_load = load;
         best = s->rank;
@@ -425,6 +429,8 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
   int64_t predicted_pages = 0;
   // The moment decided for: now, or the one route-only was asked about (?at=).
   const int64_t when = ctx.at_us;
+  // Own figures as echoed (with NATS) or live, for every rank of this decision alike.
+  const bool shared = replica_ != nullptr && replica_->own_view();
   if (predict_ttl_.count() > 0 && !keys.empty()) {
     const int64_t now = when != 0 ? when : replica::Sync::now_us();
     std::lock_guard lock(predict_mu_);
@@ -501,7 +507,8 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
           break;
         }
       }
-      int64_t pending = s->fleet_pending(when);
+      const auto fleet = s->fleet(when, shared);
+      int64_t pending = fleet[1];
       if (s->id == predicted_source) {
         // The prefix is being prefilled there for the requests just sent: this one waits for
         // that work instead of doing it again, so the part the engine has not confirmed yet is
@@ -512,7 +519,7 @@ Decision KvExactPolicy::select(std::span<Worker* const> available, RouteContext&
         pending = std::max<int64_t>(0, pending - unconfirmed);
       }
       longest = std::max(longest, cached);
-      int64_t active = s->fleet_active(when);
+      int64_t active = fleet[0];
       double cost = static_cast<double>(std::max<int64_t>(0, tokens - cached)) +
                     static_cast<double>(pending) + load_tokens_ * static_cast<double>(active);
       uint64_t tie = mix(request_hash ^ s->tiebreak);
@@ -759,7 +766,6 @@ void KvExactPolicy::rebuild_sources() {
         s->url = w->url();
         s->tiebreak = fnv1a(std::to_string(r), fnv1a(w->url()));
         s->key = w->url_key();
-        s->sync = replica_;  // (its shared figures: told once the snapshot holds it, below)
         if (predicted_tokens_) {
           std::string rank = std::to_string(r);
           s->predicted_tokens = &predicted_tokens_->with({rule_, s->url, rank});

@@ -10,9 +10,10 @@
 //                      kv_exact's per rank, with the prefill tokens queued there), sent when it
 //                      changed (at most every --replica-load-interval-ms) and at least every
 //                      second. A worker's fleet load is its own count plus the latest of each peer
-//                      (Worker::peer_inflight); a peer silent for --replica-peer-timeout-ms is
-//                      forgotten, so a lost message heals with the next and a dead replica books
-//                      nothing.
+//                      (Worker::peer_inflight; cache_aware weighs Worker::shared_inflight: its own
+//                      as echoed, each counting from the report's sending + settle()); a peer
+//                      silent for --replica-peer-timeout-ms is forgotten, so a lost message heals
+//                      with the next and a dead replica books nothing.
 //
 // History (a NATS server with JetStream, `nats-server -js`; SyncConfig::history > 0): on every
 // (re)connection the history thread makes sure a memory stream (stream_name(): KVGATE_<PREFIX>)

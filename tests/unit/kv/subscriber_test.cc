@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -526,6 +527,177 @@ TEST(KvSubscriber, ReportsConnectionStateAndReconnects) {
   p.send(0);
   // The drop forgot the source (its engine may come back empty); the new stream is taken as is.
   EXPECT_TRACE(sink, 1u, "reset:disconnected 0");
+}
+
+// --- How a source's view began (SourceStatus::bootstrap) ---
+
+// A sink that answers EventSink::seed (a peer's inventory up to a sequence) and counts the asks.
+class SeedingSink : public RecordingSink {
+ public:
+  explicit SeedingSink(std::optional<uint64_t> covers) : covers_(covers) {}
+  std::optional<uint64_t> seed(SourceId) override {
+    ++asked_;
+    return covers_;
+  }
+  int asked() const { return asked_.load(); }
+
+ private:
+  std::optional<uint64_t> covers_;
+  std::atomic<int> asked_{0};
+};
+
+Bootstrap bootstrap_of(const Subscriber& sub, SourceId id) {
+  return status_of(sub, id).bootstrap;
+}
+
+TEST(KvSubscriberBootstrap, AStreamFollowedFromItsFirstBatchIsLive) {
+  ScriptedPublisher p(false);
+  RecordingSink sink;
+  Subscriber sub(fast_options(), sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  EXPECT_EQ(bootstrap_of(sub, 1), Bootstrap::kPending);
+  for (uint64_t q : {0, 1}) p.send(q);
+  EXPECT_TRACE(sink, 1u, "0 1");
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kLive; }));
+  EXPECT_TRUE(complete(bootstrap_of(sub, 1)));
+}
+
+TEST(KvSubscriberBootstrap, BeginningMidStreamWithoutAReplayIsCold) {
+  ScriptedPublisher p(false);
+  RecordingSink sink;
+  Subscriber sub(fast_options(), sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  for (uint64_t q : {5, 6}) p.send(q);
+  EXPECT_TRACE(sink, 1u, "5 6");  // taken as they come: no reset, no gap
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kCold; }));
+  EXPECT_FALSE(complete(bootstrap_of(sub, 1)));
+  const SourceStatus st = settled(sub, 1, 2);
+  EXPECT_EQ(st.gaps, 0u);
+  EXPECT_EQ(st.resets, 0u);
+}
+
+TEST(KvSubscriberBootstrap, BeginningMidStreamTheEnginesReplayGivesTheHistoryFromZero) {
+  ScriptedPublisher p(true);
+  RecordingSink sink;
+  Subscriber sub(fast_options(), sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  p.send(3);
+  auto req = p.replay_request();
+  ASSERT_TRUE(req);
+  EXPECT_EQ(req->second, 0u) << "a view that begins asks for the whole history";
+  for (uint64_t q : {0, 1, 2, 3}) p.reply(req->first, q);
+  p.reply_end(req->first);
+  EXPECT_TRACE(sink, 1u, "0 1 2 3");
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kEngineReplay; }));
+  p.send(4);
+  EXPECT_TRACE(sink, 1u, "0 1 2 3 4");
+  const SourceStatus st = settled(sub, 1, 5);
+  EXPECT_EQ(st.gaps, 0u) << "the first batch of a view is not a gap";
+  EXPECT_EQ(st.resets, 0u);
+  EXPECT_EQ(sink.mismatches(), 0);
+}
+
+TEST(KvSubscriberBootstrap, AReplayThatNoLongerHasBatchZeroLeavesTheViewColdNotReset) {
+  ScriptedPublisher p(true);
+  RecordingSink sink;
+  Subscriber sub(fast_options(), sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  p.send(7);
+  auto req = p.replay_request();
+  ASSERT_TRUE(req);
+  for (uint64_t q : {5, 6, 7}) p.reply(req->first, q);  // its buffer begins at 5
+  p.reply_end(req->first);
+  EXPECT_TRACE(sink, 1u, "7");  // the live batch begins the view
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kCold; }));
+  p.send(8);
+  EXPECT_TRACE(sink, 1u, "7 8");
+  EXPECT_EQ(settled(sub, 1, 2).resets, 0u);
+}
+
+TEST(KvSubscriberBootstrap, APeersInventorySeedsTheViewAndItsCopiesAreDropped) {
+  ScriptedPublisher p(false);
+  SeedingSink sink(10);  // a peer's inventory covers batches 0..10
+  SubscriberOptions o = fast_options();
+  o.seed = true;
+  Subscriber sub(o, sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kPeer; }));
+  EXPECT_EQ(sink.asked(), 1);
+  // Batches the inventory covered arrive live as well (in flight when it was taken): dropped,
+  // neither delivered again nor taken for a restart.
+  for (uint64_t q : {9, 10, 11, 12}) p.send(q);
+  EXPECT_TRACE(sink, 1u, "11 12");
+  const SourceStatus st = settled(sub, 1, 2);
+  EXPECT_EQ(st.resets, 0u);
+  EXPECT_EQ(st.gaps, 0u);
+  EXPECT_EQ(sink.asked(), 1) << "asked once per view";
+}
+
+TEST(KvSubscriberBootstrap, TheEnginesReplayIsAskedFirstThenAPeer) {
+  ScriptedPublisher p(true);
+  SeedingSink sink(8);
+  SubscriberOptions o = fast_options();
+  o.seed = true;
+  Subscriber sub(o, sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  p.send(9);
+  auto req = p.replay_request();
+  ASSERT_TRUE(req);
+  EXPECT_EQ(req->second, 0u);
+  EXPECT_EQ(sink.asked(), 0) << "the peers are asked only when the engine cannot tell";
+  for (uint64_t q : {6, 7, 8, 9}) p.reply(req->first, q);  // batch 0 is gone
+  p.reply_end(req->first);
+  // The peer's inventory covers 0..8: the held live batch 9 continues it.
+  EXPECT_TRACE(sink, 1u, "9");
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kPeer; }));
+  EXPECT_EQ(sink.asked(), 1);
+  p.send(10);
+  EXPECT_TRACE(sink, 1u, "9 10");
+}
+
+TEST(KvSubscriberBootstrap, NoPeerToSeedItAndNoReplayIsCold) {
+  ScriptedPublisher p(false);
+  SeedingSink sink(std::nullopt);  // no warm peer
+  SubscriberOptions o = fast_options();
+  o.seed = true;
+  Subscriber sub(o, sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  ASSERT_TRUE(wait_until([&] { return sink.asked() == 1; }));
+  p.send(4);
+  EXPECT_TRACE(sink, 1u, "4");
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kCold; }));
+}
+
+TEST(KvSubscriberBootstrap, ADisconnectBeginsANewViewThatIsDecidedAgain) {
+  ScriptedPublisher p(false);
+  RecordingSink sink;
+  Subscriber sub(fast_options(), sink);
+  sub.set_sources({spec_for(1, p)});
+  sub.start();
+  ASSERT_TRUE(p.wait_subscription());
+  p.send(0);
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kLive; }));
+  p.close_pub();
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kPending; }));
+  p.reopen_pub();
+  ASSERT_EQ(p.wait_subscription(), "kv");
+  p.send(3);  // the engine went on meanwhile: its view now begins mid-stream
+  EXPECT_TRACE(sink, 1u, "0 reset:disconnected 3");
+  ASSERT_TRUE(wait_until([&] { return bootstrap_of(sub, 1) == Bootstrap::kCold; }));
 }
 
 TEST(KvSubscriber, StopJoinsPromptlyAndNoSinkCallFollows) {

@@ -60,6 +60,17 @@ size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64
 }
 
 void ChunkIndex::keep(std::array<int64_t, kKept>& e, int64_t expiry_us) const {
+  if (settle_us_ == 0 || e[kKept - 1] == 0) {
+    // Room for it, or no anchor to keep: inserted in order, the earliest falling off.
+    if (expiry_us <= e[kKept - 1]) return;  // older than all kept (a full holder)
+    size_t at = kKept - 1;
+    while (at > 0 && e[at - 1] < expiry_us) {
+      e[at] = e[at - 1];
+      --at;
+    }
+    e[at] = expiry_us;
+    return;
+  }
   // The kept and the new one, latest first (0: an empty slot, last).
   std::array<int64_t, kKept + 1> c{};
   size_t n = 0;

@@ -688,8 +688,10 @@ std::vector<Summary> compare(const Workload& w, const CompareOptions& o, std::st
             [&, g] { answers[g] = route_of(gateways[g].admin_port, api_path(dc.api), body, at); });
       }
       for (auto& t : askers) t.join();
-      const bool late = std::any_of(answers.begin(), answers.end(),
-                                    [](const RouteAnswer& a) { return a.late_us > 1000; });
+      // (An answer that is not one, a refusal or a timeout, was not given on time either.)
+      const bool late = std::any_of(answers.begin(), answers.end(), [](const RouteAnswer& a) {
+        return a.late_us > 1000 || a.key == "error";
+      });
       bool same = answers.front().key != "error";
       for (const auto& a : answers) same = same && a.key == answers.front().key;
       if (live && late) {

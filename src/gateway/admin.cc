@@ -406,9 +406,9 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     }
     std::string target_path(query_param(ex.target(), "path"));
     if (target_path.empty()) target_path = "/v1/chat/completions";
-    // ?at=UNIX_MICROSECONDS: decide at that moment (at most a second ahead), so that several
-    // replicas asked the same question answer for one instant (agreement checks), not each at
-    // whenever the question reached it.
+    // ?at=UNIX_MICROSECONDS: decide at that moment (within a second of now; a moment ahead is
+    // waited for), so that several replicas asked the same question answer for one instant
+    // (agreement checks), not each at whenever the question reached it.
     std::optional<int64_t> asked_at;
     if (std::string_view at = query_param(ex.target(), "at"); !at.empty()) {
       int64_t at_us = 0;
@@ -417,7 +417,8 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
       // Within a second of now: the shared figures keep only their last change before a moment
-      // (util/versioned.h), so a moment long past cannot be answered for.
+      // (util/versioned.h), so a moment past is answered for exactly only if nothing changed
+      // twice since (late_us tells the asker how far past it was).
       if (ec != std::errc{} || end != at.data() + at.size() || at_us > now_us + 1'000'000 ||
           at_us < now_us - 1'000'000) {
         co_await fail(ex, 400, "bad_at",

@@ -60,49 +60,30 @@ size_t ChunkIndex::apply(std::span<const uint64_t> chain, uint64_t worker, int64
 }
 
 void ChunkIndex::keep(std::array<int64_t, kKept>& e, int64_t expiry_us) const {
-  if (settle_us_ == 0 || e[kKept - 1] == 0) {
-    // Room for it, or no anchor to keep: inserted in order, the earliest falling off.
-    if (expiry_us <= e[kKept - 1]) return;  // older than all kept (a full holder)
-    size_t at = kKept - 1;
-    while (at > 0 && e[at - 1] < expiry_us) {
-      e[at] = e[at - 1];
-      --at;
+  if (settle_us_ > 0) {
+    // One record per span of two settle times, the earliest of each (it counts first; a later one
+    // would replace a record that counts with one that does not yet), the 4 latest spans kept: a
+    // holder's records arriving faster than they settle never push out all that count; with
+    // records in three spans one counts from a settle time before the newest one's origin, with
+    // four from three settle times before (a decision asked a little late, a peer's clock a
+    // little ahead); and which are kept is a function of the records applied, not of their
+    // order.
+    const int64_t width = 2 * settle_us_;
+    const int64_t span = expiry_us / width;
+    for (size_t i = 0; i < kKept && e[i] != 0; ++i) {
+      if (e[i] / width != span) continue;
+      if (expiry_us < e[i]) e[i] = expiry_us;  // the earliest of its span (order kept: same span)
+      return;
     }
-    e[at] = expiry_us;
-    return;
   }
-  // The kept and the new one, latest first (0: an empty slot, last).
-  std::array<int64_t, kKept + 1> c{};
-  size_t n = 0;
-  bool placed = false;
-  for (const int64_t x : e) {
-    if (!placed && expiry_us > x) {
-      c[n++] = expiry_us;
-      placed = true;
-    }
-    c[n++] = x;
+  if (expiry_us <= e[kKept - 1]) return;  // older than all kept (a full holder)
+  // Inserted in order, the earliest falling off.
+  size_t at = kKept - 1;
+  while (at > 0 && e[at - 1] < expiry_us) {
+    e[at] = e[at - 1];
+    --at;
   }
-  if (!placed) c[n++] = expiry_us;
-  // One falls off: the earliest, unless it is the anchor (the latest counting by the time the
-  // newest does: settle before it) or no record is; then the second newest. Records of one
-  // holder arriving faster than they settle would otherwise push out the one that counts,
-  // leaving the holder holding nothing until a new one settles; kept, the older ones settle in
-  // turn and become the anchor, so it keeps moving on.
-  size_t drop = kKept;
-  if (settle_us_ > 0 && c[kKept] != 0) {
-    size_t anchor = kKept + 1;  // none
-    for (size_t i = 0; i <= kKept; ++i) {
-      if (c[i] <= c[0] - settle_us_) {
-        anchor = i;
-        break;
-      }
-    }
-    if (anchor >= kKept) drop = 1;
-  }
-  size_t j = 0;
-  for (size_t i = 0; i <= kKept; ++i) {
-    if (i != drop) e[j++] = c[i];
-  }
+  e[at] = expiry_us;
 }
 
 void ChunkIndex::retract(std::span<const uint64_t> chain, uint64_t worker, int64_t expiry_us) {

@@ -6,16 +6,17 @@
 // whose first i + 1 chunks equal this one's: its match is the deepest hash of the request's chain
 // it holds.
 //
-// A holder keeps the expiries of the records that named it (the 4 latest, and with a settle
-// time the latest that counts once the newest does, so that records arriving faster than they
-// settle never leave it holding nothing; a record is known by
-// its expiry, its origin time in microseconds plus the TTL) and counts until the latest (from
-// its origin + a settle time, set_settle(), when replicas must agree on the moment). A
-// record applied twice is applied once; a retraction removes its own expiry only, so another
-// record of the same worker keeps it held. Applying the same records in any order (each
-// retraction after its record, as NATS delivers one publisher's messages) leaves every replica
-// with the same holders and latest expiries (unless more than 4 records of one worker and chunk
-// were all retracted). Expiry does not depend on when a replica heard the record.
+// A holder keeps the expiries of the records that named it (a record is known by its expiry, its
+// origin time in microseconds plus the TTL): the 4 latest, or, with a settle time (set_settle():
+// replicas that must agree on the moment a record counts from, its origin + settle), the
+// earliest of each of the 4 latest spans of two settle times, so that records arriving faster
+// than they settle never leave it holding nothing (it may then stop counting up to two settle
+// times before its latest record's expiry). It counts while one of them does. A record applied twice is applied once; a retraction removes its own expiry only, so
+// another record of the same worker keeps it held. Applying the same records in any order
+// leaves every replica with the same holders and expiries; a retraction (after its record, as
+// NATS delivers one publisher's messages) can leave replicas that kept different records of its
+// span differing (a record not started: rare). Expiry does not depend on when a replica heard
+// the record.
 //
 // Bounded: at most `max_entries` hashes (16 shards, each capped at a 16th; an insert into a full
 // shard is dropped and counted); expired holders are swept by expire(), which also trims a shard

@@ -281,7 +281,8 @@ void Sync::stop() {
     natsConnection_Destroy(nc_);
     nc_ = nullptr;
   }
-  // Stopped, the policies weigh their live counts (own_view() false), nobody else's.
+  // Stopped, the policies weigh their live counts (own_view() false) and no peer's per worker
+  // (kv_exact's per-rank sums are not told: stop() comes after the pools are gone).
   own_fresh_ = false;
   std::lock_guard lock(load_mu_);
   const int64_t now = now_us();

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 
 namespace kvgate {
 
@@ -40,7 +41,9 @@ class VersionedFigures {
 
   // The figures as of `when_us` (unix us; 0: the latest).
   Values at(int64_t when_us) const {
-    for (;;) {
+    for (unsigned tries = 1;; ++tries) {
+      // (A writer preempted mid-write: let it run rather than spin a time slice.)
+      if (tries % 64 == 0) std::this_thread::yield();
       const uint64_t s1 = seq_.load(std::memory_order_acquire);
       if ((s1 & 1) != 0) continue;  // a write in progress: a few stores, then read again
       // Acquire loads (no fence: ThreadSanitizer does not model fences): the count is read

@@ -123,6 +123,23 @@ TEST(CacheAwareShared, FleetLoadsDecideTheLeastLoaded) {
   pool.ptrs[0]->set_peer_inflight(0);
 }
 
+TEST(CacheAwareShared, WorkersWithinOneRequestOfTheLeastAreTiedAndTheHashPicks) {
+  Pool pool(2);
+  Replica a(pool);
+  auto spread = [&] {
+    std::set<Worker*> used;
+    for (int i = 0; i < 32; ++i) used.insert(a.ask(pool, conversation(i)).worker);
+    return used;
+  };
+  // One request apart: both take new conversations, by their hash.
+  pool.ptrs[0]->set_peer_inflight(1);
+  EXPECT_EQ(spread().size(), 2u);
+  // Two apart: the less loaded only.
+  pool.ptrs[0]->set_peer_inflight(2);
+  EXPECT_EQ(spread(), std::set<Worker*>{pool.ptrs[1]});
+  pool.ptrs[0]->set_peer_inflight(0);
+}
+
 TEST(CacheAwareShared, AWithdrawalIsPublishedAsTheRetractionOfItsRecord) {
   Pool pool(3);
   Replica a(pool), b(pool);

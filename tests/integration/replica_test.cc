@@ -168,6 +168,14 @@ Turn send(int port, const std::vector<std::string>& turns) {
   return t;
 }
 
+// A replica's Sync to `nats` (kvgate's defaults), named `name`.
+replica::SyncConfig sync_to(const Nats& nats, const std::string& name) {
+  replica::SyncConfig c = sync_config(GatewayConfig{});
+  c.url = nats.url();
+  c.name = name;
+  return c;
+}
+
 TEST(Replicas, FollowUpsLandWhereTheirConversationIsWhicheverReplicaTakesThem) {
   Fleet fleet(4, 3);
   constexpr int kConversations = 24, kTurns = 3;
@@ -670,9 +678,7 @@ TEST(Replicas, RecordsMadeDuringANatsOutageReachThePeersOnceItIsBack) {
 TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
   Nats nats(/*jetstream=*/true);
   auto config = [&](const std::string& name) {
-    replica::SyncConfig c;
-    c.url = nats.url();
-    c.name = name;
+    replica::SyncConfig c = sync_to(nats, name);
     c.history = std::chrono::seconds(120);
     c.batch_records = 16;  // many small messages
     c.replay_timeout = 10s;
@@ -726,12 +732,7 @@ TEST(Replicas, AReplayOfManyMessagesCatchesUpAndReachesOnlyTheSinkItIsOwedTo) {
 // sinks (it applied them when made), the peers' do.
 TEST(Replicas, OwnLoadComesBackAsThePeersHearItAndOwnRecordsDoNot) {
   Nats nats;
-  auto config = [&](const std::string& name) {
-    replica::SyncConfig c;
-    c.url = nats.url();
-    c.name = name;
-    return c;
-  };
+  auto config = [&](const std::string& name) { return sync_to(nats, name); };
   // What the Syncs' threads call into outlives them (declared first, destroyed last).
   std::atomic<int> plain{0}, peer{0};
   std::atomic<int64_t> active{3};
@@ -797,12 +798,7 @@ TEST(Replicas, OwnLoadComesBackAsThePeersHearItAndOwnRecordsDoNot) {
 
 TEST(Replicas, AWorkersOwnInFlightIsWeighedAsEchoedAndThePeersSeeTheSame) {
   Nats nats;
-  auto config = [&](const std::string& name) {
-    replica::SyncConfig c;
-    c.url = nats.url();
-    c.name = name;
-    return c;
-  };
+  auto config = [&](const std::string& name) { return sync_to(nats, name); };
   // Each replica has its own Worker for the same server (the same URL, so the same key).
   http::Target t;
   ASSERT_EQ(http::parse_url("http://127.0.0.1:30000", t), "");
@@ -839,14 +835,7 @@ TEST(Replicas, SharedCacheAwareWeighsItsOwnLoadAsEchoedNotLive) {
   // Two replicas' cache_aware over started Syncs, each with its own Worker objects for the same
   // two servers (the same URLs).
   struct Side {
-    explicit Side(const std::string& url, const std::string& name)
-        : pool(2), sync(config(url, name), nullptr) {}
-    static replica::SyncConfig config(const std::string& url, const std::string& name) {
-      replica::SyncConfig c = sync_config(GatewayConfig{});
-      c.url = url;
-      c.name = name;
-      return c;
-    }
+    Side(const Nats& nats, const std::string& name) : pool(2), sync(sync_to(nats, name), nullptr) {}
     Pool pool;
     replica::Sync sync;
     std::unique_ptr<Policy> policy;
@@ -856,7 +845,7 @@ TEST(Replicas, SharedCacheAwareWeighsItsOwnLoadAsEchoedNotLive) {
       return policy->select(pool.ptrs, r.ctx);
     }
   };
-  Side a(nats.url(), "a"), b(nats.url(), "b");
+  Side a(nats, "a"), b(nats, "b");
   for (Side* s : {&a, &b}) {
     PolicyConfig c = policy_config(GatewayConfig{});
     c.name = "cache_aware";

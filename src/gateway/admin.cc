@@ -17,6 +17,7 @@
 #include "gateway/decision_log.h"
 #include "gateway/stats.h"
 #include "policy/kv_exact.h"
+#include "replica/sync.h"
 #include "util/log.h"
 #include "workers/health.h"
 
@@ -413,9 +414,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     if (std::string_view at = query_param(ex.target(), "at"); !at.empty()) {
       int64_t at_us = 0;
       const auto [end, ec] = std::from_chars(at.data(), at.data() + at.size(), at_us);
-      const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count();
+      const int64_t now_us = replica::Sync::now_us();  // the clock origins are in
       // Within a second of now: the shared figures keep only their last change before a moment
       // (util/versioned.h), so a moment past is answered for exactly only if nothing changed
       // twice since (late_us tells the asker how far past it was).
@@ -435,9 +434,7 @@ awaitable<void> AdminApi::handle(http::Exchange& ex) {
     }
     // Routing headers of the request (sticky keys, a pinned worker) are the admin request's own.
     auto header = [&ex](std::string_view name) { return ex.header(name); };
-    const int64_t decided_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count();
+    const int64_t decided_us = replica::Sync::now_us();
     auto [status, body] =
         hooks_.route_only(target_path, std::string(ex.body()), header, asked_at.value_or(0));
     if (asked_at && status == 200 && body.starts_with("{")) {

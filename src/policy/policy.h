@@ -28,8 +28,8 @@ namespace kvgate {
 // Everything a policy may look at for one request.
 struct RouteContext {
   const RequestInfo* request = nullptr;
-  // Route-only (?at=): decide as of this moment (unix microseconds); 0: now. kv_exact weighs the
-  // replicas' shared figures of that moment (those it keeps: loads, predictions).
+  // Route-only (?at=): decide as of this moment (unix microseconds); 0: now. cache_aware and
+  // kv_exact weigh the replicas' shared state of that moment (loads, records, predictions).
   int64_t at_us = 0;
   // Request header lookup (case-insensitive); empty when absent.
   std::string_view (*header_fn)(const void* self, std::string_view name) = nullptr;

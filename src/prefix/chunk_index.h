@@ -11,12 +11,12 @@
 // replicas that must agree on the moment a record counts from, its origin + settle), the
 // earliest of each of the 4 latest spans of two settle times, so that records arriving faster
 // than they settle never leave it holding nothing (it may then stop counting up to two settle
-// times before its latest record's expiry). It counts while one of them does. A record applied twice is applied once; a retraction removes its own expiry only, so
-// another record of the same worker keeps it held. Applying the same records in any order
-// leaves every replica with the same holders and expiries; a retraction (after its record, as
-// NATS delivers one publisher's messages) can leave replicas that kept different records of its
-// span differing (a record not started: rare). Expiry does not depend on when a replica heard
-// the record.
+// times before its latest record's expiry). It counts while one of them does. A record applied
+// twice is applied once; a retraction removes its own expiry only, so another record of the same
+// worker keeps it held. Applying the same records in any order leaves every replica with the same
+// holders and expiries; a retraction (after its record, as NATS delivers one publisher's messages)
+// can leave replicas that kept different records of its span differing (a record not started:
+// rare). Expiry does not depend on when a replica heard the record.
 //
 // Bounded: at most `max_entries` hashes (16 shards, each capped at a 16th; an insert into a full
 // shard is dropped and counted); expired holders are swept by expire(), which also trims a shard

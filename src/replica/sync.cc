@@ -292,7 +292,7 @@ void Sync::stop() {
   }
   peers_.clear();
   rank_sums_.clear();
-  own_inflight_.clear();
+  own_ranks_.clear();
 }
 
 void Sync::set_ready(bool ready) {
@@ -664,9 +664,10 @@ void Sync::track(const WorkerPtr& w) {
   if (t.count++ == 0) {
     t.worker = w;
     t.published = -1;
-    resum({key}, now_us());
-    auto own = own_inflight_.find(key);
-    w->set_echoed_inflight(own == own_inflight_.end() ? 0 : own->second, now_us());
+    const int64_t now = now_us();
+    resum({key}, now);
+    auto own = own_ranks_.find(RankKey{key, -1});
+    w->set_echoed_inflight(own == own_ranks_.end() ? 0 : own->second.active, now);
   }
 }
 
@@ -801,25 +802,10 @@ void Sync::apply_own_load(const LoadReport& report, int64_t from_us) {
   if (own_seq_ != 0 && report.seq <= own_seq_) return;
   own_seq_ = report.seq;
   std::unordered_map<RankKey, RankLoad, RankKeyHash> now;
-  std::unordered_map<uint64_t, int64_t> inflight;
   for (const LoadEntry& e : report.entries) {
-    if (e.rank >= 0) now[RankKey{e.worker, e.rank}] = RankLoad{e.inflight, e.prefill_tokens};
-    if (e.rank == -1) inflight[e.worker] = e.inflight;
+    now[RankKey{e.worker, e.rank}] = RankLoad{e.inflight, e.prefill_tokens};
   }
-  // Per worker (every policy's shared figure, Worker::shared_inflight): a worker left out of
-  // the report has none in flight.
-  for (const auto& [key, n] : own_inflight_) {
-    if (inflight.contains(key)) continue;
-    if (auto t = tracked_.find(key); t != tracked_.end())
-      t->second.worker->set_echoed_inflight(0, from_us);
-  }
-  for (const auto& [key, n] : inflight) {
-    auto old = own_inflight_.find(key);
-    if (old != own_inflight_.end() && old->second == n) continue;
-    if (auto t = tracked_.find(key); t != tracked_.end())
-      t->second.worker->set_echoed_inflight(n, from_us);
-  }
-  own_inflight_ = std::move(inflight);
+  // What changed (an entry left out of the report is zero: idle).
   std::vector<std::pair<RankKey, RankLoad>> changed;
   for (const auto& [k, v] : own_ranks_) {
     if (!now.contains(k)) changed.emplace_back(k, RankLoad{});
@@ -829,11 +815,17 @@ void Sync::apply_own_load(const LoadReport& report, int64_t from_us) {
     if (it == own_ranks_.end() || it->second != v) changed.emplace_back(k, v);
   }
   own_ranks_ = std::move(now);
+  // Per worker (rank -1: Worker::shared_inflight, every policy's), per rank (kv_exact's sinks).
   {
     std::shared_lock rank_lock(rank_mu_);
-    for (const auto& [token, reg] : rank_regs_) {
-      if (!reg.hear_own) continue;
-      for (const auto& [k, v] : changed) reg.hear_own(k.worker, k.rank, v, from_us);
+    for (const auto& [k, v] : changed) {
+      if (k.rank >= 0) {
+        for (const auto& [token, reg] : rank_regs_) {
+          if (reg.hear_own) reg.hear_own(k.worker, k.rank, v, from_us);
+        }
+      } else if (auto t = tracked_.find(k.worker); t != tracked_.end()) {
+        t->second.worker->set_echoed_inflight(v.active, from_us);
+      }
     }
   }
   // The figures told, the policies may weigh them (own_view()).
@@ -848,7 +840,9 @@ void Sync::retell(uint64_t token) {
   const int64_t now = now_us();
   for (const auto& [k, sum] : rank_sums_) it->second.hear(k.worker, k.rank, sum, now);
   if (it->second.hear_own) {
-    for (const auto& [k, v] : own_ranks_) it->second.hear_own(k.worker, k.rank, v, now);
+    for (const auto& [k, v] : own_ranks_) {
+      if (k.rank >= 0) it->second.hear_own(k.worker, k.rank, v, now);
+    }
   }
 }
 

@@ -372,9 +372,9 @@ class Sync {
   // Peers forgotten because their key went, and when: their reports are ignored for a peer
   // timeout unless the key comes back (at most kMaxPeers).
   std::unordered_map<uint64_t, Clock::time_point> deregistered_;
-  // This replica's own rank entries as last echoed, and that report's sequence (load_mu_).
+  // This replica's own entries as last echoed (rank -1: requests in flight per worker), and that
+  // report's sequence (load_mu_).
   std::unordered_map<RankKey, RankLoad, RankKeyHash> own_ranks_;
-  std::unordered_map<uint64_t, int64_t> own_inflight_;  // worker key -> requests (rank -1)
   uint64_t own_seq_ = 0;
   void apply_own_load(const LoadReport& report, int64_t from_us);
   uint64_t load_seq_ = 0;

@@ -51,9 +51,9 @@ void Worker::set_echoed_inflight(int64_t n, int64_t from_us) {
 void Worker::set_peer_inflight(int64_t n, int64_t from_us) {
   n = std::max<int64_t>(0, n);
   std::lock_guard lock(listeners_mu_);
-  peer_at_.set({n}, from_us);
-  const int64_t delta = n - peer_inflight_.exchange(n, std::memory_order_relaxed);
+  const int64_t delta = n - peer_inflight();
   if (delta == 0) return;
+  peer_inflight_.set({n}, from_us);
   for (const Listener& l : listeners_) l.l->inflight_changed(l.cookie, delta);
 }
 

@@ -81,7 +81,7 @@ class Worker {
   void end_request();
   // What the other kvgate replicas last said they have in flight to it (replica/sync.h; 0
   // without --replica-sync), and the sum the policies compare.
-  int64_t peer_inflight() const { return peer_inflight_.load(std::memory_order_relaxed); }
+  int64_t peer_inflight() const { return peer_inflight_.at(0)[0]; }
   int64_t fleet_inflight() const { return inflight() + peer_inflight(); }
   // `from_us`: the moment the sum counts from on every replica (a report's sending + settle;
   // 0: now, tests).
@@ -96,7 +96,7 @@ class Worker {
   int64_t shared_inflight(int64_t when_us, bool own_echoed) const {
     const int64_t own =
         own_echoed ? echoed_inflight_.at(when_us)[0] : inflight_.load(std::memory_order_relaxed);
-    return own + peer_at_.at(when_us)[0];
+    return own + peer_inflight_.at(when_us)[0];
   }
   // Load the server last reported on /get_load (running + waiting requests), 0 before the first
   // report. When polls fail, the health plane keeps the last value or raises it (never lowers it
@@ -155,11 +155,11 @@ class Worker {
   http::Target target_;
   uint64_t url_key_;
   std::atomic<bool> healthy_{false};
-  std::atomic<int64_t> inflight_{0};       // changed under listeners_mu_ (see add_listener)
-  std::atomic<int64_t> peer_inflight_{0};  // the same
-  // The same two as every replica weighs them, each from the moment it counts (util/versioned):
-  // peer_at_ written under listeners_mu_, echoed_inflight_ under replica::Sync's load lock.
-  VersionedFigures<1> peer_at_;
+  std::atomic<int64_t> inflight_{0};  // changed under listeners_mu_ (see add_listener)
+  // The peers' sum, written under listeners_mu_ too, and this gateway's own count as NATS echoed
+  // it, written under replica::Sync's load lock: each with the moment it counts from
+  // (util/versioned).
+  VersionedFigures<1> peer_inflight_;
   VersionedFigures<1> echoed_inflight_;
   std::mutex listeners_mu_;
   std::vector<Listener> listeners_;
